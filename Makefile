@@ -1,0 +1,32 @@
+# dsv4bench: `make test` checks everything a CPU can check; `make bench` runs the main sweep.
+PYTHON ?= python3
+ARCH ?=
+OUT ?=
+RUNS ?= runs
+
+.PHONY: install ensure test bench report lint gpu-test
+
+# A CPU-only machine gets the CPU build of torch first, so pip never pulls CUDA wheels.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e ".[dev]"
+
+# GPU machines without a registry already have what the suite needs: install only if missing.
+ensure:
+	@PYTHONPATH=. $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
+
+test: install
+	$(PYTHON) -m pytest -q
+
+gpu-test: ensure
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu
+
+bench: ensure
+	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli bench $(if $(ARCH),--arch $(ARCH)) $(if $(OUT),--out $(OUT)) --runs $(RUNS)
+
+report: ensure
+	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli report $(if $(OUT),$(OUT),$$(ls -d $(RUNS)/*/ | tail -n 1))
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .

@@ -1,0 +1,79 @@
+"""What a backend is: a kernel family that can take some cases, prepared outside the timed call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsv4bench.case import Case
+
+
+@dataclass
+class Provider:
+    """Where a backend's kernels came from; recorded in every result row."""
+
+    name: str  # e.g. "flash_mla", "vllm._flashmla_C", "library file", "reference"
+    version: str = ""
+    location: str = ""
+
+
+@dataclass
+class Output:
+    """What a kernel returns, in the oracle's shapes: out (..., num_heads, d_v) and lse.
+
+    decode: out (b, s_q, h, d_v), lse (b, h, s_q); prefill: out (tokens, h, d_v), lse (tokens, h);
+    dequant: out (tokens, d) and lse None; remap: out the global index tensor and lse None.
+    """
+
+    out: Any
+    lse: Any = None
+
+
+@dataclass
+class Prepared:
+    """A backend's case, ready to run.
+
+    `run` is the only thing timed. `finish` turns what `run` returned into an Output in the
+    oracle's shapes (drops padded heads, converts layouts); it is never timed. `poison` fills
+    preallocated outputs with NaN so that a kernel writing nothing is caught.
+    """
+
+    run: Callable[[], Any]
+    finish: Callable[[Any], Output] = lambda raw: raw
+    poison: Callable[[], None] | None = None
+    info: dict = field(default_factory=dict)  # e.g. {"padded_heads": 64}: recorded in the row
+
+
+class Unsupported(Exception):
+    """Raised by prepare() when a case turns out to be beyond the backend (reason = message)."""
+
+
+class Backend:
+    """Subclass, set the class attributes, implement supports() and prepare().
+
+    Adding a kernel means adding one such class and registering it (see registry)."""
+
+    name: str = ""
+    description: str = ""
+    archs: tuple[str, ...] = ()  # "cpu", "sm90", "sm100", "sm120"
+    ops: tuple[str, ...] = ()
+
+    def provider(self) -> Provider:
+        """Find the kernel library (lazily, on first call); raise Unsupported if it is absent."""
+        return Provider(self.name)
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        """None if the case can run on arch, else the reason it cannot (one line)."""
+        if arch not in self.archs:
+            return f"{self.name} runs on {', '.join(self.archs)}, not {arch}"
+        if case.op not in self.ops:
+            return f"{self.name} has no {case.op} kernel (has: {', '.join(self.ops)})"
+        return None
+
+    def v32_scale_reading(self, arch: str) -> str | None:
+        """How this backend reads a V3.2 fp32 scale on arch: None (exact), "bf16" or "e8m0"."""
+        return None
+
+    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        raise NotImplementedError

@@ -1,0 +1,383 @@
+"""FlashMLA sparse decode (FP8 cache) and sparse prefill (bf16 workspace), from any build found.
+
+The ops (schemas in the vLLM 0.26.0 wheel's _flashmla_C.abi3.so; vllm-project/FlashMLA
+csrc/api/sparse_decode.h and sparse_fwd.h):
+  sparse_decode_fwd(q, kv, indices, topk_length, attn_sink, tile_scheduler_metadata, num_splits,
+      extra_kv, extra_indices, extra_topk_length, d_v, sm_scale[, out_])
+    -> (out (b, s_q, h, d_v) bf16, lse (b, h, s_q) fp32, tile_scheduler_metadata, num_splits)
+    Given no schedule, the op first computes one (a single block with 4*(5b+1) B of shared
+    memory) and returns it; flash_mla_with_kvcache passes it back on every later call. So
+    prepare() calls once to schedule, and run() (the timed call) reuses that schedule.
+  sparse_prefill_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length[, out_])
+    -> [out (s_q, h, d_v) bf16, max_logits (s_q, h), lse (s_q, h)]
+Both lse are natural-log logsumexp of q.k*scale (FlashMLA tests/ref.py compares them to
+torch.logsumexp), the oracle's convention, so none is converted. Both kernels take 64 or 128
+query heads only: fewer heads are zero-padded here and dropped in finish().
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
+from dsv4bench.case import ROUTES, Case
+
+ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
+LIB_FILE = "_flashmla_C.abi3.so"
+NOT_FOUND = "FlashMLA not found: install flash_mla, vllm or sgl-kernel, or pass --flashmla-lib PATH"
+CACHE_BYTES = {"v32": 656, "v4": 584}  # bytes per token; the kernel infers the format from d_qk
+LAYOUT_D_QK = {"v32": 576, "v4": 512}
+DECODE_TOPK_BLOCK = 64  # B_TOPK of every sparse decode kernel (asserts topk % B_TOPK == 0)
+PREFILL_TOPK_BLOCK = 128  # sm90 prefill asserts topk % (2 * B_TOPK=64); engines pad to 128
+
+
+@dataclass
+class KernelOps:
+    """The two ops behind one calling convention, whatever the provider.
+
+    decode(q, kv, indices, topk_length, sink, sched, splits, extra_kv, extra_indices,
+           extra_topk_length, d_v, scale, out) -> (out, lse, sched, splits)
+    prefill(q, kv, indices, scale, d_v, sink, topk_length, out) -> (out, max_logits, lse, ...)
+    `*_out`: whether the op writes into the `out` it is given (otherwise it allocates its own).
+    """
+
+    provider: Provider
+    decode: Callable
+    prefill: Callable
+    decode_out: bool = True
+    prefill_out: bool = True
+
+
+def _bind(packet, n_fixed: int) -> tuple[Callable, bool]:
+    """Call a torch op with its first n_fixed arguments plus out_ when its schema has one."""
+    schema = packet.default._schema
+    out_name, extra = None, {}
+    for arg in schema.arguments[n_fixed:]:
+        if arg.name in ("out_", "out"):
+            out_name = arg.name
+        elif arg.has_default_value():
+            continue
+        elif str(arg.type) == "int":
+            extra[arg.name] = 0  # a later switch such as indexer_topk: 0 is off
+        else:
+            raise Unsupported(f"{schema.name}: unknown argument {arg.name}: {arg.type}")
+    op = packet.default
+    if out_name is None:
+        return (lambda *a: op(*a[:-1], **extra)), False
+    return (lambda *a: op(*a[:-1], **extra, **{out_name: a[-1]})), True
+
+
+def ops_from_namespace(namespace: str, provider: Provider) -> KernelOps:
+    """KernelOps over torch.ops.<namespace>.sparse_{decode,prefill}_fwd (vLLM, sgl-kernel, file)."""
+    import torch
+
+    ns = getattr(torch.ops, namespace)
+    if not (hasattr(ns, "sparse_decode_fwd") and hasattr(ns, "sparse_prefill_fwd")):
+        raise Unsupported(f"torch.ops.{namespace} has no sparse_decode_fwd/sparse_prefill_fwd")
+    decode, decode_out = _bind(ns.sparse_decode_fwd, 12)
+    prefill, prefill_out = _bind(ns.sparse_prefill_fwd, 7)
+    return KernelOps(provider, decode, prefill, decode_out, prefill_out)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _from_flash_mla() -> KernelOps | None:
+    if importlib.util.find_spec("flash_mla") is None:
+        return None
+    iface = importlib.import_module("flash_mla.flash_mla_interface")
+    cuda = importlib.import_module("flash_mla.cuda")  # what the interface itself calls
+    if not hasattr(cuda, "sparse_decode_fwd"):
+        raise Unsupported(f"flash_mla {_version('flash_mla')} predates the sparse kernels")
+    prov = Provider("flash_mla", _version("flash_mla"), str(getattr(cuda, "__file__", "")))
+    # pybind ops: 12 positional arguments and no out_; prefill through the interface, whose
+    # later parameters (indexer_topk in newer builds) have defaults
+    return KernelOps(
+        prov,
+        lambda *a: cuda.sparse_decode_fwd(*a[:-1]),
+        lambda *a: iface.flash_mla_sparse_fwd(*a[:-1]),
+        decode_out=False,
+        prefill_out=False,
+    )
+
+
+def _from_vllm() -> KernelOps | None:
+    import torch
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return None
+    # load the op library alone: importing vllm would pull in the whole engine
+    libs = [
+        p for d in spec.submodule_search_locations or [] for p in Path(d).glob("_flashmla_C*.so")
+    ]
+    if not libs:
+        raise Unsupported(f"vllm {_version('vllm')} ships no _flashmla_C")
+    torch.ops.load_library(str(libs[0]))
+    prov = Provider("vllm._flashmla_C", f"vllm {_version('vllm')}", str(libs[0]))
+    return ops_from_namespace("_flashmla_C", prov)
+
+
+def _from_sgl_kernel() -> KernelOps | None:
+    if importlib.util.find_spec("sgl_kernel") is None:
+        return None
+    mod = importlib.import_module("sgl_kernel.flashmla_ops")  # registers torch.ops.sgl_kernel
+    prov = Provider("sgl_kernel.flashmla_ops", f"sgl-kernel {_version('sgl-kernel')}", mod.__file__)
+    return ops_from_namespace("sgl_kernel", prov)
+
+
+def _from_file(path: str) -> KernelOps:
+    import torch
+
+    p = Path(path).expanduser()
+    so = p / LIB_FILE if p.is_dir() else p
+    if not so.is_file():
+        raise Unsupported(f"FlashMLA library not found: {so} (from --flashmla-lib or {ENV_LIB})")
+    try:
+        torch.ops.load_library(str(so))
+    except Exception as e:  # built for another torch/CUDA, or a CPU-only torch
+        raise Unsupported(f"cannot load FlashMLA library {so}: {type(e).__name__}: {e}") from e
+    digest = hashlib.sha256()
+    with open(so, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    so = so.resolve()
+    prov = Provider("library file", f"{so.parent.name} sha256:{digest.hexdigest()[:12]}", str(so))
+    for namespace in ("_flashmla_C", "sgl_kernel"):
+        if hasattr(getattr(torch.ops, namespace), "sparse_decode_fwd"):
+            return ops_from_namespace(namespace, prov)
+    raise Unsupported(f"{so} registers no FlashMLA sparse ops (looked in _flashmla_C, sgl_kernel)")
+
+
+def discover(lib_path: str | None = None) -> KernelOps:
+    """An explicit library (argument or $DSV4BENCH_FLASHMLA_LIB) wins; else the first package."""
+    lib_path = lib_path or os.environ.get(ENV_LIB)
+    if lib_path:
+        return _from_file(lib_path)
+    problems = []
+    for name, find in (
+        ("flash_mla", _from_flash_mla),
+        ("vllm", _from_vllm),
+        ("sgl-kernel", _from_sgl_kernel),
+    ):
+        try:
+            ops = find()
+        except Exception as e:  # installed but unusable: say why, try the next
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        if ops is not None:
+            return ops
+    raise Unsupported(NOT_FOUND + (f" ({'; '.join(problems)})" if problems else ""))
+
+
+def uses_decode_kernel(case: Case) -> bool:
+    return case.op == "decode" or case.route == "decode-kernel"
+
+
+def padded_heads(case: Case, arch: str) -> tuple[int, str | None]:
+    """Query heads handed to the kernel (64 or 128), or a reason why none fits."""
+    h, mode = case.num_heads, case.head_padding
+    if mode == "engine":  # vLLM: decode 64 if h <= 64 else 128; bf16 prefill 128 on Blackwell
+        blackwell_prefill = arch == "sm100" and not uses_decode_kernel(case)
+        target = 128 if h > 64 or blackwell_prefill else 64
+    elif mode == "none":
+        target = h
+    elif mode.isdigit():
+        target = int(mode)
+    else:
+        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
+    if target not in (64, 128):
+        return 0, f"FlashMLA takes 64 or 128 query heads; head_padding {mode} gives {target}"
+    if h > target:
+        return 0, f"{h} heads exceed head_padding {mode} ({target}); FlashMLA takes at most 128"
+    return target, None
+
+
+def _arch_of(device) -> str:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev.type
+    return f"sm{torch.cuda.get_device_capability(dev)[0]}0"
+
+
+def _pad_heads(x, heads: int, dim: int):
+    if x.shape[dim] == heads:
+        return x if x.stride(-1) == 1 else x.contiguous()
+    shape = list(x.shape)
+    shape[dim] = heads
+    y = x.new_zeros(shape)  # padded heads' queries are zero; their outputs are dropped
+    y.narrow(dim, 0, x.shape[dim]).copy_(x)
+    return y
+
+
+def _pad_sink(sink, heads: int):
+    if sink is None:
+        return None
+    y = sink.new_full((heads,), float("-inf"))  # -inf: no sink on the padded heads
+    y[: sink.shape[0]] = sink
+    return y
+
+
+def _info(heads: int, kernel: str, out) -> dict:
+    return {"padded_heads": heads, "kernel": kernel, "out_in_place": out is not None}
+
+
+def _poison(out):
+    return None if out is None else (lambda: out.fill_(float("nan")))
+
+
+class FlashMLA(Backend):
+    name = "flashmla"
+    description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
+    archs = ("sm90", "sm100")
+    ops = ("decode", "prefill")
+
+    def __init__(self, lib_path: str | None = None, ops: KernelOps | Callable | None = None):
+        self._lib_path = lib_path
+        self._source = ops  # injected KernelOps (or a factory of one) instead of discovery
+        self._ops: KernelOps | None = None
+        self._error: str | None = None
+
+    @property
+    def lib_path(self) -> str | None:
+        return self._lib_path
+
+    @lib_path.setter
+    def lib_path(self, value: str | None) -> None:
+        self._lib_path, self._ops, self._error = value, None, None
+
+    def kernel_ops(self) -> KernelOps:
+        if self._ops is None and self._error is None:
+            src = self._source
+            try:
+                if isinstance(src, KernelOps):
+                    self._ops = src
+                else:
+                    self._ops = src() if src is not None else discover(self._lib_path)
+            except Unsupported as e:
+                self._error = str(e)
+        if self._error is not None:
+            raise Unsupported(self._error)
+        return self._ops
+
+    def provider(self) -> Provider:
+        return self.kernel_ops().provider
+
+    def v32_scale_reading(self, arch: str) -> str | None:
+        return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        reason = super().supports(case, arch)
+        if reason:
+            return reason
+        if case.d_qk not in (576, 512):
+            return f"FlashMLA sparse kernels take d_qk 576 (V3.2) or 512 (V4), not {case.d_qk}"
+        if case.d_v != 512:
+            return f"FlashMLA sparse kernels take d_v 512, not {case.d_v}"
+        if case.op == "prefill" and case.route not in ROUTES:
+            return f"FlashMLA has no prefill route {case.route!r} (has: {', '.join(ROUTES)})"
+        if uses_decode_kernel(case):
+            if LAYOUT_D_QK.get(case.layout) != case.d_qk:
+                return (
+                    "FlashMLA sparse decode reads the v32 cache with d_qk 576 or the v4 cache "
+                    f"with d_qk 512, not layout {case.layout} with d_qk {case.d_qk}"
+                )
+            if case.topk <= 0:
+                return "FlashMLA sparse decode needs topk > 0"
+            for what, k in (("topk", case.topk), ("extra_topk", case.extra_topk)):
+                if k % DECODE_TOPK_BLOCK:
+                    return (
+                        f"FlashMLA sparse decode needs {what} % {DECODE_TOPK_BLOCK} == 0, got {k}"
+                    )
+            if arch == "sm90" and case.d_qk == 576 and case.extra_topk:
+                return "FlashMLA's sm90 V3.2 (d_qk 576) decode kernel takes no extra cache"
+        elif case.topk + case.extra_topk <= 0:
+            return "FlashMLA sparse prefill needs topk + extra_topk > 0"
+        # no batch limit on purpose: where the decode scheduler fails is measured, not assumed
+        return padded_heads(case, arch)[1]
+
+    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        ops = self.kernel_ops()
+        arch = _arch_of(device)
+        heads, reason = padded_heads(case, arch)
+        if reason:
+            raise Unsupported(reason)
+        if uses_decode_kernel(case):
+            return self._prepare_decode(case, inputs, ops, heads, arch)
+        return self._prepare_prefill(case, inputs, ops, heads)
+
+    def _prepare_decode(self, case: Case, x: dict, ops: KernelOps, heads: int, arch: str):
+        q, kv = x["q"], x["k_cache"]
+        b, s_q, h, _ = q.shape
+        if kv.shape[-1] != CACHE_BYTES[case.layout]:
+            raise ValueError(
+                f"k_cache rows are {kv.shape[-1]} B, layout {case.layout} needs "
+                f"{CACHE_BYTES[case.layout]}"
+            )
+        topk_length = x.get("topk_length")
+        if arch == "sm90" and case.d_qk == 576 and topk_length is not None:
+            raise Unsupported("FlashMLA's sm90 V3.2 (d_qk 576) decode kernel takes no topk_length")
+        qp = _pad_heads(q, heads, 2)
+        out = qp.new_empty((b, s_q, heads, case.d_v)) if ops.decode_out else None
+        sink = _pad_sink(x.get("attn_sink"), heads)
+        extra = [x.get(k) for k in ("extra_k_cache", "extra_indices", "extra_topk_length")]
+        args = [
+            qp,
+            kv,
+            x["indices"],
+            topk_length,
+            sink,
+            None,
+            None,
+            *extra,
+            case.d_v,
+            case.scale,
+            out,
+        ]
+        first = ops.decode(*args)  # computes the schedule (and runs once)
+        args[5], args[6] = first[2], first[3]
+        timed = tuple(args)
+        info = _info(heads, "sparse_decode_fwd", out)
+        if first[2] is not None:
+            info["sched_parts"] = int(first[2].shape[0])
+            info["num_splits"] = int(first[3][-1])  # cumulative per request: last = total
+
+        def finish(raw) -> Output:
+            lse = raw[1]
+            if tuple(lse.shape) != (b, heads, s_q) and tuple(lse.shape) == (b, s_q, heads):
+                lse = lse.transpose(1, 2)  # a build that returns (b, s_q, h)
+            o, lse = raw[0][:, :, :h], lse[:, :h]
+            if case.op == "prefill":  # decode-kernel route: b = tokens, s_q = 1
+                return Output(o[:, 0], lse[:, :, 0])
+            return Output(o, lse)
+
+        return Prepared(lambda: ops.decode(*timed), finish, _poison(out), info)
+
+    def _prepare_prefill(self, case: Case, x: dict, ops: KernelOps, heads: int):
+        q, indices = x["q"], x["indices"]
+        t, h, _ = q.shape
+        if indices.shape[-1] % PREFILL_TOPK_BLOCK:
+            raise Unsupported(
+                f"FlashMLA sparse prefill needs an index width % "
+                f"{PREFILL_TOPK_BLOCK} == 0, got {indices.shape[-1]}"
+            )
+        qp = _pad_heads(q, heads, 1)
+        out = qp.new_empty((t, heads, case.d_v)) if ops.prefill_out else None
+        sink = _pad_sink(x.get("attn_sink"), heads)
+        args = (qp, x["kv"], indices, case.scale, case.d_v, sink, x.get("topk_length"), out)
+        info = _info(heads, "sparse_prefill_fwd", out)
+        finish = lambda raw: Output(raw[0][:, :h], raw[2][:, :h])  # (out, max_logits, lse)
+        return Prepared(lambda: ops.prefill(*args), finish, _poison(out), info)

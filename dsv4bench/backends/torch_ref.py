@@ -1,0 +1,76 @@
+"""The oracle run as a kernel: the timing baseline and the CPU default; also makes `expected`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dsv4bench.backends.base import Backend, Output, Prepared, Provider
+from dsv4bench.case import Case
+from reference import attention, indices, layouts
+
+
+def oracle_call(
+    case: Case, inputs: dict, scale_rounding: str | None = None
+) -> Callable[[], Output]:
+    """A zero-argument call computing the oracle's answer for this case and inputs."""
+    x = inputs
+    if case.op == "decode" or (case.op == "prefill" and case.route == "decode-kernel"):
+
+        def decode() -> Output:
+            out, lse = attention.sparse_mla_decode(
+                x["q"],
+                x["k_cache"],
+                x["indices"],
+                case.scale,
+                d_v=case.d_v,
+                topk_length=x.get("topk_length"),
+                attn_sink=x.get("attn_sink"),
+                extra_k_cache=x.get("extra_k_cache"),
+                extra_indices=x.get("extra_indices"),
+                extra_topk_length=x.get("extra_topk_length"),
+                scale_rounding=scale_rounding,
+            )
+            if case.op == "prefill":  # b = tokens, s_q = 1 -> the prefill shapes
+                return Output(out[:, 0], lse[:, :, 0])
+            return Output(out, lse)
+
+        return decode
+    if case.op == "prefill":
+
+        def prefill() -> Output:
+            out, _max_logits, lse = attention.sparse_mla_prefill(
+                x["q"],
+                x["kv"],
+                x["indices"],
+                case.scale,
+                d_v=case.d_v,
+                attn_sink=x.get("attn_sink"),
+                topk_length=x.get("topk_length"),
+            )
+            return Output(out, lse)
+
+        return prefill
+    if case.op == "dequant":
+        return lambda: Output(
+            layouts.to_workspace(x["k_cache"], scale_rounding=scale_rounding).squeeze(1)
+        )
+    if case.op == "remap":
+        return lambda: Output(
+            indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
+        )
+    raise ValueError(f"no oracle for op {case.op!r}")
+
+
+class TorchReference(Backend):
+    name = "torch"
+    description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
+    archs = ("cpu", "sm90", "sm100", "sm120")
+    ops = ("decode", "prefill", "dequant", "remap")
+
+    def provider(self) -> Provider:
+        import torch
+
+        return Provider("reference", f"torch {torch.__version__}", "reference/")
+
+    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        return Prepared(run=oracle_call(case, inputs))

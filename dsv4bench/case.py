@@ -1,0 +1,114 @@
+"""One point of a sweep: the plain, serializable description a worker needs to run a kernel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+OPS = ("decode", "prefill", "dequant", "remap")
+LAYOUTS = ("v32", "v4", "bf16")  # v32: 656 B/token records; v4: 584 B page layout; bf16: plain rows
+ROUTES = ("sparse-prefill", "decode-kernel")  # how a prefill chunk reaches a kernel
+SCALE_CONVENTIONS = ("flashmla", "vllm", "sglang", "pow2", "raw")
+ARCHS = ("cpu", "sm90", "sm100", "sm120")
+DEFAULT_CONVENTION = {"v32": "pow2", "v4": "flashmla", "bf16": ""}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a backend's timed call is measured."""
+
+    warmup: int = 3
+    iters: int = 20
+    flush_l2: bool = True  # cold L2 before every timed iteration (GPU only)
+    timer: str = "events"  # events | profiler | both (GPU); the CPU always uses perf_counter
+    timeout_s: float = 300.0  # per (case, backend) in the worker, inputs and reference included
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest accepted differences against the oracle; past either, the row is `incorrect`."""
+
+    cos_diff: float = 5e-6
+    lse_abs: float = 1e-3
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel problem. Sizes are per rank; `num_heads` counts useful heads only.
+
+    decode: q (batch_size, s_q, num_heads, d_qk) over a paged FP8 cache of `context_len`
+      tokens per request; `topk` indices into the main cache, `extra_topk` into an extra
+      cache (V4 compressed entries; 0 = none).
+    prefill: `tokens` query tokens (the chunk) ending at position `context_len`; route
+      `sparse-prefill` runs the bf16 sparse prefill kernel over a dequantized workspace,
+      `decode-kernel` runs the decode kernel with batch = tokens (sglang's DSv4 path).
+    dequant: FP8 cache of `context_len * batch_size` tokens -> bf16 workspace.
+    remap: request-local top-k of (batch_size * s_q) queries -> global slots.
+    """
+
+    scenario: str
+    op: str
+    model: str
+    d_qk: int
+    d_v: int
+    num_heads: int
+    head_padding: str = "engine"  # engine | none | an explicit count such as "64"
+    batch_size: int = 1
+    s_q: int = 1
+    tokens: int = 0
+    topk: int = 2048
+    extra_topk: int = 0
+    context_len: int = 4096
+    page_size: int = 64
+    layout: str = "v32"
+    sink: bool = False
+    scale_convention: str = ""  # "" = the layout's usual writer (DEFAULT_CONVENTION)
+    route: str = "sparse-prefill"
+    window: int = 0  # V4 sliding window; 0 = none
+    compress_ratio: int = 0  # V4 extra cache: 4 (C4) or 128 (C128); 0 = none
+    softmax_scale: float = 0.0  # 0: d_qk ** -0.5
+    seed: int = 0
+    timing: Timing = field(default_factory=Timing)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    tags: tuple[str, ...] = ()  # free labels a scenario gives its cases (family names for reports)
+
+    def __post_init__(self) -> None:
+        if not self.scale_convention:
+            object.__setattr__(self, "scale_convention", DEFAULT_CONVENTION.get(self.layout, ""))
+
+    @property
+    def scale(self) -> float:
+        return self.softmax_scale or self.d_qk**-0.5
+
+    @property
+    def query_tokens(self) -> int:
+        """Query tokens in one call: b * s_q for decode, the chunk for prefill."""
+        if self.op == "prefill":
+            return self.tokens
+        return self.batch_size * self.s_q
+
+    def params(self) -> dict:
+        """The problem's own fields, without timing/tolerance settings."""
+        skip = {"scenario", "timing", "tolerance", "tags"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    @property
+    def case_id(self) -> str:
+        """Stable id: readable prefix plus a hash of every problem field."""
+        p = self.params()
+        digest = hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:10]
+        size = f"b{self.batch_size}" if self.op != "prefill" else f"t{self.tokens}"
+        head = f"{self.op}-{self.model}-{self.layout}-h{self.num_heads}"
+        return f"{head}-{size}-k{self.topk}-{digest}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Case:
+        d = dict(d)
+        d["timing"] = Timing(**d.get("timing", {}))
+        d["tolerance"] = Tolerance(**d.get("tolerance", {}))
+        d["tags"] = tuple(d.get("tags", ()))
+        return cls(**d)

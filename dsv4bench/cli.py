@@ -1,0 +1,234 @@
+"""dsv4bench command line: plan, run, bench, backends, env (and report/compare from report/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_DIR = ROOT / "scenarios"
+SMOKE = SCENARIO_DIR / "smoke.yaml"
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def _setup_backends(args) -> None:
+    from dsv4bench import backends
+
+    try:
+        backends.setup(args.plugin, args.flashmla_lib)
+    except backends.PluginError as e:
+        raise UsageError(str(e)) from None
+
+
+def _load(paths: list[str], only_backends: list[str] | None):
+    """Scenarios -> (jobs, limit searches); every file is validated before anything runs."""
+    from dsv4bench import backends, scenarios
+    from dsv4bench.runner import Job
+
+    known = backends.names()
+    for name in only_backends or []:
+        if name not in known:
+            raise UsageError(f"--backend {name}: unknown backend (known: {', '.join(known)})")
+    jobs, limits = [], []
+    for path in paths:
+        if not Path(path).is_file():
+            raise UsageError(f"{path}: no such scenario file")
+        try:
+            sc = scenarios.load(path, known_backends=known)
+        except scenarios.ScenarioError as e:
+            raise UsageError(str(e)) from None
+        wanted = lambda b: not only_backends or b in only_backends
+        jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
+        limits += [lim for lim in sc.limits if wanted(lim.backend)]
+    return jobs, limits
+
+
+def _arch(args) -> str:
+    from dsv4bench import env
+
+    present = env.detect_arch()
+    if args.arch and args.arch != present and not (args.arch == "cpu"):
+        raise UsageError(f"--arch {args.arch}: this machine's GPU is {present}")
+    return args.arch or present
+
+
+def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
+    from dsv4bench.results import RESULTS_FILE
+
+    results = out / RESULTS_FILE
+    if results.exists() and not (resume or force):
+        raise UsageError(f"{out}: already holds results; pass --resume to continue or --force")
+    if results.exists() and force and not resume:
+        kept = results.with_name(f"{RESULTS_FILE}.{int(time.time())}.bak")
+        shutil.move(results, kept)
+        print(f"--force: earlier results moved to {kept}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _default_out(runs: str, arch: str) -> Path:
+    return Path(runs) / f"{time.strftime('%Y%m%d-%H%M%S')}-{arch}"
+
+
+def cmd_plan(args) -> int:
+    from dsv4bench import backends
+
+    _setup_backends(args)
+    jobs, limits = _load(args.scenario, args.backend)
+    arch = args.arch or "sm90"
+    counts: dict[str, int] = {}
+    for job in jobs:
+        reason = backends.get(job.backend).supports(job.case, arch)
+        verdict = "unsupported" if reason else "supported"
+        counts[verdict] = counts.get(verdict, 0) + 1
+        line = f"{job.case.case_id:<60} {job.backend:<10} {verdict}"
+        print(line + (f": {reason}" if reason else ""))
+    for lim in limits:
+        print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}) {lim.backend}: {lim.base.case_id}")
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    print(f"{len(jobs)} jobs on {arch} ({summary}), {len(limits)} limit searches")
+    return 0
+
+
+def _run(args, paths: list[str]) -> int:
+    from dsv4bench.results import ResultWriter
+    from dsv4bench.runner import Runner
+
+    _setup_backends(args)
+    jobs, limits = _load(paths, args.backend)
+    arch = _arch(args)
+    out = Path(args.out) if args.out else _default_out(args.runs, arch)
+    _prepare_out(out, resume=args.resume, force=args.force)
+    (out / "command.txt").write_text(" ".join(["dsv4bench", *sys.argv[1:]]) + "\n")
+    print(f"{len(jobs)} jobs, {len(limits)} limit searches on {arch} -> {out}", file=sys.stderr)
+    runner = Runner(
+        ResultWriter(out),
+        arch=arch,
+        plugins=args.plugin,
+        flashmla_lib=args.flashmla_lib,
+        progress=not args.quiet,
+    )
+    rows = runner.run(jobs, limits, resume=args.resume)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to do"
+    print(f"results: {out / 'results.jsonl'} ({summary})")
+    return 0
+
+
+def cmd_run(args) -> int:
+    return _run(args, args.scenario)
+
+
+def cmd_bench(args) -> int:
+    """The main job: the present GPU's scenario set, or the CPU smoke scenario without one."""
+    from dsv4bench import env
+
+    present = env.detect_arch()
+    if args.arch and args.arch != present:
+        raise UsageError(f"make bench ARCH={args.arch}: this machine's GPU is {present}")
+    arch = args.arch or present
+    if arch == "cpu":
+        paths = [str(SMOKE)]
+    else:
+        paths = sorted(str(p) for p in (SCENARIO_DIR / arch).glob("*.yaml"))
+        if not paths:
+            raise UsageError(f"no scenarios for {arch} under {SCENARIO_DIR / arch}")
+    args.arch = arch
+    return _run(args, paths)
+
+
+def cmd_backends(args) -> int:
+    from dsv4bench import backends
+
+    _setup_backends(args)
+    for name in backends.names():
+        b = backends.get(name)
+        try:
+            prov = b.provider()
+            found = f"{prov.name} {prov.version}".strip()
+        except backends.Unsupported as e:
+            found = f"not available: {e}"
+        print(f"{name:<10} archs={','.join(b.archs):<24} ops={','.join(b.ops):<28} {found}")
+    return 0
+
+
+def cmd_env(args) -> int:
+    from dsv4bench import env
+
+    print(json.dumps(env.collect(), indent=2))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+    p.add_argument(
+        "--flashmla-lib",
+        default=os.environ.get("DSV4BENCH_FLASHMLA_LIB"),
+        metavar="PATH",
+        help="FlashMLA op library (.so or its directory); default $DSV4BENCH_FLASHMLA_LIB",
+    )
+    p.add_argument("--backend", action="append", metavar="NAME", help="only these backends")
+    p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", choices=["cpu", "sm90", "sm100", "sm120"])
+    p.add_argument("--out", metavar="RUN_DIR")
+    p.add_argument("--runs", default="runs", help="parent of default run directories")
+    p.add_argument("--resume", action="store_true", help="skip jobs RUN_DIR already has")
+    p.add_argument("--force", action="store_true", help="start over in an existing RUN_DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, as for every other bad input
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="dsv4bench", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
+    p.add_argument("scenario", nargs="+")
+    p.add_argument("--arch", choices=["cpu", "sm90", "sm100", "sm120"])
+    _common(p)
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("run", help="run scenarios into RUN_DIR/results.jsonl")
+    p.add_argument("scenario", nargs="+")
+    _common(p)
+    _run_options(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("bench", help="the present GPU's scenario set (smoke.yaml on a CPU)")
+    _common(p)
+    _run_options(p)
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("backends", help="registered backends and the kernels they found")
+    _common(p)
+    p.set_defaults(func=cmd_backends)
+    p = sub.add_parser("env", help="GPU, driver and library versions")
+    p.set_defaults(func=cmd_env)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"dsv4bench: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The environment a result was measured in: GPU, driver, library versions, git commit."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from functools import cache
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(_ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = __import__(module)
+    except Exception:  # an optional library that fails to import is simply absent
+        return None
+    return getattr(mod, "__version__", "unknown")
+
+
+@cache
+def collect() -> dict:
+    import torch
+
+    env = {
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "git_commit": _git_commit(),
+        "gpu": None,
+        "arch": "cpu",
+        "driver": None,
+        "cpu": platform.processor() or platform.machine(),
+    }
+    if torch.cuda.is_available():
+        from dsv4bench import hardware
+
+        props = torch.cuda.get_device_properties(0)
+        env["gpu"] = props.name
+        env["arch"] = hardware.arch_of(0)
+        env["sm_count"] = props.multi_processor_count
+        env["smem_per_block_optin"] = getattr(props, "shared_memory_per_block_optin", None)
+        env["driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+
+
+def detect_arch() -> str:
+    """The architecture of GPU 0, or "cpu" without one (no CUDA context is left behind)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(0)
+    return {9: "sm90", 10: "sm100", 12: "sm120"}.get(major, f"sm{major}{minor}")

@@ -1,0 +1,221 @@
+"""Deterministic tensors for a Case, built the way engines lay them out.
+
+Keys by op (every index tensor int32, -1 = invalid, valid entries first in each row):
+  decode, and prefill on route "decode-kernel" (b = tokens, s_q = 1):
+    q (b, s_q, h, d_qk) bf16; k_cache uint8 FP8 cache; indices (b, s_q, topk) global slots;
+    extra_k_cache, extra_indices (b, s_q, extra_topk) when the case has an extra cache;
+    attn_sink (h,) fp32 when the case has a sink; topk_length / extra_topk_length None.
+  prefill on route "sparse-prefill":
+    q (tokens, h, d_qk) bf16; kv (s_kv, 1, d_qk) bf16 workspace = [main cache; extra cache]
+    dequantized; indices (tokens, 1, width) over kv, width padded to 128; topk_length (tokens,).
+  dequant: k_cache.   remap: local_indices (b, s_q, topk), block_table (b, pages).
+
+A prefill chunk is the last `tokens` positions of a `context_len` sequence; decode queries are
+the last `s_q` positions of each request. V3.2 cases index the whole sequence (top-k of all
+visible tokens); V4 cases index a sliding-window cache (the last `window` tokens) as the main
+cache and a compressed cache (`context_len // compress_ratio` entries) as the extra cache.
+Pages are handed out in a random order, as a block allocator would after some churn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from dsv4bench.case import Case
+from reference import indices as remap
+from reference import layouts
+
+_SELECT_BUDGET = 1 << 26  # elements of random keys alive at once while drawing top-k sets
+
+
+def seed_of(case: Case) -> int:
+    """Seed from the problem, not the route: both routes of a prefill chunk see the same data."""
+    problem = {k: v for k, v in case.params().items() if k != "route"}
+    text = json.dumps(problem, sort_keys=True)
+    return int(hashlib.sha1(text.encode()).hexdigest()[:12], 16)
+
+
+def make_inputs(case: Case, device: str | torch.device) -> dict:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed_of(case))
+    make = {"decode": _decode, "prefill": _prefill, "dequant": _dequant, "remap": _remap}
+    return make[case.op](case, torch.device(device), g)
+
+
+def fingerprint(inputs: dict) -> str:
+    """Hash of shapes, dtypes and a strided sample of every tensor (cheap for GB-sized caches)."""
+    h = hashlib.sha1()
+    for name in sorted(inputs):
+        t = inputs[name]
+        if t is None:
+            continue
+        flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+        step = max(1, flat.numel() // (1 << 20))
+        sample = flat[::step].cpu()
+        if sample.dtype not in (torch.uint8, torch.int32, torch.int64, torch.float32):
+            sample = sample.float()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# ---- building blocks --------------------------------------------------------------------
+
+
+def _pages(n: int, page_size: int) -> int:
+    return -(-n // page_size)
+
+
+def _cache(case: Case, n_tokens: int, device, g) -> tuple[torch.Tensor, int]:
+    """A random FP8 cache of at least n_tokens tokens; returns (cache, number of slots)."""
+    d = case.d_qk
+    num_pages = max(1, _pages(n_tokens, case.page_size))
+    kv = torch.randn(num_pages * case.page_size, d, generator=g, device=device)
+    kv = kv.to(torch.bfloat16)
+    if case.layout == "v32":
+        cache = layouts.quantize_v32(kv, case.page_size, scale=case.scale_convention)
+    elif case.layout == "v4":
+        cache = layouts.quantize_v4(kv, case.page_size, convention=case.scale_convention)
+    else:
+        raise ValueError(f"no FP8 cache for layout {case.layout!r}")
+    return cache, num_pages * case.page_size
+
+
+def _block_table(num_requests: int, pages_per_request: int, device, g) -> torch.Tensor:
+    perm = torch.randperm(num_requests * pages_per_request, generator=g, device=device)
+    return perm.view(num_requests, pages_per_request).to(torch.int32)
+
+
+def _choose(visible: torch.Tensor, k: int, g) -> torch.Tensor:
+    """Per row, k distinct positions drawn from [0, visible), -1 past visible (valid first)."""
+    n = visible.numel()
+    out = torch.full((n, k), -1, dtype=torch.int64, device=visible.device)
+    width = max(int(visible.max()) if n else 0, k)
+    rows = max(1, _SELECT_BUDGET // width)
+    cols = torch.arange(width, device=visible.device)
+    for s in range(0, n, rows):
+        v = visible[s : s + rows, None]
+        keys = torch.rand(v.shape[0], width, generator=g, device=visible.device)
+        keys = keys.masked_fill(cols >= v, -1.0)  # invisible positions sort last
+        top = keys.topk(k, dim=1)
+        out[s : s + rows] = top.indices.masked_fill(top.values < 0, -1)
+    return out
+
+
+def _last_window(pos: torch.Tensor, start: int, window: int, width: int) -> torch.Tensor:
+    """Offsets (from buffer start) of the last `window` positions up to pos, -1 padded."""
+    first = (pos - window + 1).clamp(min=0)
+    offs = first[:, None] + torch.arange(width, device=pos.device)
+    valid = (offs <= pos[:, None]) & (torch.arange(width, device=pos.device) < window)
+    return torch.where(valid, offs - start, torch.full_like(offs, -1))
+
+
+def _extra_local(case: Case, pos: torch.Tensor, g) -> torch.Tensor:
+    """Compressed entries each query sees: C4 picks top-k of them, C128 takes all."""
+    visible = (pos + 1) // case.compress_ratio
+    if case.compress_ratio == 4:
+        return _choose(visible, case.extra_topk, g)
+    cols = torch.arange(case.extra_topk, device=pos.device)
+    return torch.where(cols < visible[:, None], cols, torch.full_like(cols, -1))
+
+
+def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, device, g) -> dict:
+    """FP8 caches and global indices for queries at positions pos of requests req."""
+    x: dict = {}
+    if case.window:
+        # the window cache keeps, per request, the tokens the first query's window starts at
+        start = int(max(0, int(pos.min()) - case.window + 1)) if pos.numel() else 0
+        span = min(case.context_len, int(pos.max()) + 1) - start
+        local = _last_window(pos, start, case.window, case.topk)
+    else:
+        start, span = 0, case.context_len
+        local = _choose(pos + 1, case.topk, g)
+    per_req = _pages(span, case.page_size)
+    x["k_cache"], _ = _cache(case, nreq * per_req * case.page_size, device, g)
+    table = _block_table(nreq, per_req, device, g)
+    x["indices"] = remap.to_global_slots(local[:, None, :], table[req], case.page_size)[:, 0]
+    if case.extra_topk:
+        entries = case.context_len // case.compress_ratio
+        per_req_c = max(1, _pages(entries, case.page_size))
+        x["extra_k_cache"], _ = _cache(case, nreq * per_req_c * case.page_size, device, g)
+        table_c = _block_table(nreq, per_req_c, device, g)
+        local_c = _extra_local(case, pos, g)
+        x["extra_indices"] = remap.to_global_slots(
+            local_c[:, None, :], table_c[req], case.page_size
+        )[:, 0]
+    return x
+
+
+def _sink(case: Case, device, g) -> torch.Tensor | None:
+    if not case.sink:
+        return None
+    return torch.randn(case.num_heads, generator=g, device=device, dtype=torch.float32)
+
+
+def _to_int32(x: dict) -> dict:
+    return {k: (v.to(torch.int32) if k.endswith("indices") else v) for k, v in x.items()}
+
+
+# ---- ops --------------------------------------------------------------------------------
+
+
+def _decode(case: Case, device, g) -> dict:
+    b, s_q, h = case.batch_size, case.s_q, case.num_heads
+    req = torch.arange(b, device=device).repeat_interleave(s_q)
+    pos = (case.context_len - s_q + torch.arange(s_q, device=device)).repeat(b)
+    x = _query_sets(case, pos, req, b, device, g)
+    x = {k: v.view(b, s_q, -1) if k.endswith("indices") else v for k, v in x.items()}
+    x["q"] = torch.randn(b, s_q, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
+    x["attn_sink"] = _sink(case, device, g)
+    return _to_int32(x)
+
+
+def _prefill(case: Case, device, g) -> dict:
+    t, h = case.tokens, case.num_heads
+    pos = case.context_len - t + torch.arange(t, device=device)
+    req = torch.zeros(t, dtype=torch.int64, device=device)
+    x = _query_sets(case, pos, req, 1, device, g)
+    q = torch.randn(t, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
+    sink = _sink(case, device, g)
+    if case.route == "decode-kernel":  # sglang's DSv4 path: every chunk token is a request
+        x = {k: v.view(t, 1, -1) if k.endswith("indices") else v for k, v in x.items()}
+        return _to_int32({**x, "q": q.view(t, 1, h, case.d_qk), "attn_sink": sink})
+    kv = layouts.to_workspace(x["k_cache"])
+    if case.extra_topk:
+        valid = x["indices"] >= 0
+        valid_c = x["extra_indices"] >= 0
+        idx, lengths = remap.merge_window_extra(
+            x["indices"],
+            valid.sum(1),
+            x["extra_indices"],
+            valid_c.sum(1),
+            kv.shape[0],
+            pad_to=128,
+        )
+        kv = torch.cat([kv, layouts.to_workspace(x["extra_k_cache"])])
+    else:
+        idx = remap.pad_width(x["indices"], 128)
+        lengths = (x["indices"] >= 0).sum(1)
+    return {
+        "q": q,
+        "kv": kv,
+        "indices": idx.to(torch.int32).view(t, 1, -1),
+        "topk_length": lengths.to(torch.int32),
+        "attn_sink": sink,
+    }
+
+
+def _dequant(case: Case, device, g) -> dict:
+    cache, _ = _cache(case, case.batch_size * case.context_len, device, g)
+    return {"k_cache": cache}
+
+
+def _remap(case: Case, device, g) -> dict:
+    b, s_q = case.batch_size, case.s_q
+    pos = (case.context_len - s_q + torch.arange(s_q, device=device)).repeat(b)
+    local = _choose(pos + 1, case.topk, g).view(b, s_q, case.topk).to(torch.int32)
+    per_req = _pages(case.context_len, case.page_size)
+    return {"local_indices": local, "block_table": _block_table(b, per_req, device, g)}

@@ -1,0 +1,241 @@
+"""Accuracy against the oracle, and throughput numbers (FLOP, bytes, fraction of peak).
+
+Accuracy is reduced in float64 over chunks of CHUNK elements, on the device the actual output
+lives on (on the CPU when expected and actual live apart), so a 32768x128x512 output never
+needs its 8 GiB float64 copy at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from dsv4bench.case import Case, Tolerance
+
+CHUNK = 1 << 22  # elements per reduction step: 32 MiB per float64 operand
+
+# max_rel divides by max(|expected|, REL_FLOOR * rms(expected)): elements below a tenth of the
+# typical magnitude are judged against that tenth, so cancellation near zero reads as the
+# absolute error it is rather than as an unbounded ratio.
+REL_FLOOR = 0.1
+
+# Bytes one KV token occupies in each cache layout (KERNEL_FACTS §2); bf16 is 2 * d_qk.
+TOKEN_BYTES = {"v32": 656, "v4": 584}
+BF16, FP32, INT32 = 2, 4, 4
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+def accuracy(expected, actual) -> dict:
+    """Compare two Outputs (.out, .lse). Non-finite values in `actual` where `expected` is
+    finite (or any mismatch of non-finite values) count in `nonfinite` and make cos_diff inf.
+
+    cos_diff = 1 - 2<a,b>/(|a|^2+|b|^2), computed as |a-b|^2/(|a|^2+|b|^2) (the same number,
+    without cancellation) over the positions finite in both.
+    """
+    out = compare_tensors(expected.out, actual.out)
+    lse = _compare_lse(getattr(expected, "lse", None), getattr(actual, "lse", None))
+    return {
+        "cos_diff": out["cos_diff"],
+        "max_abs": out["max_abs"],
+        "max_rel": out["max_rel"],
+        "rel_eps": out["rel_eps"],
+        "mismatched": out["mismatched"],
+        "nonfinite": out["nonfinite"],
+        "lse_max_abs": lse["max_abs"] if lse else None,
+        "lse_mismatch": lse["nonfinite"] if lse else 0,
+    }
+
+
+def _compare_lse(expected, actual) -> dict | None:
+    """None when either side has no lse. Positions where the expected lse is +inf (a query with
+    no valid key) must be +inf in actual too; any other value there counts as a mismatch."""
+    if expected is None or actual is None:
+        return None
+    return compare_tensors(expected, actual)
+
+
+def compare_tensors(expected, actual) -> dict:
+    """Elementwise comparison in float64: cos_diff, max_abs, max_rel, mismatched, nonfinite."""
+    import torch
+
+    if tuple(expected.shape) != tuple(actual.shape):
+        raise ValueError(
+            f"shape mismatch: expected {tuple(expected.shape)}, actual {tuple(actual.shape)}"
+        )
+    sq_diff = sq_exp = sq_act = 0.0
+    max_abs = 0.0
+    nonfinite = mismatched = finite_count = 0
+    for e, a in _chunk_pairs(expected, actual):
+        both = torch.isfinite(e) & torch.isfinite(a)
+        nonfinite += int((~both & (e != a)).sum())
+        mismatched += int((e != a).sum())
+        e, a = e[both], a[both]
+        finite_count += e.numel()
+        if not e.numel():
+            continue
+        d = e - a
+        sq_diff += float((d * d).sum())
+        sq_exp += float((e * e).sum())
+        sq_act += float((a * a).sum())
+        max_abs = max(max_abs, float(d.abs().max()))
+
+    rms = math.sqrt(sq_exp / finite_count) if finite_count else 0.0
+    eps = max(REL_FLOOR * rms, torch.finfo(torch.float32).tiny)
+    max_rel = _max_rel(expected, actual, eps) if max_abs > 0 else 0.0
+    denom = sq_exp + sq_act
+    cos_diff = sq_diff / denom if denom > 0 else 0.0
+    if nonfinite:
+        cos_diff = math.inf
+    return {
+        "cos_diff": cos_diff,
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "rel_eps": eps,
+        "mismatched": mismatched,
+        "nonfinite": nonfinite,
+    }
+
+
+def _max_rel(expected, actual, eps: float) -> float:
+    """Second pass: eps depends on the rms of the whole tensor."""
+    import torch
+
+    best = 0.0
+    for e, a in _chunk_pairs(expected, actual):
+        both = torch.isfinite(e) & torch.isfinite(a)
+        e, a = e[both], a[both]
+        if e.numel():
+            rel = (e - a).abs() / e.abs().clamp_min(eps)
+            best = max(best, float(rel.max()))
+    return best
+
+
+def _chunk_pairs(expected, actual) -> Iterator[tuple[Any, Any]]:
+    """Flat float64 chunks of both tensors on one device."""
+    import torch
+
+    device = actual.device if actual.device == expected.device else torch.device("cpu")
+    e_flat, a_flat = expected.reshape(-1), actual.reshape(-1)
+    for start in range(0, e_flat.numel(), CHUNK):
+        stop = start + CHUNK
+        yield (
+            e_flat[start:stop].to(device=device, dtype=torch.float64),
+            a_flat[start:stop].to(device=device, dtype=torch.float64),
+        )
+
+
+def within_tolerance(acc: dict, tolerance: Tolerance) -> tuple[bool, str]:
+    """(True, "") when acc is within tolerance, else (False, the first reason, one line)."""
+    if acc["nonfinite"]:
+        return False, f"{acc['nonfinite']} non-finite or mismatched non-finite output values"
+    if acc.get("lse_mismatch"):
+        return False, f"{acc['lse_mismatch']} lse values differ in finiteness (+inf: no key)"
+    if not acc["cos_diff"] <= tolerance.cos_diff:
+        return False, f"cos_diff {acc['cos_diff']:.3g} > {tolerance.cos_diff:.3g}"
+    lse = acc.get("lse_max_abs")
+    if lse is not None and not lse <= tolerance.lse_abs:
+        return False, f"lse_max_abs {lse:.3g} > {tolerance.lse_abs:.3g}"
+    return True, ""
+
+
+# ----------------------------------------------------------------------------- throughput
+
+
+def topk_total(case: Case) -> int:
+    """Keys each query attends to: main-cache top-k plus extra-cache top-k."""
+    return case.topk + case.extra_topk
+
+
+def attention_flops(case: Case, heads: int | None = None) -> int:
+    """2 * query tokens * heads * keys * (d_qk + d_v): QK^T and PV, FlashMLA's own count.
+
+    `heads` defaults to the useful heads; pass the padded count for the work a kernel does.
+    Zero for dequant and remap.
+    """
+    if case.op not in ("decode", "prefill"):
+        return 0
+    h = case.num_heads if heads is None else heads
+    return 2 * case.query_tokens * h * topk_total(case) * (case.d_qk + case.d_v)
+
+
+def kv_token_bytes(case: Case) -> int:
+    """Bytes per KV token the timed kernel reads. Sparse prefill reads the dequantized bf16
+    workspace whatever the cache layout; decode (and prefill through the decode kernel) reads
+    the cache itself."""
+    if case.op == "prefill" and case.route == "sparse-prefill":
+        return BF16 * case.d_qk
+    return TOKEN_BYTES.get(case.layout, BF16 * case.d_qk)
+
+
+def attention_bytes(case: Case, *, unique: bool = False) -> int:
+    """Bytes a kernel must at least move: q (bf16), KV tokens, out (bf16), lse (fp32), indices.
+
+    unique=False: every query reads its own topk_total tokens, with no reuse across queries
+    (an upper estimate of the KV traffic a kernel without cross-query reuse makes).
+    unique=True: a lower bound, each request reads its distinct tokens once; a request touches
+    at least topk (capped by its cache) main and extra_topk (capped) extra tokens.
+    """
+    if case.op == "dequant":
+        tokens = case.context_len * case.batch_size
+        return tokens * (TOKEN_BYTES.get(case.layout, BF16 * case.d_qk) + BF16 * case.d_qk)
+    if case.op == "remap":
+        return case.batch_size * case.s_q * topk_total(case) * 2 * INT32
+    q = case.query_tokens
+    h = case.num_heads
+    if unique:
+        kv_tokens = _requests(case) * _distinct_keys(case)
+    else:
+        kv_tokens = q * topk_total(case)
+    return (
+        q * h * case.d_qk * BF16
+        + kv_tokens * kv_token_bytes(case)
+        + q * h * case.d_v * BF16
+        + q * h * FP32
+        + q * topk_total(case) * INT32
+    )
+
+
+def _requests(case: Case) -> int:
+    """Requests sharing one KV set: decode batch entries; a prefill chunk is one request."""
+    if case.op == "prefill" and case.route == "sparse-prefill":
+        return 1
+    return case.query_tokens if case.op == "prefill" else case.batch_size
+
+
+def _distinct_keys(case: Case) -> int:
+    extra_len = case.context_len // case.compress_ratio if case.compress_ratio else case.context_len
+    return min(case.topk, case.context_len) + min(case.extra_topk, extra_len)
+
+
+def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:
+    """Throughput of one timed case against the GPU's peaks (hw: hardware.GpuSpec)."""
+    flops = attention_flops(case)
+    nbytes = attention_bytes(case)
+    ms = (timing or {}).get("median_ms")
+    result: dict = {
+        "flops": flops,
+        "bytes": nbytes,
+        "bytes_unique": attention_bytes(case, unique=True),
+        "tflops": None,
+        "gbps": None,
+        "peak_fraction": None,
+        "bound": None,
+    }
+    if padded_heads is not None:
+        result["flops_padded"] = attention_flops(case, heads=padded_heads)
+    if not ms or not math.isfinite(ms) or ms <= 0:
+        return result
+    seconds = ms * 1e-3
+    result["tflops"] = flops / seconds / 1e12
+    result["gbps"] = nbytes / seconds / 1e9
+    peak_flops = getattr(hw, "peak_bf16", None)
+    peak_bw = getattr(hw, "peak_bw", None)
+    if peak_flops and peak_bw:
+        compute = flops / seconds / peak_flops
+        memory = nbytes / seconds / peak_bw
+        result["peak_fraction"] = max(compute, memory)
+        result["bound"] = "compute" if compute >= memory else "memory"
+    return result

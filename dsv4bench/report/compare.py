@@ -1,0 +1,475 @@
+"""Compare two result sets (run dirs, results.jsonl or pytest-benchmark JSON): regressions in
+time, accuracy, status and measured limits; compare.md and a PNG of time ratios.
+
+Rows are matched by (case_id, backend); where one side holds the key twice (a resumed run),
+its last row counts. Limit-probe rows are not matched one by one: their limit rows are.
+
+Regression rules: RULES below (any one makes the exit code 1). Cases present on one side only
+are listed, never failures.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4bench.report import plots
+from dsv4bench.report.doc import Doc
+from dsv4bench.report.load import (
+    accuracy_failure,
+    is_probe,
+    load_rows,
+    percentile,
+    short,
+)
+
+MIN_SAMPLES = 5
+RULES = (
+    "**time**: median ratio new/base > 1 + threshold, both sides have n >= 5 timed samples, "
+    "and the change is beyond the noise: new p10 > base p90 (the new run's fast tail is slower "
+    "than the base run's slow tail; percentiles from `samples_ms` when a row has >= 5 of them, "
+    "else its `p10_ms`/`p90_ms`, else the quartiles q1/q3 pytest-benchmark reports). A slower "
+    "median with overlapping spreads, too few samples or no known spread is listed, not failed.",
+    "**accuracy**: the new row is `incorrect` or beyond its tolerance (cos_diff, lse error, "
+    "non-finite values) while the base row was ok and within it.",
+    "**status**: the base row was ok and the new one is not (crash, timeout, oom, error, "
+    "unsupported).",
+    "**limit**: the new run fails at a size the base run passed (new first_fail <= base last_ok).",
+    "Cases present on one side only are listed, never failures; limit-probe rows are judged "
+    "through their limit rows.",
+)
+RATIO_PLOT_MAX = 40  # bars in the PNG
+VERDICT_COLORS = {
+    "regression": "#d62728",
+    "slower, within noise": "#ff9f4a",
+    "faster": "#2ca02c",
+    "unchanged": "#9e9e9e",
+}
+
+
+@dataclass
+class Entry:
+    case_id: str
+    backend: str
+    base: dict | None
+    new: dict | None
+    ratio: float | None = None
+    verdict: str = ""  # time verdict, one short phrase
+    regressions: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
+
+    @property
+    def label(self) -> str:
+        return f"{self.case_id} · {self.backend}"
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def _n(timing: dict) -> int:
+    n = timing.get("n")
+    samples = timing.get("samples_ms") or []
+    return int(n) if isinstance(n, (int, float)) else len(samples)
+
+
+def _spread(timing: dict) -> tuple[float | None, float | None, str]:
+    """(low, high) tail of a timing: p10/p90 from samples or the row, else q1/q3."""
+    samples = [s for s in timing.get("samples_ms") or [] if isinstance(s, (int, float))]
+    if len(samples) >= MIN_SAMPLES:
+        return percentile(samples, 10), percentile(samples, 90), "p10/p90 of samples"
+    if timing.get("p10_ms") is not None and timing.get("p90_ms") is not None:
+        return float(timing["p10_ms"]), float(timing["p90_ms"]), "p10/p90"
+    if timing.get("q1_ms") is not None and timing.get("q3_ms") is not None:
+        return float(timing["q1_ms"]), float(timing["q3_ms"]), "q1/q3"
+    return None, None, ""
+
+
+def time_change(base: dict, new: dict, threshold: float) -> tuple[float | None, str, bool]:
+    """(ratio new/base, verdict, is_regression) for two timings (the rows' `timing` dicts)."""
+    bm, nm = base.get("median_ms"), new.get("median_ms")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (bm, nm)):
+        return None, "no timing", False
+    ratio = nm / bm
+    b_lo, b_hi, how = _spread(base)
+    n_lo, n_hi, _ = _spread(new)
+    nb, nn = _n(base), _n(new)
+    if ratio > 1 + threshold:
+        if min(nb, nn) < MIN_SAMPLES:
+            return ratio, f"slower, too few samples (n {nb}/{nn})", False
+        if b_hi is None or n_lo is None:
+            return ratio, "slower, spread unknown", False
+        if n_lo > b_hi:
+            lo_name, hi_name = ("q1", "q3") if how == "q1/q3" else ("p10", "p90")
+            why = f"new {lo_name} {n_lo:.4g} ms > base {hi_name} {b_hi:.4g} ms"
+            return ratio, f"slower beyond noise: {why}", True
+        return ratio, "slower, within noise", False
+    if ratio < 1 / (1 + threshold) and n_hi is not None and b_lo is not None and n_hi < b_lo:
+        return ratio, "faster", False
+    return ratio, "unchanged", False
+
+
+def _is_ok(row: dict) -> bool:
+    return row.get("status") == "ok"
+
+
+def _accuracy_bad(row: dict) -> str | None:
+    if row.get("status") == "incorrect":
+        return short(row.get("message"), 100) or "incorrect"
+    return accuracy_failure(row) if row.get("status") == "ok" else None
+
+
+def judge(entry: Entry, threshold: float) -> None:
+    b, n = entry.base, entry.new
+    if b is None or n is None:
+        return
+    if b.get("kind") == "limit":
+        bo, nf = b.get("last_ok"), n.get("first_fail")
+        if bo is not None and nf is not None and nf <= bo:
+            entry.regressions.append(
+                ("limit", f"fails at {nf} ({n.get('status')}); base passed up to {bo}")
+            )
+        return
+    if _is_ok(b) and _is_ok(n):
+        entry.ratio, entry.verdict, slower = time_change(
+            b.get("timing") or {}, n.get("timing") or {}, threshold
+        )
+        if slower:
+            entry.regressions.append(("time", f"x{entry.ratio:.3f}: {entry.verdict}"))
+    if _is_ok(b) and _accuracy_bad(b) is None:
+        why = _accuracy_bad(n)
+        if why:
+            entry.regressions.append(("accuracy", why))
+    if _is_ok(b) and n.get("status") not in ("ok", "incorrect"):
+        entry.regressions.append(
+            ("status", f"ok -> {n.get('status')}: {short(n.get('message'), 120)}")
+        )
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+def _keyed(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    out: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        if r.get("kind") in ("case", "limit") and not is_probe(r):
+            out[(str(r.get("case_id")), str(r.get("backend")))] = r
+    return out
+
+
+def compare_rows(base_rows: list[dict], new_rows: list[dict], threshold: float) -> list[Entry]:
+    """One entry per (case_id, backend) of either side, judged; worst first: regressions,
+    then by time ratio, then the rest."""
+    base, new = _keyed(base_rows), _keyed(new_rows)
+    entries = []
+    for key in sorted(set(base) | set(new)):
+        e = Entry(key[0], key[1], base.get(key), new.get(key))
+        judge(e, threshold)
+        entries.append(e)
+    entries.sort(key=lambda e: (not e.regressions, -(e.ratio or 0.0), e.case_id, e.backend))
+    return entries
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def compare(
+    base: Path, new: Path, out_dir: Path, *, time_threshold: float = 0.05
+) -> tuple[int, list[Path]]:
+    """Write compare.md (and compare-ratios.png) into out_dir; print a short summary.
+    Returns (1 if any regression else 0, written files)."""
+    base, new, out_dir = Path(base), Path(new), Path(out_dir)
+    base_rows, new_rows = load_rows(base, "base"), load_rows(new, "new")
+    entries = compare_rows(base_rows, new_rows, time_threshold)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    png = _ratio_png(entries, out_dir, time_threshold)
+    doc = _document(entries, base, new, time_threshold, png)
+    _serving_section(doc, base_rows, new_rows)
+    doc.heading("Rules")
+    doc.bullets(list(RULES))
+    md = out_dir / "compare.md"
+    md.write_text(doc.to_markdown())
+    files.append(md)
+    if png:
+        files.append(png)
+    _print_summary(entries, md)
+    return (1 if any(e.regressions for e in entries) else 0), files
+
+
+def _counts(entries: list[Entry]) -> dict[str, int]:
+    c = {"matched": 0, "only_base": 0, "only_new": 0, "regressions": 0}
+    for e in entries:
+        if e.base is not None and e.new is not None:
+            c["matched"] += 1
+        elif e.base is not None:
+            c["only_base"] += 1
+        else:
+            c["only_new"] += 1
+        c["regressions"] += bool(e.regressions)
+    for kind in ("time", "accuracy", "status", "limit"):
+        c[kind] = sum(1 for e in entries for k, _ in e.regressions if k == kind)
+    return c
+
+
+def _verdict_class(e: Entry) -> str:
+    if any(k == "time" for k, _ in e.regressions):
+        return "regression"
+    if e.verdict.startswith("slower"):
+        return "slower, within noise"
+    return "faster" if e.verdict == "faster" else "unchanged"
+
+
+def _ratio_png(entries: list[Entry], out_dir: Path, threshold: float) -> Path | None:
+    timed = [e for e in entries if e.ratio is not None]
+    if not timed:
+        return None
+    timed.sort(key=lambda e: -e.ratio)
+    shown = timed[:RATIO_PLOT_MAX]
+    labels = [e.label if len(e.label) <= 80 else e.label[:79] + "…" for e in shown]
+    classes = [_verdict_class(e) for e in shown]
+    title = "Time ratio new / base, worst first"
+    if len(timed) > len(shown):
+        title += f" ({len(shown)} of {len(timed)})"
+    legend = {
+        ("slower beyond noise (regression)" if k == "regression" else k): v
+        for k, v in VERDICT_COLORS.items()
+        if k in classes
+    }
+    fig = plots.bar_ratio_figure(
+        title,
+        labels,
+        [e.ratio for e in shown],
+        [VERDICT_COLORS[c] for c in classes],
+        threshold,
+        legend,
+    )
+    return plots.save(fig, out_dir / "compare-ratios.png")
+
+
+def _ms(timing: dict | None) -> str:
+    v = (timing or {}).get("median_ms")
+    return f"{v:.4g}" if isinstance(v, (int, float)) else ""
+
+
+def _spread_text(timing: dict | None) -> str:
+    lo, hi, _ = _spread(timing or {})
+    return f"{lo:.4g}–{hi:.4g}" if lo is not None else ""
+
+
+def _document(entries, base: Path, new: Path, threshold: float, png: Path | None) -> Doc:
+    c = _counts(entries)
+    doc = Doc("dsv4bench compare")
+    doc.bullets(
+        [
+            f"base: `{base}`",
+            f"new: `{new}`",
+            f"time threshold: {threshold:g} (ratio > {1 + threshold:g}, n >= {MIN_SAMPLES} on both "
+            "sides, new p10 > base p90)",
+        ]
+    )
+    verdict = "**REGRESSION**" if c["regressions"] else "no regression"
+    doc.para(
+        f"{verdict}: {c['matched']} matched, {c['regressions']} with a regression "
+        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit); "
+        f"{c['only_base']} only in base, {c['only_new']} only in new."
+    )
+    doc.heading("Regressions")
+    if c["regressions"]:
+        doc.table(
+            ["kind", "case_id", "backend", "detail"],
+            [[k, f"`{e.case_id}`", e.backend, d] for e in entries for k, d in e.regressions],
+        )
+    else:
+        doc.para("None.")
+    timed = sorted((e for e in entries if e.ratio is not None), key=lambda e: -e.ratio)
+    if timed:
+        doc.heading("Time ratios, worst first")
+        if png:
+            doc.image(png, "time ratios new/base")
+        doc.table(
+            [
+                "case_id",
+                "backend",
+                "base ms",
+                "new ms",
+                "ratio",
+                "base p10–p90",
+                "new p10–p90",
+                "n base/new",
+                "verdict",
+            ],
+            [
+                [
+                    f"`{e.case_id}`",
+                    e.backend,
+                    _ms(e.base["timing"]),
+                    _ms(e.new["timing"]),
+                    f"{e.ratio:.3f}",
+                    _spread_text(e.base["timing"]),
+                    _spread_text(e.new["timing"]),
+                    f"{_n(e.base['timing'] or {})}/{_n(e.new['timing'] or {})}",
+                    e.verdict,
+                ]
+                for e in timed
+            ],
+        )
+    changed = [
+        e
+        for e in entries
+        if e.base
+        and e.new
+        and e.base.get("kind") == "case"
+        and e.base.get("status") != e.new.get("status")
+    ]
+    if changed:
+        doc.heading("Status changes")
+        doc.table(
+            ["case_id", "backend", "base", "new", "new message"],
+            [
+                [
+                    f"`{e.case_id}`",
+                    e.backend,
+                    e.base.get("status"),
+                    e.new.get("status"),
+                    short(e.new.get("message"), 160),
+                ]
+                for e in changed
+            ],
+        )
+    acc = [
+        e
+        for e in entries
+        if e.base
+        and e.new
+        and e.base.get("kind") == "case"
+        and (_accuracy_bad(e.base) or _accuracy_bad(e.new))
+    ]
+    if acc:
+        doc.heading("Accuracy beyond tolerance (either side)")
+        doc.table(
+            [
+                "case_id",
+                "backend",
+                "base cos_diff",
+                "new cos_diff",
+                "base lse err",
+                "new lse err",
+                "new",
+            ],
+            [
+                [
+                    f"`{e.case_id}`",
+                    e.backend,
+                    _acc(e.base, "cos_diff"),
+                    _acc(e.new, "cos_diff"),
+                    _acc(e.base, "lse_max_abs"),
+                    _acc(e.new, "lse_max_abs"),
+                    _accuracy_bad(e.new) or "within",
+                ]
+                for e in acc
+            ],
+        )
+    limits = [e for e in entries if e.base and e.new and e.base.get("kind") == "limit"]
+    if limits:
+        doc.heading("Measured limits")
+        doc.table(
+            [
+                "limit",
+                "backend",
+                "base last ok",
+                "base first fail",
+                "new last ok",
+                "new first fail",
+            ],
+            [
+                [
+                    f"`{e.case_id}`",
+                    e.backend,
+                    e.base.get("last_ok"),
+                    e.base.get("first_fail"),
+                    e.new.get("last_ok"),
+                    e.new.get("first_fail"),
+                ]
+                for e in limits
+            ],
+        )
+    for side, title in (("base", "Only in base"), ("new", "Only in new")):
+        only = [e for e in entries if (e.new is None if side == "base" else e.base is None)]
+        if only:
+            doc.heading(title)
+            doc.table(
+                ["case_id", "backend", "status"],
+                [[f"`{e.case_id}`", e.backend, (e.base or e.new).get("status")] for e in only],
+            )
+    return doc
+
+
+def _serving_section(doc: Doc, base_rows: list[dict], new_rows: list[dict]) -> None:
+    """Serving points of both sides (informational: their kernel rows carry the verdicts)."""
+
+    def keyed(rows):
+        return {
+            (str(r.get("case_id")), str(r.get("backend"))): r
+            for r in rows
+            if r.get("kind") == "serving" and r.get("case_id")
+        }
+
+    base, new = keyed(base_rows), keyed(new_rows)
+    pairs = []
+    for key in sorted(set(base) & set(new)):
+        b, n = base[key].get("value_ms"), new[key].get("value_ms")
+        ratio = n / b if isinstance(b, (int, float)) and isinstance(n, (int, float)) and b else None
+        pairs.append((key, base[key], new[key], ratio))
+    if not pairs:
+        return
+    pairs.sort(key=lambda p: (-(p[3] or 0.0), p[0]))
+    doc.heading("Serving points (informational)")
+    doc.para(
+        "TTFT/TPOT attention parts of both runs, worst ratio first; the kernel rows behind them "
+        "carry the regression verdicts."
+    )
+    doc.table(
+        ["point", "backend", "base ms", "new ms", "ratio", "base status", "new status"],
+        [
+            [
+                f"`{k[0]}`",
+                k[1],
+                _fmt_ms(b.get("value_ms")),
+                _fmt_ms(n.get("value_ms")),
+                f"{r:.3f}" if r is not None else "",
+                b.get("status"),
+                n.get("status"),
+            ]
+            for k, b, n, r in pairs
+        ],
+        folded=len(pairs) > 20,
+        caption="Serving points",
+    )
+
+
+def _fmt_ms(v) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else ""
+
+
+def _acc(row: dict, key: str) -> str:
+    v = (row.get("accuracy") or {}).get(key)
+    return f"{v:.2e}" if isinstance(v, (int, float)) else ""
+
+
+def _print_summary(entries: list[Entry], md: Path, stream=None) -> None:
+    stream = stream or sys.stdout
+    c = _counts(entries)
+    head = "REGRESSION" if c["regressions"] else "no regression"
+    print(
+        f"compare: {head}: {c['matched']} matched, {c['regressions']} regressed "
+        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit), "
+        f"{c['only_base']} only in base, {c['only_new']} only in new",
+        file=stream,
+    )
+    worst = [e for e in entries if e.regressions or e.ratio is not None][:10]
+    for e in worst:
+        ratio = f"x{e.ratio:.3f}" if e.ratio is not None else "     -"
+        what = "; ".join(f"{k}: {d}" for k, d in e.regressions) or e.verdict
+        print(f"  {ratio:>8}  {e.label}  {what}", file=stream)
+    print(f"written: {md}", file=stream)

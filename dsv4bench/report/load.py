@@ -1,0 +1,274 @@
+"""Rows for reports and comparisons: from run dirs, results.jsonl files or pytest-benchmark JSON.
+
+Every row comes back normalized: all fields of its kind present (missing ones None/empty), plus
+`_run`, a short label of the run it came from, so rows of several runs can be told apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from dsv4bench.results import RESULTS_FILE, read_rows
+
+SERVING_FILE = "serving.jsonl"  # where serving rows may live beside results.jsonl
+GENERIC_TAGS = ("limit-probe", "serving")
+
+# FlashMLA's own test tolerances (KERNEL_FACTS §7): decode 5e-6, prefill 7e-6; lse as Tolerance.
+DEFAULT_COS_TOL = {"decode": 5e-6, "prefill": 7e-6}
+DEFAULT_COS_TOL_OTHER = 5e-6
+DEFAULT_LSE_TOL = 1e-3
+
+_CASE_FIELDS = {
+    "scenario": None,
+    "case_id": None,
+    "op": None,
+    "params": dict,
+    "tags": list,
+    "backend": None,
+    "provider": None,
+    "status": "error",
+    "message": "",
+    "accuracy": None,
+    "timing": None,
+    "derived": None,
+    "info": dict,
+    "env": None,
+    "input_fingerprint": None,
+}
+
+
+class ReportInputError(ValueError):
+    """A path that holds no results, or a file that is not one of the accepted formats."""
+
+
+def load_rows(path: str | Path, run: str | None = None) -> list[dict]:
+    """Normalized rows of one run: a run dir (results.jsonl, serving.jsonl, pytest-benchmark
+    *.json), a results.jsonl file, or a pytest-benchmark --benchmark-json file."""
+    path = Path(path)
+    run = run or run_label(path)
+    if not path.exists():
+        raise ReportInputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        raw = read_rows(path / RESULTS_FILE) + read_rows(path / SERVING_FILE)
+        if not (path / RESULTS_FILE).exists():
+            for f in sorted(path.glob("*.json")):
+                raw += _benchmark_rows(f, strict=False)
+        if not raw and not (path / RESULTS_FILE).exists():
+            raise ReportInputError(f"{path}: holds no {RESULTS_FILE} nor pytest-benchmark JSON")
+    elif path.suffix == ".json":
+        raw = _benchmark_rows(path, strict=True)
+    else:
+        raw = read_rows(path)
+    return [normalize(r, run) for r in raw if isinstance(r, dict)]
+
+
+def run_labels(paths: list[str | Path]) -> list[str]:
+    """Distinct labels for several runs (a repeated dir name gets primes)."""
+    labels: list[str] = []
+    for p in paths:
+        label = run_label(Path(p))
+        while label in labels:
+            label = f"{label}'"
+        labels.append(label)
+    return labels
+
+
+def load_runs(paths: list[str | Path]) -> list[dict]:
+    """Rows of several runs, each labelled with a distinct `_run` (see run_labels)."""
+    rows: list[dict] = []
+    for p, label in zip(paths, run_labels(paths), strict=True):
+        rows += load_rows(p, label)
+    return rows
+
+
+def run_label(path: Path) -> str:
+    """A short name for a run: its dir name (the parent's for RUN_DIR/results.jsonl)."""
+    path = Path(path)
+    if path.is_file() and path.name in (RESULTS_FILE, SERVING_FILE):
+        return path.resolve().parent.name
+    return path.stem if path.is_file() else path.resolve().name
+
+
+def normalize(row: dict, run: str) -> dict:
+    row = dict(row)
+    kind = row.setdefault("kind", "case")
+    if kind in ("case", "limit"):
+        for key, default in _CASE_FIELDS.items():
+            if row.get(key) is None:
+                row[key] = default() if callable(default) else default
+        row["tags"] = list(row["tags"])
+    if kind == "limit":
+        for key in ("axis", "last_ok", "first_fail"):
+            row.setdefault(key, None)
+        row["probes"] = row.get("probes") or {}
+    if kind == "serving":
+        for key in ("model", "metric", "backend", "route", "value_ms", "message", "label"):
+            row.setdefault(key, None)
+        row.setdefault("status", "ok" if row.get("value_ms") is not None else "error")
+        row["parts"] = row.get("parts") or []
+    row["_run"] = run
+    return row
+
+
+# ----------------------------------------------------------------------------- pytest-benchmark
+
+
+def _benchmark_rows(path: Path, *, strict: bool) -> list[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        if strict:
+            raise ReportInputError(f"{path}: not readable JSON ({e})") from None
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        if strict:
+            raise ReportInputError(f"{path}: no 'benchmarks' list (pytest-benchmark JSON)")
+        return []
+    env = _benchmark_env(data)
+    return [benchmark_to_row(b, env) for b in data["benchmarks"] if isinstance(b, dict)]
+
+
+def _benchmark_env(data: dict) -> dict:
+    machine = data.get("machine_info") or {}
+    commit = data.get("commit_info") or {}
+    commit_id = commit.get("id")
+    if commit_id and commit.get("dirty"):
+        commit_id = f"{commit_id[:12]}+dirty"
+    elif commit_id:
+        commit_id = commit_id[:12]
+    return {
+        "python": machine.get("python_version"),
+        "host": machine.get("node"),
+        "cpu": (machine.get("cpu") or {}).get("brand_raw")
+        if isinstance(machine.get("cpu"), dict)
+        else machine.get("cpu"),
+        "git_commit": commit_id,
+    }
+
+
+def benchmark_to_row(bench: dict, env: dict | None = None) -> dict:
+    """One pytest-benchmark entry as a case row. extra_info keys named like a case row's fields
+    (case_id, backend, op, params, accuracy, status, ...) are taken as they are."""
+    extra = dict(bench.get("extra_info") or {})
+    stats = bench.get("stats") or {}
+    bparams = bench.get("params") or {}
+    row: dict = {"kind": "case"}
+    for key in _CASE_FIELDS:
+        if key in extra:
+            row[key] = extra[key]
+    row.setdefault("case_id", bench.get("name") or bench.get("fullname"))
+    row.setdefault("backend", bparams.get("backend") or "unknown")
+    row.setdefault("params", {k: v for k, v in bparams.items() if k != "backend"})
+    row.setdefault("op", row["params"].get("op") if isinstance(row["params"], dict) else None)
+    row.setdefault("status", "ok")
+    row.setdefault("env", env)
+    if "timing" not in extra and stats.get("median") is not None:
+        row["timing"] = _benchmark_timing(stats)
+    return row
+
+
+def _benchmark_timing(stats: dict) -> dict:
+    ms = lambda key: stats[key] * 1e3 if isinstance(stats.get(key), (int, float)) else None
+    data = stats.get("data")
+    samples = [float(x) * 1e3 for x in data] if isinstance(data, list) and data else None
+    timing = {
+        "median_ms": ms("median"),
+        "p10_ms": percentile(samples, 10) if samples else None,
+        "p90_ms": percentile(samples, 90) if samples else None,
+        "q1_ms": ms("q1"),
+        "q3_ms": ms("q3"),
+        "min_ms": ms("min"),
+        "max_ms": ms("max"),
+        "n": stats.get("rounds") or (len(samples) if samples else None),
+        "method": "pytest-benchmark",
+    }
+    if samples:
+        timing["samples_ms"] = samples
+    return timing
+
+
+# ----------------------------------------------------------------------------- row helpers
+
+
+def percentile(samples, q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks (as dsv4bench.timing)."""
+    xs = sorted(float(x) for x in samples)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def case_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("kind") == "case"]
+
+
+def is_probe(row: dict) -> bool:
+    return "limit-probe" in (row.get("tags") or [])
+
+
+def param(row: dict, key: str, default=None):
+    return (row.get("params") or {}).get(key, default)
+
+
+def median_ms(row: dict) -> float | None:
+    v = (row.get("timing") or {}).get("median_ms")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def family(row: dict) -> str:
+    """The case family accuracy is grouped by: op/model/layout (and the route of a prefill)."""
+    parts = [row.get("op") or "?", param(row, "model") or "?", param(row, "layout") or "?"]
+    if row.get("op") == "prefill" and param(row, "route"):
+        parts.append(param(row, "route"))
+    return "/".join(str(p) for p in parts)
+
+
+def tolerance(row: dict) -> dict:
+    """{cos_diff, lse_abs}: the row's own tolerance where it carries one (row, info or params
+    'tolerance'), else FlashMLA's test tolerance for its op."""
+    found: dict = {}
+    for holder in (row.get("params") or {}, row.get("info") or {}, row):
+        tol = holder.get("tolerance")
+        if isinstance(tol, dict):
+            found = {**tol, **found}
+    return {
+        "cos_diff": found.get(
+            "cos_diff", DEFAULT_COS_TOL.get(row.get("op"), DEFAULT_COS_TOL_OTHER)
+        ),
+        "lse_abs": found.get("lse_abs", DEFAULT_LSE_TOL),
+    }
+
+
+def accuracy_failure(row: dict) -> str | None:
+    """Why the row's accuracy exceeds its tolerance, or None when it does not (or has none)."""
+    acc = row.get("accuracy") or {}
+    tol = tolerance(row)
+    if acc.get("nonfinite"):
+        return f"{acc['nonfinite']} non-finite output values"
+    if acc.get("lse_mismatch"):
+        return f"{acc['lse_mismatch']} lse values differ in finiteness"
+    cos = acc.get("cos_diff")
+    if isinstance(cos, (int, float)) and not cos <= tol["cos_diff"]:
+        return f"cos_diff {cos:.3g} > {tol['cos_diff']:.3g}"
+    lse = acc.get("lse_max_abs")
+    if isinstance(lse, (int, float)) and not lse <= tol["lse_abs"]:
+        return f"lse_max_abs {lse:.3g} > {tol['lse_abs']:.3g}"
+    return None
+
+
+def short(text, limit: int = 160) -> str:
+    """A message on one line of at most about `limit` characters; for several lines the first
+    and the last (a crash's useful part is often its last line, the CUDA error)."""
+    lines = [ln.strip() for ln in str(text or "").splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    cut = lambda s, n: s if len(s) <= n else s[: n - 1] + "…"
+    if len(lines) == 1:
+        return cut(lines[0], limit)
+    last = lines[-1] if len(lines[-1]) <= limit // 2 else "…" + lines[-1][-(limit // 2) :]
+    return f"{cut(lines[0], limit // 2)} … {last}"

@@ -1,0 +1,321 @@
+"""Runs (case, backend) jobs in worker processes and writes one result row per job.
+
+A worker that dies (exit code, signal, CUDA error) or hangs past the case's timeout becomes a
+`crash`/`timeout`/`oom` row with the end of its stderr; the worker is replaced and the sweep
+goes on. Rows are appended as soon as they exist, so a killed run loses nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4bench import backends, env
+from dsv4bench.case import Case
+from dsv4bench.results import ResultWriter, empty_row
+from dsv4bench.scenarios import LimitSearch
+from dsv4bench.worker import MARK
+
+STARTUP_TIMEOUT_S = 180.0
+FAILED = ("crash", "timeout", "oom", "error")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Job:
+    case: Case
+    backend: str
+
+
+def _tail(path: Path, lines: int = 15, chars: int = 2000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
+
+
+def _exit_text(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+class Worker:
+    """One `python -m dsv4bench.worker` process with a line reader on its stdout."""
+
+    def __init__(self, arch: str, plugins: list[str], flashmla_lib: str | None):
+        self.stderr_path = Path(tempfile.mkstemp(prefix="dsv4bench-worker-", suffix=".log")[1])
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 (lives as long as the worker)
+        pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dsv4bench.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env={**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # a kill takes the worker's children too
+        )
+        self.answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.send({"arch": arch, "plugins": plugins, "flashmla_lib": flashmla_lib})
+        ready = self.receive(STARTUP_TIMEOUT_S)
+        if ready is None or not ready.get("ready"):
+            raise RuntimeError(f"worker did not start: {self.failure()}")
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                self.answers.put(json.loads(line[len(MARK) :]))
+        self.answers.put(None)  # end of stream: the process is gone
+
+    def send(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self, timeout: float) -> dict | None:
+        """The next answer, or None if the worker died; raises TimeoutError."""
+        try:
+            return self.answers.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def failure(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        tail = _tail(self.stderr_path)
+        return f"worker {_exit_text(rc)}" + (f": {tail}" if tail else "")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._stderr.close()
+        self.stderr_path.unlink(missing_ok=True)
+
+
+class Progress:
+    """One line per finished job (a rewritten line on a terminal): counts, elapsed, ETA."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.done, self.start = total, 0, time.monotonic()
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+
+    def update(self, label: str, status: str, extra: str = "") -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        pct = 100 * self.done // max(1, self.total)
+        line = (
+            f"[{self.done:>{len(str(self.total))}}/{self.total} {pct:3d}%] "
+            f"{_clock(elapsed)} elapsed, ETA {_clock(eta)} | {label} {status} {extra}".rstrip()
+        )
+        if self.tty:
+            self.stream.write("\r\033[K" + line + ("\n" if self.done == self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m:02d}:{s:02d}"
+
+
+class Runner:
+    def __init__(
+        self,
+        writer: ResultWriter,
+        *,
+        arch: str,
+        plugins: Iterable[str] = (),
+        flashmla_lib: str | None = None,
+        progress: bool = True,
+    ):
+        self.writer = writer
+        self.arch = arch
+        self.plugins = list(plugins)
+        self.flashmla_lib = flashmla_lib
+        self.show_progress = progress
+        self._worker: Worker | None = None
+        self._env = None
+
+    # ---- one job -------------------------------------------------------------------------
+
+    def _env_info(self) -> dict:
+        if self._env is None:
+            self._env = env.collect()
+        return self._env
+
+    def _row(self, job: Job, answer: dict) -> dict:
+        case = job.case
+        info = {"scenario": case.scenario, "case_id": case.case_id, "op": case.op}
+        row = empty_row({**info, "params": case.params(), "tags": case.tags}, job.backend)
+        row.update(answer)
+        row["env"] = row.get("env") or self._env_info()
+        return row
+
+    def _run_in(self, worker: Worker, job: Job) -> dict:
+        worker.send({"case": job.case.to_dict(), "backend": job.backend, "arch": self.arch})
+        try:
+            answer = worker.receive(job.case.timing.timeout_s)
+        except TimeoutError:
+            tail = _tail(worker.stderr_path)
+            worker.stop()
+            msg = f"no answer after {job.case.timing.timeout_s:g} s"
+            return {"status": "timeout", "message": msg + (f"; stderr: {tail}" if tail else "")}
+        if answer is None:
+            msg = worker.failure()
+            status = "oom" if "out of memory" in msg.lower() else "crash"
+            return {"status": status, "message": msg}
+        if not worker.alive() or answer.get("status") == "crash":
+            time.sleep(0.2)
+            if not worker.alive():
+                answer["message"] = f"{answer.get('message', '')} ({worker.failure()})".strip()
+        return answer
+
+    def run_job(self, job: Job, *, fresh: bool = False) -> dict:
+        """Run one job (in a new worker when `fresh`) and write its row."""
+        reason = backends.get(job.backend).supports(job.case, self.arch)
+        if reason:
+            answer = {"status": "unsupported", "message": reason}
+        else:
+            try:
+                if fresh:
+                    worker = Worker(self.arch, self.plugins, self.flashmla_lib)
+                else:
+                    worker = self._ensure_worker()
+                answer = self._run_in(worker, job)
+            except RuntimeError as e:  # the worker would not even start
+                answer = {"status": "error", "message": str(e)}
+                worker = None
+            if worker is not None and (fresh or not worker.alive()):
+                worker.stop()
+                if worker is self._worker:
+                    self._worker = None
+        row = self._row(job, answer)
+        self.writer.append(row)
+        return row
+
+    def _ensure_worker(self) -> Worker:
+        if self._worker is None or not self._worker.alive():
+            if self._worker is not None:
+                self._worker.stop()
+            self._worker = Worker(self.arch, self.plugins, self.flashmla_lib)
+        return self._worker
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    # ---- sweeps --------------------------------------------------------------------------
+
+    def run(self, jobs: list[Job], limits: list[LimitSearch] = (), *, resume: bool = False):
+        done = self.writer.finished() if resume else set()
+        todo = [j for j in jobs if (j.case.case_id, j.backend) not in done]
+        searches = [s for s in limits if (s.limit_id, s.backend) not in done]
+        skipped = len(jobs) - len(todo) + len(limits) - len(searches)
+        progress = Progress(len(todo) + sum(_probes_estimate(s) for s in searches))
+        if skipped:
+            print(f"resuming: {skipped} finished jobs skipped", file=sys.stderr)
+        rows = []
+        try:
+            for job in todo:
+                row = self.run_job(job)
+                rows.append(row)
+                if self.show_progress:
+                    progress.update(f"{job.case.case_id} {job.backend}", *_summary(row))
+            for search in searches:
+                rows.append(self.find_limit(search, progress))
+        finally:
+            self.close()
+        return rows
+
+    def find_limit(self, s: LimitSearch, progress: Progress | None = None) -> dict:
+        """Bisection between a working and a failing value, each probe in a fresh process."""
+        probes: dict[int, dict] = {}
+
+        def probe(value: int) -> bool:
+            case = dataclasses.replace(
+                s.at(value),
+                timing=dataclasses.replace(s.base.timing, warmup=1, iters=3),
+                tags=(*s.base.tags, "limit-probe"),
+            )
+            row = self.run_job(Job(case, s.backend), fresh=True)
+            probes[value] = row
+            if progress is not None and self.show_progress:
+                progress.update(f"limit {s.axis}={value} {s.backend}", *_summary(row))
+            return row["status"] not in FAILED
+
+        lo, hi = s.lo, s.hi
+        last_ok = first_fail = None
+        if probe(lo) and not probe(hi):
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if probe(mid):
+                    lo = mid
+                else:
+                    hi = mid
+            last_ok, first_fail = lo, hi
+        elif probes[lo]["status"] not in FAILED:  # hi works too
+            last_ok = hi
+        else:
+            first_fail = lo
+        fail_row = probes.get(first_fail) if first_fail is not None else None
+        row = {
+            **self._row(Job(s.base, s.backend), {}),
+            "kind": "limit",
+            "case_id": s.limit_id,
+            "axis": s.axis,
+            "last_ok": last_ok,
+            "first_fail": first_fail,
+            "status": fail_row["status"] if fail_row else "ok",
+            "message": fail_row["message"] if fail_row else f"no failure up to {s.hi}",
+            "provider": next((p["provider"] for p in probes.values() if p.get("provider")), None),
+            "probes": {str(v): r["status"] for v, r in sorted(probes.items())},
+        }
+        self.writer.append(row)
+        return row
+
+
+def _probes_estimate(s: LimitSearch) -> int:
+    return 2 + max(0, (s.hi - s.lo).bit_length())
+
+
+def _summary(row: dict) -> tuple[str, str]:
+    t = row.get("timing") or {}
+    acc = row.get("accuracy") or {}
+    extra = []
+    if t.get("median_ms") is not None:
+        extra.append(f"{t['median_ms']:.4f} ms")
+    if acc.get("cos_diff") is not None:
+        extra.append(f"cos_diff {acc['cos_diff']:.2e}")
+    if row["status"] not in ("ok",) and row.get("message"):
+        extra.append(row["message"].splitlines()[0][:100])
+    return row["status"], " ".join(extra)

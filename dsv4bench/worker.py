@@ -1,0 +1,129 @@
+"""The worker process: runs (case, backend) jobs sent by the runner, one JSON line each way.
+
+Requests arrive on stdin; each answer is one stdout line starting with MARK (kernel libraries
+may print to stdout too). stderr goes to a file the runner reads when this process dies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+MARK = "@@dsv4bench@@ "
+
+
+class _Cache:
+    """The last case's inputs and expected outputs: backends of one case share them."""
+
+    def __init__(self) -> None:
+        self.key = None
+        self.inputs: dict = {}
+        self.fingerprint = ""
+        self.expected: dict = {}
+
+
+def run_job(job: dict, cache: _Cache) -> dict:
+    import torch
+
+    from dsv4bench import backends, env, inputs, metrics, timing
+    from dsv4bench.backends import Unsupported
+    from dsv4bench.backends.torch_ref import oracle_call
+    from dsv4bench.case import Case
+
+    case = Case.from_dict(job["case"])
+    backend = backends.get(job["backend"])
+    arch = job["arch"]
+    device = "cpu" if arch == "cpu" else "cuda"
+    row = {"status": "error", "message": "", "info": {}, "env": env.collect()}
+
+    reason = backend.supports(case, arch)
+    if reason:
+        return {**row, "status": "unsupported", "message": reason}
+    try:
+        prov = backend.provider()
+    except Unsupported as e:
+        return {**row, "status": "unsupported", "message": str(e)}
+    row["provider"] = {"name": prov.name, "version": prov.version, "location": prov.location}
+
+    if cache.key != case.case_id:
+        cache.key, cache.inputs, cache.expected = None, {}, {}
+        cache.inputs = inputs.make_inputs(case, device)
+        cache.fingerprint = inputs.fingerprint(cache.inputs)
+        cache.key = case.case_id
+    row["input_fingerprint"] = cache.fingerprint
+    reading = backend.v32_scale_reading(arch) if case.layout == "v32" else None
+    if reading not in cache.expected:
+        cache.expected[reading] = oracle_call(case, cache.inputs, reading)()
+    expected = cache.expected[reading]
+
+    try:
+        prepared = backend.prepare(case, cache.inputs, device)
+    except Unsupported as e:
+        return {**row, "status": "unsupported", "message": str(e)}
+    row["info"] = dict(prepared.info)
+    if reading:
+        row["info"]["v32_scale_reading"] = reading
+    if prepared.poison is not None:
+        prepared.poison()
+    actual = prepared.finish(prepared.run())
+    if device == "cuda":
+        torch.cuda.synchronize()
+    acc = metrics.accuracy(expected, actual)
+    ok, why = metrics.within_tolerance(acc, case.tolerance)
+    row["accuracy"] = acc
+    row["status"] = "ok" if ok else "incorrect"
+    row["message"] = "" if ok else why
+    del actual
+
+    t = case.timing
+    row["timing"] = timing.measure(
+        prepared.run,
+        device=device,
+        warmup=t.warmup,
+        iters=t.iters,
+        flush_l2=t.flush_l2,
+        timer=t.timer,
+    )
+    from dsv4bench import hardware
+
+    row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device))
+    return row
+
+
+def _classify(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if "OutOfMemory" in type(exc).__name__ or "out of memory" in text.lower():
+        return "oom"
+    if "CUDA error" in text or "cudaError" in text or "device-side assert" in text:
+        return "crash"
+    return "error"
+
+
+def main() -> int:
+    from dsv4bench import backends
+
+    setup = json.loads(sys.stdin.readline())
+    backends.setup(setup.get("plugins", []), setup.get("flashmla_lib"))
+    print(MARK + json.dumps({"ready": True}), flush=True)
+    cache = _Cache()
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            answer = run_job(job, cache)
+            fatal = False
+        except BaseException as exc:  # every failure of a job becomes its result row
+            status = _classify(exc)
+            tb = traceback.format_exc(limit=3)
+            print(tb, file=sys.stderr, flush=True)
+            answer = {"status": status, "message": f"{type(exc).__name__}: {exc}"[:2000]}
+            cache.key = None
+            fatal = status == "crash"  # a CUDA error poisons the context: start afresh
+        print(MARK + json.dumps(answer, default=str), flush=True)
+        if fatal:
+            return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Byte layouts of the FP8 sparse-MLA KV caches, written and read in plain PyTorch.
+
+V3.2 "656", token-major, cache ``(num_blocks, block_size, 1, 656)``; per token:
+    [0, 512)    512 x e4m3 latent, 4 tiles of 128
+    [512, 528)  4 x fp32 scale, one per tile (value = e4m3 * scale)
+    [528, 656)  64 x bf16 rope
+
+V4 "584" (FlashMLA's MODEL1), structure-of-arrays per page of P tokens:
+    [0, P*576)             token t at t*576: 448 x e4m3 nope (7 tiles of 64), 64 x bf16 rope
+    [P*576, P*584)         token t at P*576 + t*8: 7 x ue8m0 (byte b = 2^(b-127)), 1 zero pad byte
+    [P*584, page stride)   zero padding; writers pad the page stride to a multiple of 576
+The kernels get a logical view ``(num_pages, P, 1, 584)`` with ``stride(1) == 584``; the page
+stride is ``stride(0)``, and every reader here takes it from there.
+
+Multi-byte values are little endian. A slot (global token index) is ``page * P + offset``.
+Caches may be uint8 or any other 1-byte dtype (FlashMLA's test writer returns e4m3).
+Dequantized values are float32; for power-of-two scales they are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import torch
+
+E4M3_MAX = 448.0
+FLT_MIN = torch.finfo(torch.float32).tiny
+D_ROPE = 64
+
+V32_TOKEN_BYTES, V32_D_QK, V32_D_NOPE, V32_TILE = 656, 576, 512, 128
+V4_TOKEN_BYTES, V4_D_QK, V4_D_NOPE, V4_TILE = 584, 512, 448, 64
+V4_DATA_BYTES, V4_SCALE_BYTES = 576, 8  # per token, in the two halves of a page
+V4_PAGE_ALIGN = 576
+PLAIN_ROW_WIDTH = 512
+
+Layout = Literal["v32", "v4"]
+_LAYOUT_OF_WIDTH: dict[int, Layout] = {V32_TOKEN_BYTES: "v32", V4_TOKEN_BYTES: "v4"}
+_HEAD_DIM: dict[Layout, int] = {"v32": V32_D_QK, "v4": V4_D_QK}
+
+
+def _over_e4m3_max(x: torch.Tensor) -> torch.Tensor:
+    """x / 448, correctly rounded on every device: CUDA turns division by a Python scalar into
+    multiplication by its reciprocal, which can be one ulp off (and flip a ceil(log2))."""
+    return x / torch.full((), E4M3_MAX, dtype=x.dtype, device=x.device)
+
+
+# Tile amax -> scale before rounding up to a power of two (the writers differ only in the floor).
+_V4_SCALE_RULES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "flashmla": lambda amax: _over_e4m3_max(amax).clamp_min(1e-4),
+    "vllm": lambda amax: _over_e4m3_max(amax.clamp_min(1e-4)),
+    "sglang": lambda amax: _over_e4m3_max(amax.clamp_min(1e-8)),
+}
+_SCALE_ROUNDINGS = (None, "bf16", "e8m0")
+
+
+# ---- small numeric helpers ---------------------------------------------------------------
+
+
+def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
+    """Exact ceil(log2(x)) for x > 0; a float log2 can land on the wrong side of a power of two."""
+    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2^exponent, mantissa in [0.5, 1)
+    return exponent - (mantissa == 0.5).to(exponent.dtype)
+
+
+def _floor_pow2(x: torch.Tensor) -> torch.Tensor:
+    """2^floor(log2(x)) for normal x: clear the 23 mantissa bits (an e8m0 truncation)."""
+    return (x.contiguous().view(torch.int32) & ~0x7FFFFF).view(torch.float32)
+
+
+# "raw" is vLLM's writer; FlashMLA's test writer uses its V4 rule for V3.2 too.
+_V32_SCALE_RULES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "raw": lambda amax: _over_e4m3_max(amax).clamp_min(FLT_MIN),
+    "pow2": lambda amax: torch.exp2(_ceil_log2(_V4_SCALE_RULES["flashmla"](amax)).float()),
+}
+
+
+def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    # Saturate explicitly: a plain cast is not guaranteed to saturate on every device.
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _tile_amax(x: torch.Tensor, tile: int) -> torch.Tensor:
+    return x.unflatten(-1, (-1, tile)).abs().amax(-1)
+
+
+def _quantize_tiles(x: torch.Tensor, tile: int, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 bytes of x [n, k*tile], tile j divided by scale[:, j]."""
+    return _to_e4m3(x.unflatten(-1, (-1, tile)) / scale.unsqueeze(-1)).flatten(-2).view(torch.uint8)
+
+
+def _e4m3_tiles(q: torch.Tensor, tile: int) -> torch.Tensor:
+    return q.view(torch.float8_e4m3fn).float().unflatten(-1, (-1, tile))
+
+
+def _bytes_of(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.uint8)
+
+
+def _round_scale(scale: torch.Tensor, scale_rounding: str | None) -> torch.Tensor:
+    if scale_rounding == "bf16":  # sm90 FlashMLA: round to nearest even
+        return scale.to(torch.bfloat16).float()
+    if scale_rounding == "e8m0":  # sm100 FlashMLA: truncate to the exponent
+        return _floor_pow2(scale)
+    return scale
+
+
+# ---- checks ------------------------------------------------------------------------------
+
+
+def _check_kv(kv: torch.Tensor, d: int, parts: str) -> None:
+    if not (isinstance(kv, torch.Tensor) and kv.dim() == 2 and kv.shape[1] == d):
+        shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
+        raise ValueError(f"kv must be [N, {d}] ({parts}), got {shape}")
+    if not kv.is_floating_point():
+        raise ValueError(f"kv must be a floating-point tensor, got {kv.dtype}")
+    if not bool(torch.isfinite(kv).all()):
+        raise ValueError("kv must be finite")
+
+
+def _check_choice(name: str, value: object, choices: Iterable[object]) -> None:
+    if value not in list(choices):
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_page_size(page_size: int, name: str = "page_size") -> None:
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {page_size!r}")
+
+
+def _cache_bytes(cache: torch.Tensor) -> torch.Tensor:
+    if cache.dim() != 4 or cache.shape[2] != 1 or cache.element_size() != 1:
+        raise ValueError(
+            "cache must be a 1-byte tensor (num_pages, page_size, 1, 656 | 584), "
+            f"got {cache.dtype} {tuple(cache.shape)}"
+        )
+    layout_of(cache)
+    return cache.view(torch.uint8)
+
+
+def _check_layout(cache: torch.Tensor, layout: Layout, caller: str) -> None:
+    if layout_of(cache) != layout:
+        width = V4_TOKEN_BYTES if layout == "v4" else V32_TOKEN_BYTES
+        raise ValueError(f"{caller} needs a {width}-byte cache, got {tuple(cache.shape)}")
+
+
+def _check_slots(slots: torch.Tensor, num_slots: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.is_floating_point():
+        raise ValueError("slots must be a 1-D integer tensor")
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
+        raise ValueError(f"slots must lie in [0, {num_slots}), got [{slots.min()}, {slots.max()}]")
+    return slots.to(device=device, dtype=torch.long)
+
+
+# ---- layout queries ----------------------------------------------------------------------
+
+
+def layout_of(cache: torch.Tensor) -> Layout:
+    """The cache layout by its last dim: "v32" (656-byte records) or "v4" (584)."""
+    layout = _LAYOUT_OF_WIDTH.get(cache.shape[-1]) if cache.dim() else None
+    if layout is None:
+        raise ValueError(f"cache last dim must be 656 (V3.2) or 584 (V4), got {tuple(cache.shape)}")
+    return layout
+
+
+def head_dim_of(cache: torch.Tensor) -> int:
+    """d_qk of the tokens in the cache: 576 (V3.2) or 512 (V4)."""
+    return _HEAD_DIM[layout_of(cache)]
+
+
+def v4_page_stride(page_size: int) -> int:
+    """Bytes per V4 page as engines allocate it: page_size * 584 rounded up to a multiple of 576."""
+    return -(-page_size * V4_TOKEN_BYTES // V4_PAGE_ALIGN) * V4_PAGE_ALIGN
+
+
+# ---- V4 "584" ----------------------------------------------------------------------------
+
+
+def _zeros_v4(num_pages: int, page_size: int, device: torch.device) -> torch.Tensor:
+    page_stride = v4_page_stride(page_size)
+    buffer = torch.zeros(num_pages * page_stride, dtype=torch.uint8, device=device)
+    shape = (num_pages, page_size, 1, V4_TOKEN_BYTES)
+    return torch.as_strided(buffer, shape, (page_stride, V4_TOKEN_BYTES, V4_TOKEN_BYTES, 1))
+
+
+def _v4_token_views(cache_bytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views (num_pages, page_size, 576) of token data and (num_pages, page_size, 8) of scales."""
+    num_pages, page_size = cache_bytes.shape[:2]
+    page_stride, base = cache_bytes.stride(0), cache_bytes.storage_offset()
+    if page_size > 1 and cache_bytes.stride(1) != V4_TOKEN_BYTES:
+        raise ValueError(f"V4 cache must have stride(1) == 584, got {cache_bytes.stride(1)}")
+    if num_pages > 1 and page_stride < page_size * V4_TOKEN_BYTES:
+        raise ValueError(f"V4 page stride {page_stride} < page_size * 584: pages overlap")
+    data = torch.as_strided(
+        cache_bytes, (num_pages, page_size, V4_DATA_BYTES), (page_stride, V4_DATA_BYTES, 1), base
+    )
+    scales = torch.as_strided(
+        cache_bytes,
+        (num_pages, page_size, V4_SCALE_BYTES),
+        (page_stride, V4_SCALE_BYTES, 1),
+        base + page_size * V4_DATA_BYTES,
+    )
+    return data, scales
+
+
+def _encode_v4(kv: torch.Tensor, convention: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token data [N, 576] and scale records [N, 8] of kv [N, 512]."""
+    nope, rope = kv[:, :V4_D_NOPE].float(), kv[:, V4_D_NOPE:]
+    exponent = _ceil_log2(_V4_SCALE_RULES[convention](_tile_amax(nope, V4_TILE)))
+    nope_bytes = _quantize_tiles(nope, V4_TILE, torch.exp2(exponent.float()))
+    data = torch.cat([nope_bytes, _bytes_of(rope.to(torch.bfloat16))], dim=-1)
+    pad = torch.zeros_like(exponent[:, :1], dtype=torch.uint8)
+    return data, torch.cat([(exponent + 127).to(torch.uint8), pad], dim=-1)
+
+
+def _decode_v4(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    num_tiles = V4_D_NOPE // V4_TILE
+    scale = torch.exp2(scales[:, :num_tiles].float() - 127)
+    nope = _e4m3_tiles(data[:, :V4_D_NOPE], V4_TILE) * scale.unsqueeze(-1)
+    rope = data[:, V4_D_NOPE:].view(torch.bfloat16).float()
+    return torch.cat([nope.flatten(-2), rope], dim=-1)
+
+
+def quantize_v4(kv: torch.Tensor, page_size: int, *, convention: str = "flashmla") -> torch.Tensor:
+    """kv [N, 512] -> V4 cache view (ceil(N / page_size), page_size, 1, 584), padded page stride.
+
+    convention picks the writer's scale floor: "flashmla" (amax/448 >= 1e-4), "vllm"
+    (amax >= 1e-4), "sglang" (amax >= 1e-8). Slots past N stay zero bytes.
+    """
+    _check_kv(kv, V4_D_QK, "448 nope + 64 rope")
+    _check_choice("convention", convention, _V4_SCALE_RULES)
+    _check_page_size(page_size)
+    num_tokens = kv.shape[0]
+    cache = _zeros_v4(-(-num_tokens // page_size), page_size, kv.device)
+    data, scales = _v4_token_views(cache)
+    slots = torch.arange(num_tokens, device=kv.device)
+    token_data, token_scales = _encode_v4(kv, convention)
+    data[slots // page_size, slots % page_size] = token_data
+    scales[slots // page_size, slots % page_size] = token_scales
+    return cache
+
+
+def dequantize_v4(cache: torch.Tensor) -> torch.Tensor:
+    """V4 cache -> float32 [num_pages * page_size, 512]; the page stride is cache.stride(0)."""
+    _check_layout(cache, "v4", "dequantize_v4")
+    return gather_tokens(cache, _all_slots(cache))
+
+
+def split_pages_v4(cache: torch.Tensor, new_page_size: int = 64) -> torch.Tensor:
+    """Re-page a V4 cache (e.g. 256 -> 64 tokens per page); slots and token bytes unchanged."""
+    _check_layout(cache, "v4", "split_pages_v4")
+    _check_page_size(new_page_size, "new_page_size")
+    num_pages, page_size = cache.shape[:2]
+    if page_size % new_page_size:
+        raise ValueError(f"new_page_size {new_page_size} must divide page_size {page_size}")
+    data, scales = _v4_token_views(_cache_bytes(cache))
+    num_new_pages = num_pages * (page_size // new_page_size)
+    out = _zeros_v4(num_new_pages, new_page_size, cache.device)
+    new_data, new_scales = _v4_token_views(out)
+    new_data.copy_(data.reshape(num_new_pages, new_page_size, V4_DATA_BYTES))
+    new_scales.copy_(scales.reshape(num_new_pages, new_page_size, V4_SCALE_BYTES))
+    return out
+
+
+# ---- V3.2 "656" --------------------------------------------------------------------------
+
+
+def _encode_v32(kv: torch.Tensor, scale: str) -> torch.Tensor:
+    """656-byte records [N, 656] of kv [N, 576]."""
+    latent, rope = kv[:, :V32_D_NOPE].float(), kv[:, V32_D_NOPE:]
+    tile_scale = _V32_SCALE_RULES[scale](_tile_amax(latent, V32_TILE))
+    latent_bytes = _quantize_tiles(latent, V32_TILE, tile_scale)
+    return torch.cat([latent_bytes, _bytes_of(tile_scale), _bytes_of(rope.to(torch.bfloat16))], -1)
+
+
+def _decode_v32(records: torch.Tensor, scale_rounding: str | None) -> torch.Tensor:
+    num_tiles = V32_D_NOPE // V32_TILE
+    scale_bytes = records[:, V32_D_NOPE : V32_D_NOPE + 4 * num_tiles]
+    scale = _round_scale(scale_bytes.view(torch.float32), scale_rounding)
+    latent = _e4m3_tiles(records[:, :V32_D_NOPE], V32_TILE) * scale.unsqueeze(-1)
+    rope = records[:, V32_D_NOPE + 4 * num_tiles :].view(torch.bfloat16).float()
+    return torch.cat([latent.flatten(-2), rope], dim=-1)
+
+
+def quantize_v32(kv: torch.Tensor, block_size: int, *, scale: str = "pow2") -> torch.Tensor:
+    """kv [N, 576] -> contiguous V3.2 cache (ceil(N / block_size), block_size, 1, 656) uint8.
+
+    scale "raw": amax/448 floored at FLT_MIN (vLLM's writer); "pow2": amax/448 floored at 1e-4
+    and rounded up to a power of two (FlashMLA's test writer). Slots past N stay zero bytes.
+    """
+    _check_kv(kv, V32_D_QK, "512 latent + 64 rope")
+    _check_choice("scale", scale, _V32_SCALE_RULES)
+    _check_page_size(block_size, "block_size")
+    num_tokens = kv.shape[0]
+    num_blocks = -(-num_tokens // block_size)
+    records = torch.zeros(
+        num_blocks * block_size, V32_TOKEN_BYTES, dtype=torch.uint8, device=kv.device
+    )
+    records[:num_tokens] = _encode_v32(kv, scale)
+    return records.view(num_blocks, block_size, 1, V32_TOKEN_BYTES)
+
+
+def dequantize_v32(cache: torch.Tensor, *, scale_rounding: str | None = None) -> torch.Tensor:
+    """V3.2 cache -> float32 [num_blocks * block_size, 576].
+
+    scale_rounding emulates how a kernel reads the fp32 scale: None exactly, "bf16" rounded
+    to nearest even (sm90 FlashMLA), "e8m0" truncated to a power of two (sm100 FlashMLA).
+    """
+    _check_layout(cache, "v32", "dequantize_v32")
+    return gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)
+
+
+# ---- readers and converters for either layout --------------------------------------------
+
+
+def _all_slots(cache: torch.Tensor) -> torch.Tensor:
+    return torch.arange(cache.shape[0] * cache.shape[1], device=cache.device)
+
+
+def gather_tokens(
+    cache: torch.Tensor, slots: torch.Tensor, *, scale_rounding: str | None = None
+) -> torch.Tensor:
+    """float32 [len(slots), d_qk] of the tokens at the given slots, reading only those tokens.
+
+    scale_rounding is as in dequantize_v32; V4 scales are powers of two, which every
+    rounding keeps, so it has no effect there.
+    """
+    _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
+    cache_bytes = _cache_bytes(cache)
+    num_pages, page_size = cache.shape[:2]
+    slots = _check_slots(slots, num_pages * page_size, cache.device)
+    page, offset = slots // page_size, slots % page_size
+    if layout_of(cache) == "v4":
+        data, scales = _v4_token_views(cache_bytes)
+        return _decode_v4(data[page, offset], scales[page, offset])
+    return _decode_v32(cache_bytes[:, :, 0][page, offset], scale_rounding)
+
+
+def to_workspace(
+    cache: torch.Tensor, slots: torch.Tensor | None = None, *, scale_rounding: str | None = None
+) -> torch.Tensor:
+    """Flat bf16 kv [s_kv, 1, d_qk] for sparse prefill: every slot in order, or the given slots."""
+    slots = _all_slots(cache) if slots is None else slots
+    return gather_tokens(cache, slots, scale_rounding=scale_rounding).to(torch.bfloat16)[:, None]
+
+
+def gather_workspace(
+    cache: torch.Tensor, indices: torch.Tensor, *, scale_rounding: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compact bf16 workspace [n_unique, 1, d_qk] of the slots in indices (any shape, -1 invalid),
+    and indices remapped into it (same shape and dtype, -1 kept)."""
+    valid = indices != -1
+    unique_slots, local = torch.unique(indices[valid], return_inverse=True)
+    kv = to_workspace(cache, unique_slots, scale_rounding=scale_rounding)
+    local_indices = torch.full_like(indices, -1)
+    local_indices[valid] = local.to(indices.dtype)
+    return kv, local_indices
+
+
+def to_plain_rows(
+    cache: torch.Tensor, *, dtype: str = "bf16", scale_rounding: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Plain 512-wide rows [num_pages, 1, page_size, 512] (FlashInfer trtllm-gen layout).
+
+    V3.2 keeps the 512 latent values, V4 all 512. dtype "bf16" returns (rows, None);
+    "e4m3" returns (e4m3(x / scale), scale) with one fp32 scale = amax / 448 for the tensor.
+    """
+    _check_choice("dtype", dtype, ("bf16", "e4m3"))
+    num_pages, page_size = cache.shape[:2]
+    x = gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)
+    x = x[:, :PLAIN_ROW_WIDTH].reshape(num_pages, 1, page_size, PLAIN_ROW_WIDTH)
+    if dtype == "bf16":
+        return x.to(torch.bfloat16), None
+    scale = _over_e4m3_max(x.abs().amax()).clamp_min(
+        FLT_MIN
+    )  # an all-zero cache still gets a scale
+    return _to_e4m3(x / scale), scale

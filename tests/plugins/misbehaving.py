@@ -1,0 +1,63 @@
+"""Backends that fail on purpose, for the runner, compare and report tests.
+
+crashy: kills its own process on batch_size >= 4 (like FlashMLA's exit(1) on a scheduler error),
+hangs when seed == 3, raises when seed == 2; otherwise it is the oracle.
+slowed: the oracle plus a sleep (a deliberately slowed backend).
+wrong: the oracle with its output scaled (a deliberately wrong backend).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dsv4bench.backends import Backend, Output, Prepared, register
+from dsv4bench.backends.torch_ref import oracle_call
+
+
+class _Oracle(Backend):
+    archs = ("cpu", "sm90", "sm100", "sm120")
+    ops = ("decode", "prefill")
+
+    def prepare(self, case, inputs, device):
+        return Prepared(run=oracle_call(case, inputs))
+
+
+class Crashy(_Oracle):
+    name = "crashy"
+
+    def prepare(self, case, inputs, device):
+        if case.batch_size >= 4:
+            print(f"crashy: fatal error at batch {case.batch_size}", file=os.sys.stderr, flush=True)
+            os._exit(1)
+        if case.seed == 3:
+            time.sleep(3600)
+        if case.seed == 2:
+            raise RuntimeError("crashy refuses seed 2")
+        return super().prepare(case, inputs, device)
+
+
+class Slowed(_Oracle):
+    name = "slowed"
+    delay_s = float(os.environ.get("DSV4BENCH_TEST_DELAY", "0.02"))
+
+    def prepare(self, case, inputs, device):
+        call = oracle_call(case, inputs)
+
+        def run():
+            time.sleep(self.delay_s)
+            return call()
+
+        return Prepared(run=run)
+
+
+class Wrong(_Oracle):
+    name = "wrong"
+
+    def prepare(self, case, inputs, device):
+        call = oracle_call(case, inputs)
+        return Prepared(run=call, finish=lambda o: Output(o.out * 1.01, o.lse))
+
+
+for _b in (Crashy(), Slowed(), Wrong()):
+    register(_b, replace=True)

@@ -1,0 +1,230 @@
+"""compare: time, accuracy, status and limit regressions between two result sets."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from dsv4bench.report import compare
+from dsv4bench.report.compare import time_change
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def row(
+    case_id: str,
+    backend: str = "flashmla",
+    *,
+    ms: float = 0.1,
+    spread: float = 0.01,
+    n: int = 20,
+    status: str = "ok",
+    cos: float = 2e-6,
+    op: str = "decode",
+    message: str = "",
+) -> dict:
+    """A case row with `n` samples spread +-spread around `ms`."""
+    samples = [ms * (1 + spread * (2 * i / max(1, n - 1) - 1)) for i in range(n)]
+    samples.sort()
+    timed = status in ("ok", "incorrect")
+    return {
+        "kind": "case",
+        "scenario": "t",
+        "case_id": case_id,
+        "op": op,
+        "params": {"model": "v4-flash", "layout": "v4", "batch_size": 64, "num_heads": 64},
+        "tags": [],
+        "backend": backend,
+        "provider": None,
+        "status": status,
+        "message": message,
+        "accuracy": {"cos_diff": cos, "lse_max_abs": 1e-7, "nonfinite": 0} if timed else None,
+        "timing": {
+            "median_ms": samples[n // 2] if n % 2 else (samples[n // 2 - 1] + samples[n // 2]) / 2,
+            "p10_ms": samples[max(0, n // 10)],
+            "p90_ms": samples[min(n - 1, 9 * n // 10)],
+            "n": n,
+            "method": "events",
+            "samples_ms": samples,
+        }
+        if timed
+        else None,
+        "derived": None,
+        "info": {},
+        "env": {"gpu": "H100"},
+        "input_fingerprint": None,
+    }
+
+
+def base_rows() -> list[dict]:
+    return [
+        row("decode-a", ms=0.10),
+        row("decode-b", ms=0.20),
+        row("decode-c", ms=0.05),
+        row("decode-a", "triton", ms=0.30),
+        row("prefill-d", ms=1.5, op="prefill", cos=3e-6),
+    ]
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def find(rows, case_id, backend="flashmla"):
+    return next(r for r in rows if r["case_id"] == case_id and r["backend"] == backend)
+
+
+def run(tmp_path, base, new, **kw):
+    b = write(tmp_path / "base", base)
+    n = write(tmp_path / "new", new)
+    code, files = compare.compare(b, n, tmp_path / "out", **kw)
+    md = (tmp_path / "out" / "compare.md").read_text()
+    return code, files, md
+
+
+def test_identical_runs_exit_0(tmp_path, capsys):
+    b = write(tmp_path / "base", base_rows())
+    code, files = compare.compare(b, b, tmp_path / "out")
+    assert code == 0
+    assert (tmp_path / "out" / "compare.md") in files
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "no regression" in md and "5 matched" in md
+    assert "no regression" in capsys.readouterr().out
+    png = tmp_path / "out" / "compare-ratios.png"
+    assert png in files and png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_slower_with_tight_samples_is_a_regression_listed_first(tmp_path, capsys):
+    new = copy.deepcopy(base_rows())
+    new[1] = row("decode-b", ms=0.24)  # 20% slower, +-1% spread, 20 samples each
+    code, _, md = run(tmp_path, base_rows(), new)
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out
+    first = [line for line in out.splitlines() if line.startswith("  ")][0]
+    assert "decode-b" in first and "x1.200" in first
+    table = md.split("## Time ratios, worst first", 1)[1]
+    rows_md = [line for line in table.splitlines() if line.startswith("| `")]
+    assert "decode-b" in rows_md[0]
+    assert "| time | `decode-b` | flashmla |" in md
+
+
+def test_slower_but_noisy_or_few_samples_is_not(tmp_path):
+    base = base_rows()
+    base[1] = row("decode-b", ms=0.20, spread=0.5)  # +-50%: overlapping spreads
+    new = copy.deepcopy(base)
+    new[1] = row("decode-b", ms=0.24, spread=0.5)
+    new[2] = row("decode-c", ms=0.06, n=3)  # 20% slower, tight, but 3 samples
+    code, _, md = run(tmp_path, [*base[:2], row("decode-c", ms=0.05, n=3), *base[3:]], new)
+    assert code == 0
+    assert "slower, within noise" in md and "too few samples" in md
+
+
+def test_ok_to_crash_is_a_regression(tmp_path):
+    new = copy.deepcopy(base_rows())
+    new[0] = row("decode-a", status="crash", message="worker exited with code 1: CUDA error")
+    code, _, md = run(tmp_path, base_rows(), new)
+    assert code == 1
+    assert "ok -> crash" in md and "## Status changes" in md
+
+
+def test_accuracy_beyond_tolerance_is_a_regression(tmp_path):
+    new = copy.deepcopy(base_rows())
+    new[4] = row("prefill-d", ms=1.5, op="prefill", cos=2e-5)  # still "ok" by its status
+    code, _, md = run(tmp_path, base_rows(), new)
+    assert code == 1
+    assert "| accuracy | `prefill-d` |" in md and "cos_diff 2e-05 > 7e-06" in md
+    # within the prefill tolerance (7e-6): not a regression
+    new[4] = row("prefill-d", ms=1.5, op="prefill", cos=6e-6)
+    code, _, _ = run(tmp_path / "again", base_rows(), new)
+    assert code == 0
+
+
+def test_ok_to_incorrect_is_a_regression(tmp_path):
+    new = copy.deepcopy(base_rows())
+    new[0] = row("decode-a", status="incorrect", message="lse_max_abs 0.5 > 0.001")
+    code, _, md = run(tmp_path, base_rows(), new)
+    assert code == 1 and "lse_max_abs 0.5" in md
+
+
+def test_missing_cases_are_listed_not_failed(tmp_path):
+    base = base_rows()
+    new = [*copy.deepcopy(base[1:]), row("decode-new", ms=0.1)]
+    code, _, md = run(tmp_path, base, new)
+    assert code == 0
+    only_base = md.split("## Only in base", 1)[1].split("##", 1)[0]
+    only_new = md.split("## Only in new", 1)[1].split("##", 1)[0]
+    assert "decode-a" in only_base and "decode-new" in only_new
+
+
+def test_faster_is_not_a_regression(tmp_path):
+    new = copy.deepcopy(base_rows())
+    new[1] = row("decode-b", ms=0.10)
+    code, _, md = run(tmp_path, base_rows(), new)
+    assert code == 0 and "faster" in md
+
+
+def test_limit_moving_down_is_a_regression(tmp_path):
+    def limit(last_ok, first_fail):
+        r = row("limit-tokens-x", status="crash")
+        r.update(kind="limit", axis="tokens", last_ok=last_ok, first_fail=first_fail, probes={})
+        return r
+
+    code, _, _ = run(tmp_path / "same", [limit(11622, 11623)], [limit(11622, 11623)])
+    assert code == 0
+    code, _, md = run(tmp_path / "down", [limit(11622, 11623)], [limit(8000, 8001)])
+    assert code == 1 and "| limit |" in md
+
+
+def test_pytest_benchmark_json_against_itself(tmp_path):
+    data = {
+        "benchmarks": [
+            {
+                "name": "test_decode[x]",
+                "stats": {"median": 1e-4, "q1": 0.99e-4, "q3": 1.01e-4, "rounds": 30},
+                "extra_info": {
+                    "case_id": "decode-x",
+                    "backend": "flashmla",
+                    "op": "decode",
+                    "status": "ok",
+                },
+            }
+        ]
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    code, _ = compare.compare(path, path, tmp_path / "out")
+    assert code == 0
+
+
+def test_time_rule_uses_quartiles_without_percentiles():
+    base = {"median_ms": 1.0, "q1_ms": 0.99, "q3_ms": 1.01, "n": 30}
+    slower = {"median_ms": 1.2, "q1_ms": 1.19, "q3_ms": 1.21, "n": 30}
+    ratio, verdict, regressed = time_change(base, slower, 0.05)
+    assert regressed and round(ratio, 3) == 1.2 and "new q1 1.19 ms > base q3 1.01 ms" in verdict
+    ratio, verdict, regressed = time_change(
+        {"median_ms": 1.0, "n": 30}, {"median_ms": 1.2, "n": 30}, 0.05
+    )
+    assert not regressed and verdict == "slower, spread unknown"
+
+
+def test_serving_points_are_listed_not_judged(tmp_path):
+    def point(value):
+        return {
+            "kind": "serving",
+            "case_id": "ttft-v4-flash-L4096-C4096-decode-kernel",
+            "backend": "flashmla",
+            "metric": "ttft",
+            "model": "v4-flash",
+            "value_ms": value,
+            "status": "ok" if value else "crash",
+            "parts": [],
+        }
+
+    code, _, md = run(tmp_path, [*base_rows(), point(10.0)], [*base_rows(), point(None)])
+    assert code == 0
+    assert "## Serving points (informational)" in md
+    assert "`ttft-v4-flash-L4096-C4096-decode-kernel`" in md

@@ -1,0 +1,465 @@
+"""report: synthetic rows of every kind -> report.md, self-contained report.html, valid PNGs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from dsv4bench.report import ReportInputError, build_report, load_rows
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CRASH_MSG = "worker exited with code 1: CUDA error: invalid argument (get_decoding_sched_meta.cu)"
+
+ENV = {
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "arch": "sm90",
+    "driver": "575.57.08",
+    "torch": "2.11.0+cu130",
+    "triton": "3.5.0",
+    "cuda": "13.0",
+    "git_commit": "abc123def456",
+    "smem_per_block_optin": 232448,
+}
+MODELS = {
+    "v32": dict(model="v32", d_qk=576, d_v=512, num_heads=128, topk=2048, layout="v32"),
+    "v4-flash": dict(model="v4-flash", d_qk=512, d_v=512, num_heads=64, topk=512, layout="v4"),
+}
+
+
+def params(op: str, model: str = "v4-flash", **kw) -> dict:
+    """Case params as Case.params() writes them."""
+    p = dict(
+        model=model,
+        d_qk=512,
+        d_v=512,
+        num_heads=64,
+        head_padding="engine",
+        batch_size=1,
+        s_q=1,
+        tokens=0,
+        topk=512,
+        extra_topk=0,
+        context_len=4096,
+        page_size=256,
+        layout="v4",
+        sink=False,
+        scale_convention="flashmla",
+        route="sparse-prefill",
+        window=0,
+        compress_ratio=0,
+        softmax_scale=0.0,
+        seed=0,
+    )
+    p.update(MODELS.get(model, {}))
+    p.update(kw)
+    return p
+
+
+def case_row(
+    op: str,
+    backend: str,
+    *,
+    status: str = "ok",
+    ms: float | None = 0.1,
+    cos: float | None = 2.5e-6,
+    tags=(),
+    message: str = "",
+    info=None,
+    spread: float = 0.02,
+    **kw,
+) -> dict:
+    """A plausible case row; its time, FLOP count and peak fraction follow from params."""
+    p = params(op, **kw)
+    digest = hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:10]
+    size = f"t{p['tokens']}" if op == "prefill" else f"b{p['batch_size']}"
+    case_id = f"{op}-{p['model']}-{p['layout']}-h{p['num_heads']}-{size}-k{p['topk']}-{digest}"
+    row = {
+        "kind": "case",
+        "scenario": "synthetic",
+        "case_id": case_id,
+        "op": op,
+        "params": p,
+        "tags": list(tags),
+        "backend": backend,
+        "provider": {"name": f"{backend}-lib", "version": "1.0", "location": "/opt/x"},
+        "status": status,
+        "message": message,
+        "accuracy": None,
+        "timing": None,
+        "derived": None,
+        "info": info or {},
+        "env": ENV,
+        "input_fingerprint": "f" * 16,
+    }
+    if status in ("ok", "incorrect") and cos is not None:
+        row["accuracy"] = {
+            "cos_diff": cos,
+            "max_abs": 1e-3,
+            "max_rel": 1e-2,
+            "lse_max_abs": 3e-7,
+            "nonfinite": 0,
+        }
+    if status in ("ok", "incorrect") and ms is not None:
+        samples = [ms * (1 + spread * (i - 10) / 10) for i in range(21)]
+        row["timing"] = {
+            "median_ms": ms,
+            "p10_ms": samples[2],
+            "p90_ms": samples[18],
+            "n": 21,
+            "method": "events",
+            "samples_ms": samples,
+        }
+        q = p["tokens"] if op == "prefill" else p["batch_size"] * p["s_q"]
+        flops = 2 * q * p["num_heads"] * p["topk"] * (p["d_qk"] + p["d_v"])
+        tflops = flops / (ms * 1e-3) / 1e12
+        row["derived"] = {
+            "flops": flops,
+            "bytes": 1e6,
+            "tflops": tflops,
+            "gbps": 100.0,
+            "peak_fraction": tflops * 1e12 / 989.4e12,
+            "bound": "compute",
+        }
+    return row
+
+
+def make_rows() -> list[dict]:
+    rows = []
+    for backend, eff in (("flashmla", 1.0), ("triton", 0.45), ("torch", 0.02)):
+        for model in ("v32", "v4-flash"):
+            for b in (1, 8, 64, 128, 512):
+                base = 0.02 + 0.0008 * b * (3 if model == "v32" else 1)
+                rows.append(
+                    case_row(
+                        "decode",
+                        backend,
+                        model=model,
+                        batch_size=b,
+                        ms=base / eff,
+                        cos=1.2e-6 * (1 + b % 3) / (eff + 0.5),
+                    )
+                )
+        for t in (1024, 4096, 16384):
+            rows.append(
+                case_row(
+                    "prefill", backend, tokens=t, ms=t * 1.6e-4 / eff, cos=3e-6, context_len=32768
+                )
+            )
+        # head padding: heads per rank at TP 1..8, padded to 64
+        for h in (8, 16, 32, 64):
+            rows.append(
+                case_row(
+                    "decode",
+                    backend,
+                    num_heads=h,
+                    batch_size=32,
+                    ms=0.044 / eff,
+                    info={"padded_heads": 64},
+                    cos=0.0 if backend == "torch" else 2e-6,
+                )
+            )
+    rows.append(
+        case_row(
+            "decode",
+            "triton",
+            model="v32",
+            batch_size=2,
+            cos=4e-5,
+            status="incorrect",
+            message="cos_diff 4e-05 > 5e-06",
+        )
+    )
+    rows.append(
+        case_row(
+            "decode",
+            "flashinfer",
+            status="unsupported",
+            message="needs sm100 (trtllm-gen)",
+            ms=None,
+        )
+    )
+    # crash boundary: decode-kernel route probes around the scheduler limit
+    probe_statuses = {}
+    for t in (1024, 8192, 11000, 11600, 11622, 11623, 11640, 11673, 12000, 16384):
+        st = "ok" if t <= 11622 else "crash"
+        probe_statuses[str(t)] = st
+        rows.append(
+            case_row(
+                "prefill",
+                "flashmla",
+                route="decode-kernel",
+                tokens=t,
+                status=st,
+                message="" if st == "ok" else CRASH_MSG,
+                tags=["limit-probe"],
+                ms=t * 1e-4 if st == "ok" else None,
+            )
+        )
+    limit = case_row("prefill", "flashmla", route="decode-kernel", tokens=1024)
+    limit.update(
+        kind="limit",
+        case_id="limit-tokens-" + limit["case_id"],
+        axis="tokens",
+        last_ok=11622,
+        first_fail=11623,
+        status="crash",
+        message=CRASH_MSG,
+        probes=probe_statuses,
+        accuracy=None,
+        timing=None,
+        derived=None,
+    )
+    rows.append(limit)
+    rows += serving_rows()
+    return rows
+
+
+def serving_row(metric: str, backend: str, value_ms, parts, **fields) -> dict:
+    """A row as serving.aggregate writes it."""
+    ok = value_ms is not None
+    failing = next((p for p in parts if p["status"] != "ok"), None)
+    return {
+        "kind": "serving",
+        "scenario": "serving",
+        "model": "v4-flash",
+        "metric": metric,
+        "backend": backend,
+        "num_heads": 64,
+        "tp": 1,
+        "value_ms": value_ms,
+        "breakdown_ms": {"attention": value_ms, "dequant": 0.0, "remap": 0.0} if ok else None,
+        "status": "ok" if ok else failing["status"],
+        "message": "" if ok else f"{failing['case_id']} on {backend}: crash: {CRASH_MSG}",
+        "label": "sparse-attention part of TTFT/TPOT (kernels, dequant, index remap), "
+        "without GEMMs, MoE and communication",
+        "parts": parts,
+        "env": ENV,
+        **fields,
+    }
+
+
+def part(case_id: str, backend: str, status: str = "ok", role: str = "attention") -> dict:
+    return {
+        "case_id": case_id,
+        "multiplicity": 21,
+        "role": role,
+        "backend": backend,
+        "median_ms": 0.05 if status == "ok" else None,
+        "status": status,
+    }
+
+
+def serving_rows() -> list[dict]:
+    rows = []
+    for backend in ("flashmla", "triton"):
+        for ctx in (4096, 32768, 131072):
+            for b in (1, 8, 32, 128):
+                value = 43 * (0.05 + 0.002 * b * math.log2(ctx))
+                parts = [part(f"decode-v4-flash-{k}-b{b}-S{ctx}", backend) for k in ("c4", "c128")]
+                rows.append(
+                    serving_row(
+                        "tpot",
+                        backend,
+                        value,
+                        parts,
+                        case_id=f"tpot-v4-flash-B{b}-S{ctx}",
+                        route="decode",
+                        batch_size=b,
+                        context_len=ctx,
+                    )
+                )
+        for route in ("decode-kernel", "sparse-prefill"):
+            for chunk in (4096, 16384):
+                for prompt in (4096, 16384, 65536, 131072):
+                    fail = backend == "flashmla" and route == "decode-kernel" and chunk == 16384
+                    value = prompt * 1e-3 * (1.3 if route == "decode-kernel" else 1)
+                    value *= 1 + 0.15 * (chunk == 4096)
+                    parts = [
+                        part(f"prefill-v4-flash-t{chunk}-c{i}", backend, "crash" if fail else "ok")
+                        for i in range(max(1, prompt // chunk))
+                    ]
+                    if route == "sparse-prefill":
+                        parts.append(part(f"dequant-v4-flash-{chunk}", "torch", role="dequant"))
+                    rows.append(
+                        serving_row(
+                            "ttft",
+                            backend,
+                            None if fail else value,
+                            parts,
+                            case_id=f"ttft-v4-flash-L{prompt}-C{chunk}-{route}",
+                            route=route,
+                            prompt_len=prompt,
+                            chunk_size=chunk,
+                            batch_size=1,
+                        )
+                    )
+    return rows
+
+
+def write_run(path: Path, rows: list[dict]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _check_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5000, path
+    assert b"IEND" in data[-16:]
+
+
+def test_full_report(tmp_path):
+    run = write_run(tmp_path / "run-h100", make_rows())
+    out = tmp_path / "out"
+    files = build_report([run], out)
+    names = {f.name for f in files}
+    assert {"report.md", "report.html", "accuracy.png", "crash-boundary.png"} <= names
+    assert {"tpot-v4-flash.png", "ttft-v4-flash.png"} <= names
+    assert any(n.startswith("kernel-decode") for n in names)
+    assert any(n.startswith("head-padding") for n in names)
+    for f in files:
+        assert f.exists() and f.parent == out
+        if f.suffix == ".png":
+            _check_png(f)
+    md = (out / "report.md").read_text()
+    for section in (
+        "Serving: TPOT",
+        "Serving: TTFT",
+        "Kernel throughput",
+        "Accuracy",
+        "Crash boundary",
+        "Head-padding overhead",
+        "Environment",
+        "Failures and unsupported",
+    ):
+        assert section in md, section
+    assert "Left out for lack of data" not in md
+    # failures table carries the crash reason, the unsupported reason and the incorrect one
+    assert "get_decoding_sched_meta.cu" in md
+    assert "needs sm100 (trtllm-gen)" in md and "cos_diff 4e-05 > 5e-06" in md
+    # crash boundary: measured limit, sglang's threshold, the predicted limit
+    assert "11623" in md and "11673" in md and "11622" in md
+    assert "NVIDIA H100 80GB HBM3" in md and "abc123def456" in md
+    # serving points are traceable: point ids, failed points and their parts are listed
+    assert "`ttft-v4-flash-L65536-C16384-decode-kernel`" in md
+    assert "Failed TTFT points" in md and "`prefill-v4-flash-t16384-c3`" in md
+    assert "Failed TPOT points" not in md
+    # every image in the md is a written file
+    for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (out / name).exists()
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len([n for n in names if n.endswith(".png")])
+    srcs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)""", page)
+    assert all(s.startswith(("data:", "#")) for s in srcs), srcs
+    assert "<link" not in page and "@import" not in page
+
+
+def test_report_is_deterministic(tmp_path):
+    run = write_run(tmp_path / "run", make_rows()[:40])
+    a = build_report([run], tmp_path / "a")
+    b = build_report([run], tmp_path / "b")
+    assert [f.name for f in a] == [f.name for f in b]
+    for fa, fb in zip(a, b, strict=True):
+        assert fa.read_bytes() == fb.read_bytes(), fa.name
+
+
+def test_sections_without_data_are_left_out(tmp_path):
+    rows = [case_row("decode", "torch", status="crash", message=CRASH_MSG, ms=None)]
+    run = write_run(tmp_path / "only-crash", rows)
+    files = build_report([run], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Left out for lack of data" in md
+    assert "TPOT curves: no serving rows" in md
+    assert "Kernel throughput:" in md and "## Kernel throughput" not in md
+    assert "## Failures and unsupported cases" in md and "get_decoding_sched_meta.cu" in md
+    assert all(f.suffix != ".png" for f in files)
+
+
+def test_empty_run_and_missing_path(tmp_path):
+    run = tmp_path / "empty"
+    run.mkdir()
+    (run / "results.jsonl").write_text("")
+    files = build_report([run], tmp_path / "out")
+    assert {f.name for f in files} == {"report.md", "report.html"}
+    with pytest.raises(ReportInputError):
+        build_report([tmp_path / "nope"], tmp_path / "out2")
+
+
+def test_two_runs_are_told_apart(tmp_path):
+    rows = [r for r in make_rows() if r["kind"] == "case" and r["op"] == "decode"][:12]
+    a = write_run(tmp_path / "h100", rows)
+    b = write_run(tmp_path / "h200", rows)
+    build_report([a, b], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "[h100]" in md and "[h200]" in md
+
+
+def test_pytest_benchmark_json(tmp_path):
+    p = params("decode", batch_size=64)
+    data = {
+        "machine_info": {"python_version": "3.12.0", "node": "box"},
+        "commit_info": {"id": "0123456789abcdef", "dirty": False},
+        "benchmarks": [
+            {
+                "name": "test_kernel[flashmla-decode-b64]",
+                "params": {"backend": "flashmla"},
+                "stats": {
+                    "median": 4.4e-5,
+                    "min": 4.3e-5,
+                    "max": 4.9e-5,
+                    "q1": 4.35e-5,
+                    "q3": 4.5e-5,
+                    "rounds": 50,
+                },
+                "extra_info": {
+                    "case_id": "decode-v4-b64",
+                    "backend": "flashmla",
+                    "op": "decode",
+                    "params": p,
+                    "status": "ok",
+                    "accuracy": {"cos_diff": 2e-6, "lse_max_abs": 1e-7},
+                },
+            }
+        ],
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    [row] = load_rows(path)
+    assert row["case_id"] == "decode-v4-b64" and row["backend"] == "flashmla"
+    assert row["timing"]["median_ms"] == pytest.approx(0.044)
+    assert row["timing"]["method"] == "pytest-benchmark" and row["timing"]["n"] == 50
+    assert row["env"]["git_commit"] == "0123456789ab"
+    files = build_report([path], tmp_path / "out")
+    assert "accuracy.png" in {f.name for f in files}
+
+
+def test_sparse_and_odd_rows_do_not_crash(tmp_path):
+    odd = case_row("decode", "triton", cos=float("inf"), status="incorrect", message="2 nonfinite")
+    nan = case_row("prefill", "triton", tokens=64, cos=float("nan"), status="incorrect")
+    no_x = case_row("decode", "torch", batch_size=3)
+    no_x["params"]["batch_size"] = None
+    no_peak = case_row("decode", "torch", batch_size=4)
+    no_peak["derived"]["peak_fraction"] = None
+    rows = [
+        {"kind": "case"},
+        {"kind": "case", "case_id": "x", "backend": "b", "status": "ok", "timing": {}},
+        {"kind": "something-new", "case_id": "y"},
+        {"kind": "limit", "case_id": "limit-z", "backend": "flashmla", "status": "crash"},
+        {"kind": "serving", "metric": "tpot", "backend": "flashmla", "value_ms": None},
+        {"kind": "serving", "metric": "ttft", "backend": "flashmla", "value_ms": 1.0},
+        odd,
+        nan,
+        no_x,
+        no_peak,
+    ]
+    run = write_run(tmp_path / "odd", rows)
+    files = build_report([run], tmp_path / "out")
+    for f in files:
+        if f.suffix == ".png":
+            _check_png(f)
+    assert "2 nonfinite" in (tmp_path / "out" / "report.md").read_text()

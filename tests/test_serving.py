@@ -1,0 +1,491 @@
+"""The serving model: chunking, layer kinds, case sharing, routing and aggregation (CPU, fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsv4bench import serving as sv
+from dsv4bench.case import OPS, Case
+from reference.models import MODELS
+
+K = 1024
+BOTH = ["sparse-prefill", "decode-kernel"]
+
+
+def _spec(**kw) -> sv.ServingSpec:
+    d = {"model": "v4-flash", "backends": ["kern"]}
+    d.update(kw)
+    return sv.spec_from_dict(d)
+
+
+def _case_row(case_id: str, backend: str, ms: float | None, status: str = "ok", **kw) -> dict:
+    timing = {"median_ms": ms} if ms is not None else None
+    return {
+        "kind": "case",
+        "case_id": case_id,
+        "backend": backend,
+        "status": status,
+        "message": kw.get("message", ""),
+        "timing": timing,
+        "env": kw.get("env"),
+    }
+
+
+# ---- models and chunking ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, kinds",
+    [
+        ("v4-flash", {"window": 2, "c4": 21, "c128": 20}),
+        ("v4-pro", {"c128": 31, "c4": 30}),
+        ("v3.2", {"dense-topk": 61}),
+    ],
+)
+def test_layer_multiplicities(model, kinds):
+    assert MODELS[model].layer_kinds() == kinds
+    # one decode step: every layer counted once, each kind's case with its layer count
+    p = sv.plan(_spec(model=model, batch_sizes=[4], contexts=[8 * K]))
+    (point,) = p.points()
+    by_id = {c.case_id: c for c in p.cases}
+    assert sum(part.multiplicity for part in point.parts) == sum(kinds.values())
+    assert sorted(part.multiplicity for part in point.parts) == sorted(kinds.values())
+    for part in point.parts:
+        assert by_id[part.case_id].op == "decode"
+
+
+def test_chunks_last_shorter_and_positions():
+    ch = sv.chunks(10_000, 4096)
+    assert [(c.start, c.tokens, c.context_len) for c in ch] == [
+        (0, 4096, 4096),
+        (4096, 4096, 8192),
+        (8192, 1808, 10_000),
+    ]
+    assert sv.chunks(100, 4096) == [sv.Chunk(0, 100)]
+    assert [c.tokens for c in sv.chunks(8192, 4096)] == [4096, 4096]
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.integers(1, 300_000), st.integers(16, 70_000))
+def test_chunks_cover_prompt(L, C):
+    ch = sv.chunks(L, C)
+    assert ch[0].start == 0 and ch[-1].context_len == L
+    assert all(a.context_len == b.start for a, b in zip(ch, ch[1:], strict=False))
+    assert all(c.tokens == C for c in ch[:-1]) and 0 < ch[-1].tokens <= C
+    assert len(ch) == -(-L // C)
+
+
+def test_point_chunks_follow_prompt():
+    p = sv.plan(_spec(prompt_lens=[10_000], chunk_sizes=[4096], routes=["sparse-prefill"]))
+    (point,) = p.points()
+    assert point.chunks == [
+        (4096, 4096, "sparse-prefill"),
+        (4096, 8192, "sparse-prefill"),
+        (1808, 10_000, "sparse-prefill"),
+    ]
+    prefill = [c for c in p.cases if c.op == "prefill"]
+    assert {(c.tokens, c.context_len) for c in prefill} == {(t, ctx) for t, ctx, _ in point.chunks}
+
+
+# ---- widths of early chunks -------------------------------------------------------------
+
+
+def test_visible_entries_and_widths_early_chunks():
+    assert sv.visible_entries(1000, 4) == 250 and sv.visible_entries(1000, 128) == 7
+    assert sv.window_span(4096, 4096, 128) == 4096  # first chunk: nothing before it
+    assert sv.window_span(4096, 8192, 128) == 4096 + 127
+    b = sv._Builder(_spec(prompt_lens=[1], chunk_sizes=[1]))
+    # C4: 1000 // 4 = 250 visible -> 256 wide (< index_topk 512); 8192 // 4 = 2048 -> 512
+    assert b.widths("c4", 1000)["extra_topk"] == 256
+    assert b.widths("c4", 8192)["extra_topk"] == 512
+    # C128: all visible entries, rounded up to 64, at least 64
+    assert b.widths("c128", 1000)["extra_topk"] == 64
+    assert b.widths("c128", 64 * 128 + 1)["extra_topk"] == 64
+    assert b.widths("c128", 65 * 128)["extra_topk"] == 128
+    assert b.widths("c128", 128 * K)["extra_topk"] == 1024
+    assert b.widths("window", 1000) == {
+        "topk": 128,
+        "window": 128,
+        "sink": True,
+        "extra_topk": 0,
+        "compress_ratio": 0,
+    }
+    # sparse prefill: exact counts (its inputs pad the merged width to 128); nothing visible
+    # in a compressed cache: no extra cache
+    assert b.widths("c4", 1000, aligned=False)["extra_topk"] == 250
+    assert b.widths("c128", 1000, aligned=False)["extra_topk"] == 7
+    assert b.widths("c128", 100, aligned=False)["extra_topk"] == 0
+    assert b.widths("c128", 100)["extra_topk"] == 0
+    assert b.widths("window", 100, aligned=False)["topk"] == 100
+    assert b.widths("window", 100)["topk"] == 128
+    full = sv._Builder(_spec(prompt_lens=[1], chunk_sizes=[1], topk_padding="full"))
+    assert full.widths("c4", 1000)["extra_topk"] == 512
+    v32 = sv._Builder(_spec(model="v3.2", prompt_lens=[1], chunk_sizes=[1]))
+    assert v32.widths("dense-topk", 1000)["topk"] == 1024
+    assert v32.widths("dense-topk", 100)["topk"] == 128
+    assert v32.widths("dense-topk", 64 * K)["topk"] == 2048
+    assert v32.widths("dense-topk", 1000, aligned=False)["topk"] == 1000
+
+
+def test_route_widths_in_plan():
+    p = sv.plan(_spec(prompt_lens=[12 * K], chunk_sizes=[4096], routes=BOTH))
+    by = {(c.route, c.context_len, c.compress_ratio): c for c in p.cases if c.op == "prefill"}
+    # 12288 // 128 = 96 entries: exact on sparse prefill, 128 wide on the decode kernel
+    assert by[("sparse-prefill", 12 * K, 128)].extra_topk == 96
+    assert by[("decode-kernel", 12 * K, 128)].extra_topk == 128
+    assert by[("sparse-prefill", 12 * K, 4)].extra_topk == 512
+
+
+# ---- sharing ----------------------------------------------------------------------------
+
+
+def test_distinct_cases_measured_once():
+    p = sv.plan(
+        _spec(
+            prompt_lens=[4 * K, 8 * K, 16 * K],
+            chunk_sizes=[4096, 8192],
+            routes=["sparse-prefill", "decode-kernel"],
+            batch_sizes=[1, 2],
+            contexts=[8 * K],
+        )
+    )
+    ids = [c.case_id for c in p.cases]
+    assert len(ids) == len(set(ids))
+    parts = [part for point in p.points() for part in point.parts]
+    assert len(p.cases) < len(parts)
+    assert {part.case_id for part in parts} == set(ids)  # nothing planned that is unused
+    # the first chunk (4096 tokens at 4096) belongs to every L with C = 4096: one case
+    first = [
+        c
+        for c in p.cases
+        if c.op == "prefill"
+        and c.tokens == 4096
+        and c.context_len == 4096
+        and c.compress_ratio == 4
+        and c.route == "sparse-prefill"
+    ]
+    assert len(first) == 1
+    users = [pt.point_id for pt in p.points() if first[0].case_id in {x.case_id for x in pt.parts}]
+    assert len(users) >= 3  # L = 4K, 8K, 16K at C = 4096 (and L = 4K at C = 8192)
+
+
+def test_every_case_is_sane():
+    scenarios = pytest.importorskip("dsv4bench.scenarios")
+    for model in MODELS:
+        cfg = MODELS[model]
+        spec = _spec(
+            model=model,
+            prompt_lens=[100, 1000, 4 * K, 10_000],
+            chunk_sizes=[64, 1024, 4096],
+            routes=["sparse-prefill", "decode-kernel"],
+            batch_sizes=[1, 64],
+            contexts=[256, 1000, 8 * K],
+        )
+        p = sv.plan(spec)
+        for c in p.cases:
+            assert c.op in OPS and "serving" in c.tags
+            assert c.page_size == cfg.page_size and c.layout == cfg.cache_layout
+            assert c.num_heads == cfg.num_heads and c.model == model
+            assert Case.from_dict(c.to_dict()).case_id == c.case_id
+            problem = scenarios.validate_case(c)
+            on_decode_kernel = c.op == "decode" or c.route == "decode-kernel"
+            if not on_decode_kernel:  # sparse prefill, dequant, remap: every scenario rule holds
+                assert problem is None, (c.case_id, problem)
+                continue
+            # the decode kernel: widths multiples of 64, at most visible rounded up to 64
+            assert c.topk % 64 == 0 and c.extra_topk % 64 == 0 and c.topk > 0
+            assert c.topk <= min(cfg.window or cfg.index_topk, sv.align(c.context_len))
+            assert c.sink == cfg.has_sink and c.window == cfg.window
+            entries = c.context_len // c.compress_ratio if c.compress_ratio else 0
+            assert c.extra_topk <= (sv.align(entries) if c.compress_ratio else 0)
+            if c.context_len % 64 == 0 and entries % 64 == 0:
+                assert problem is None, (c.case_id, problem)
+            elif problem is not None:  # only the padding rules may break
+                assert problem.startswith(("topk", "extra_topk")), problem
+            if c.op == "prefill":
+                assert 0 < c.tokens <= c.context_len and c.route in sv.BASE_ROUTES
+
+
+def test_heads_per_rank_and_overrides():
+    p = sv.plan(_spec(tp=8, batch_sizes=[1], contexts=[8 * K], page_size=64))
+    assert {c.num_heads for c in p.cases} == {8}
+    assert {c.page_size for c in p.cases} == {64}
+    assert p.points()[0].point_id == "tpot-v4-flash-h8-B1-S8192"
+
+
+# ---- routing ----------------------------------------------------------------------------
+
+
+def test_threshold_routing():
+    assert sv.chunk_route("threshold:11673", 11673) == "decode-kernel"
+    assert sv.chunk_route("threshold:11673", 11674) == "sparse-prefill"
+    assert sv.chunk_route("safe", 8192, safe_limit=8192) == "decode-kernel"
+    assert sv.chunk_route("safe", 8193, safe_limit=8192) == "sparse-prefill"
+    assert sv.chunk_route("decode-kernel", 10**6) == "decode-kernel"
+    with pytest.raises(ValueError, match="safe_limit"):
+        sv.chunk_route("safe", 1)
+
+    p = sv.plan(
+        _spec(prompt_lens=[40_000], chunk_sizes=[16 * K], routes=["threshold:11673", "safe"]),
+        safe_limit=7000,
+    )
+    thr, safe = p.points()
+    # chunks 16384, 16384, 7232: only the last one fits under either threshold
+    assert [r for *_, r in thr.chunks] == ["sparse-prefill", "sparse-prefill", "decode-kernel"]
+    assert [r for *_, r in safe.chunks] == ["sparse-prefill"] * 3
+    assert thr.threshold == 11673 and safe.threshold == 7000
+    assert thr.point_id == "ttft-v4-flash-L40000-C16384-threshold-11673"
+    ops = {c.case_id: c for c in p.cases}
+    routes = {ops[x.case_id].route for x in thr.parts if x.role == "attention"}
+    assert routes == {"sparse-prefill", "decode-kernel"}
+
+
+def test_routes_share_cases():
+    base = dict(prompt_lens=[32 * K], chunk_sizes=[8 * K, 16 * K])
+    pure = sv.plan(_spec(routes=["sparse-prefill", "decode-kernel"], **base))
+    mixed = sv.plan(_spec(routes=["sparse-prefill", "decode-kernel", "threshold:11673"], **base))
+    assert {c.case_id for c in mixed.cases} == {c.case_id for c in pure.cases}
+
+
+def test_decode_route_has_no_dequant_or_remap():
+    p = sv.plan(_spec(prompt_lens=[8 * K], chunk_sizes=[4096], routes=["decode-kernel"]))
+    (point,) = p.points()
+    assert {x.role for x in point.parts} == {"attention"}
+    p = sv.plan(_spec(prompt_lens=[8 * K], chunk_sizes=[4096], routes=["sparse-prefill"]))
+    (point,) = p.points()
+    assert {x.role for x in point.parts} == {"attention", "dequant", "remap"}
+    by_id = {c.case_id: c for c in p.cases}
+    # window dequant: 4096 (first chunk) and 4096 + 127 tokens, once per layer per chunk
+    window = {
+        by_id[x.case_id].context_len: x.multiplicity for x in point.parts if x.role == "dequant"
+    }
+    assert window[4096] >= 43 and window[4096 + 127] == 43
+    # compressed entries: C4 8192 // 4 = 2048 and C128 8192 // 128 = 64 entries at chunk 2
+    assert window[2048] == 21 and window[64] == 20
+
+
+def test_safe_needs_limit_and_limit_from_rows():
+    with pytest.raises(ValueError, match="safe"):
+        sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["safe"]))
+    rows = [
+        {
+            "kind": "limit",
+            "axis": "tokens",
+            "last_ok": 11620,
+            "backend": "kern",
+            "params": {"op": "prefill", "route": "decode-kernel", "model": "v4-flash"},
+        },
+        {
+            "kind": "limit",
+            "axis": "batch_size",
+            "last_ok": 11000,
+            "backend": "kern",
+            "params": {"op": "decode", "model": "v3.2"},
+        },
+        {
+            "kind": "limit",
+            "axis": "tokens",
+            "last_ok": None,
+            "first_fail": 1,
+            "backend": "kern",
+            "params": {"op": "prefill", "route": "decode-kernel", "model": "v4-flash"},
+        },
+        {
+            "kind": "limit",
+            "axis": "context_len",
+            "last_ok": 5,
+            "backend": "kern",
+            "params": {"op": "decode", "model": "v4-flash"},
+        },
+    ]
+    assert sv.safe_limit_from_rows(rows) == 11000
+    assert sv.safe_limit_from_rows(rows, model="v4-flash") == 11620
+    assert sv.safe_limit_from_rows(rows, backend="other") is None
+
+
+# ---- aggregation ------------------------------------------------------------------------
+
+
+def _rows_for(p: sv.ServingPlan, ms_of, backends=("kern",)) -> list[dict]:
+    rows = []
+    for c in p.cases:
+        if c.op in ("prefill", "decode"):
+            rows += [_case_row(c.case_id, b, ms_of(c), env={"gpu": b}) for b in backends]
+        else:
+            rows.append(_case_row(c.case_id, "torch", 10 * ms_of(c)))
+            rows.append(_case_row(c.case_id, "kern", ms_of(c)))  # faster helper wins
+    return rows
+
+
+def test_aggregate_sums_multiplicities():
+    p = sv.plan(
+        _spec(
+            prompt_lens=[8 * K],
+            chunk_sizes=[4096],
+            routes=["sparse-prefill"],
+            batch_sizes=[2],
+            contexts=[8 * K],
+        )
+    )
+    ms = {c.case_id: 0.001 * (i + 1) for i, c in enumerate(p.cases)}
+    out = sv.aggregate(p, _rows_for(p, lambda c: ms[c.case_id]))
+    assert len(out) == len(p.points())
+    for row, point in zip(out, p.points(), strict=True):
+        expect = sum(x.multiplicity * ms[x.case_id] for x in point.parts)
+        assert row["status"] == "ok" and row["value_ms"] == pytest.approx(expect)
+        assert row["kind"] == "serving" and row["label"] == sv.LABEL
+        assert row["case_id"] == point.point_id and row["backend"] == "kern"
+        assert sum(row["breakdown_ms"].values()) == pytest.approx(expect)
+        assert row["env"] == {"gpu": "kern"}
+        assert all(part["backend"] == "kern" for part in row["parts"])
+    ttft, tpot = out
+    assert ttft["metric"] == "ttft" and ttft["prompt_len"] == 8 * K and ttft["chunk_size"] == 4096
+    assert ttft["case_id"] == "ttft-v4-flash-L8192-C4096-sparse-prefill"
+    assert tpot["metric"] == "tpot" and tpot["batch_size"] == 2 and tpot["context_len"] == 8 * K
+
+
+def test_aggregate_hand_sum():
+    p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096]))
+    (case,) = p.cases
+    out = sv.aggregate(p, [_case_row(case.case_id, "kern", 0.5)])
+    assert out[0]["value_ms"] == pytest.approx(61 * 0.5)
+    assert out[0]["parts"] == [
+        {
+            "case_id": case.case_id,
+            "multiplicity": 61,
+            "role": "attention",
+            "backend": "kern",
+            "median_ms": 0.5,
+            "status": "ok",
+        }
+    ]
+
+
+def test_helper_parts_take_fastest_ok_row():
+    p = sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["sparse-prefill"]))
+    rows = []
+    for c in p.cases:
+        if c.op == "prefill":
+            rows.append(_case_row(c.case_id, "kern", 1.0))
+        else:
+            rows.append(_case_row(c.case_id, "torch", 2.0))
+            rows.append(_case_row(c.case_id, "kern", None, status="unsupported"))
+    (row,) = sv.aggregate(p, rows)
+    assert row["status"] == "ok"
+    helpers = [x for x in row["parts"] if x["role"] != "attention"]
+    assert helpers and all(x["backend"] == "torch" and x["median_ms"] == 2.0 for x in helpers)
+
+
+def test_failing_part_makes_point_null():
+    p = sv.plan(_spec(prompt_lens=[64 * K], chunk_sizes=[32 * K], routes=["decode-kernel"]))
+    rows = _rows_for(p, lambda c: 1.0)
+    crashed = next(c for c in p.cases if c.op == "prefill" and c.context_len == 64 * K)
+    for r in rows:
+        if r["case_id"] == crashed.case_id:
+            r.update(status="crash", timing=None, message="get_decoding_sched_meta.cu: error")
+    (row,) = sv.aggregate(p, rows)
+    assert row["value_ms"] is None and row["status"] == "crash"
+    assert crashed.case_id in row["message"] and "sched_meta" in row["message"]
+    bad = [x for x in row["parts"] if x["status"] != "ok"]
+    assert [x["case_id"] for x in bad] == [crashed.case_id] and bad[0]["median_ms"] is None
+
+
+def test_missing_rows_and_backends():
+    p = sv.plan(_spec(batch_sizes=[1], contexts=[8 * K], backends=[]))
+    rows = _rows_for(p, lambda c: 1.0, backends=("a", "b"))
+    out = sv.aggregate(p, rows)
+    assert [r["backend"] for r in out] == ["a", "b"] and all(r["status"] == "ok" for r in out)
+    out = sv.aggregate(p, rows[1:])  # drop one part of backend a
+    assert out[0]["status"] == "missing" and out[0]["value_ms"] is None
+    assert out[1]["status"] == "ok"
+    # an ok row without timing does not count as a measurement
+    rows[0]["timing"] = None
+    assert sv.aggregate(p, rows)[0]["status"] == "missing"
+    # a later row for the same (case, backend) (a rerun) replaces the earlier one
+    rows.append(_case_row(rows[0]["case_id"], "a", 1.0))
+    assert sv.aggregate(p, rows)[0]["status"] == "ok"
+
+
+def test_jobs_schedule_helpers_on_helper_backends():
+    p = sv.plan(_spec(prompt_lens=[8 * K], chunk_sizes=[4096], routes=["sparse-prefill"]))
+    pairs = {(c.case_id, b) for c, b in p.jobs()}
+    for c in p.cases:
+        want = {"kern"} | ({"torch"} if c.op in ("dequant", "remap") else set())
+        assert {b for cid, b in pairs if cid == c.case_id} == want
+    assert p.summary()["jobs"] == len(pairs)
+
+
+# ---- spec parsing -----------------------------------------------------------------------
+
+
+def test_spec_from_dict_parses_sizes_and_nested():
+    spec = sv.spec_from_dict(
+        {
+            "op": "serving",
+            "model": "v4-pro",
+            "prompt_lens": ["4K", 8192],
+            "chunk_sizes": 4096,
+            "routes": ["threshold:11673", "safe"],
+            "batch_sizes": [1, 2],
+            "contexts": ["64k"],
+            "timing": {"iters": 5},
+            "tolerance": {"cos_diff": 1e-5},
+        }
+    )
+    assert spec.prompt_lens == [4096, 8192] and spec.chunk_sizes == [4096]
+    assert spec.contexts == [65536] and spec.timing.iters == 5
+    assert spec.tolerance.cos_diff == 1e-5
+    assert dataclasses.replace(spec).heads == 128
+    assert set(sv.KEYS) >= {f.name for f in dataclasses.fields(sv.ServingSpec)}
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"model": "v9"}, "model"),
+        ({"prompt_lens": [4096]}, "chunk_sizes"),
+        ({"prompt_lens": [0], "chunk_sizes": [1]}, "prompt_lens"),
+        ({"prompt_lens": ["4Q"], "chunk_sizes": [1]}, "prompt_lens"),
+        ({"prompt_lens": [1], "chunk_sizes": [1], "routes": ["fast"]}, "routes"),
+        ({"prompt_lens": [1], "chunk_sizes": [1], "routes": ["threshold:x"]}, "routes"),
+        ({"batch_sizes": [1], "contexts": [1], "tp": 3}, "tp"),
+        ({"batch_sizes": [1], "contexts": [1], "layout": "v32"}, "layout"),
+        ({"batch_sizes": [1], "contexts": [1], "topk_padding": "some"}, "topk_padding"),
+        ({"batch_sizes": [1], "contexts": [1], "timing": {"iterz": 1}}, "timing"),
+        ({"batch_sizes": [1], "contexts": [1], "colour": 1}, "colour"),
+        ({"batch_sizes": [1], "contexts": [1], "op": "decode"}, "op"),
+        ({"backends": ["x"]}, "nothing to build"),
+    ],
+)
+def test_spec_from_dict_rejects(bad, match):
+    d = {"model": "v4-flash", **bad}
+    with pytest.raises(ValueError, match=match):
+        sv.spec_from_dict(d)
+
+
+@pytest.mark.slow
+def test_sampled_cases_build_and_run_on_the_oracle():
+    """One case of every (op, route, layer kind) builds inputs and runs the oracle on a CPU."""
+    from dsv4bench import inputs
+    from dsv4bench.backends.torch_ref import oracle_call
+
+    for model in ("v4-flash", "v3.2"):
+        spec = _spec(
+            model=model,
+            prompt_lens=[200],
+            chunk_sizes=[128],
+            routes=BOTH,
+            batch_sizes=[2],
+            contexts=[200],
+            num_heads=8,
+        )
+        seen = {}
+        for c in sv.plan(spec).cases:
+            seen.setdefault((c.op, c.route, c.compress_ratio, c.extra_topk > 0), c)
+        for c in seen.values():
+            out = oracle_call(c, inputs.make_inputs(c, "cpu"))()
+            assert out.out is not None, c.case_id
