@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,26 +31,53 @@ def _setup_backends(args) -> None:
 
 
 def _load(paths: list[str], only_backends: list[str] | None):
-    """Scenarios -> (jobs, limit searches); every file is validated before anything runs."""
-    from dsv4bench import backends, scenarios
+    """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs."""
+    from dsv4bench import backends, scenarios, serving
     from dsv4bench.runner import Job
 
     known = backends.names()
     for name in only_backends or []:
         if name not in known:
             raise UsageError(f"--backend {name}: unknown backend (known: {', '.join(known)})")
-    jobs, limits = [], []
+    wanted = lambda b: not only_backends or b in only_backends
+    jobs, limits, specs = [], [], []
     for path in paths:
         if not Path(path).is_file():
             raise UsageError(f"{path}: no such scenario file")
         try:
+            if serving.is_serving_file(Path(path).read_text()):
+                spec = serving.load_spec(path, known_backends=known)
+                specs.append(spec)
+                jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
+                continue
             sc = scenarios.load(path, known_backends=known)
         except scenarios.ScenarioError as e:
             raise UsageError(str(e)) from None
-        wanted = lambda b: not only_backends or b in only_backends
         jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
         limits += [lim for lim in sc.limits if wanted(lim.backend)]
-    return jobs, limits
+    return jobs, limits, specs
+
+
+def _serving_rows(specs, writer) -> int:
+    """Serving rows (TTFT/TPOT points) from the run's case and limit rows; returns the count."""
+    from dsv4bench import serving
+    from dsv4bench.results import read_rows
+
+    rows = read_rows(writer.path)
+    written = 0
+    for spec in specs:
+        attention = spec.backends[0] if spec.backends else None
+        safe = serving.safe_limit_from_rows(rows, model=spec.model, backend=attention)
+        if "safe" in spec.routes and safe is None:
+            print(
+                f"{spec.scenario}: no measured decode-route limit: route 'safe' left out",
+                file=sys.stderr,
+            )
+            spec = dataclasses.replace(spec, routes=[r for r in spec.routes if r != "safe"])
+        for row in serving.aggregate(serving.plan(spec, safe_limit=safe), rows):
+            writer.append(row)
+            written += 1
+    return written
 
 
 def _arch(args) -> str:
@@ -81,7 +110,7 @@ def cmd_plan(args) -> int:
     from dsv4bench import backends
 
     _setup_backends(args)
-    jobs, limits = _load(args.scenario, args.backend)
+    jobs, limits, _specs = _load(args.scenario, args.backend)
     arch = args.arch or "sm90"
     counts: dict[str, int] = {}
     for job in jobs:
@@ -102,7 +131,7 @@ def _run(args, paths: list[str]) -> int:
     from dsv4bench.runner import Runner
 
     _setup_backends(args)
-    jobs, limits = _load(paths, args.backend)
+    jobs, limits, specs = _load(paths, args.backend)
     arch = _arch(args)
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
@@ -115,7 +144,10 @@ def _run(args, paths: list[str]) -> int:
         flashmla_lib=args.flashmla_lib,
         progress=not args.quiet,
     )
+    writer = runner.writer
     rows = runner.run(jobs, limits, resume=args.resume)
+    if specs:
+        print(f"serving: {_serving_rows(specs, writer)} TTFT/TPOT points", file=sys.stderr)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -159,6 +191,36 @@ def cmd_backends(args) -> int:
             found = f"not available: {e}"
         print(f"{name:<10} archs={','.join(b.archs):<24} ops={','.join(b.ops):<28} {found}")
     return 0
+
+
+def cmd_report(args) -> int:
+    from dsv4bench.report import ReportInputError, build_report
+
+    out = Path(args.out) if args.out else Path(args.run_dir[0])
+    try:
+        files = build_report([Path(p) for p in args.run_dir], out)
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(str(f) for f in files if f.suffix in (".md", ".html")))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from dsv4bench.report import ReportInputError
+    from dsv4bench.report.compare import compare
+
+    if args.time_threshold <= 0:
+        raise UsageError(f"--time-threshold {args.time_threshold}: expected a positive fraction")
+    out = Path(args.out) if args.out else Path(args.new)
+    out = out if out.is_dir() or not out.suffix else out.parent
+    try:
+        code, files = compare(
+            Path(args.base), Path(args.new), out, time_threshold=args.time_threshold
+        )
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print(f"regression report: {next((f for f in files if f.suffix == '.md'), out)}")
+    return code
 
 
 def cmd_env(args) -> int:
@@ -214,12 +276,25 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backends", help="registered backends and the kernels they found")
     _common(p)
     p.set_defaults(func=cmd_backends)
+    p = sub.add_parser("report", help="report.md, report.html and plots from run directories")
+    p.add_argument("run_dir", nargs="+", help="run directories, results.jsonl or benchmark JSON")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: the first RUN_DIR)")
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="regression report BASE -> NEW; exit 1 on a regression")
+    p.add_argument("base")
+    p.add_argument("new")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
+    p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("env", help="GPU, driver and library versions")
     p.set_defaults(func=cmd_env)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `dsv4bench plan ... | head` ends quietly
     args = parser().parse_args(argv)
     try:
         return args.func(args)

@@ -80,9 +80,12 @@ Modelling decisions:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
+
+import yaml
 
 from dsv4bench.case import Case, Timing, Tolerance
 from reference.models import MODELS, ModelConfig
@@ -438,11 +441,10 @@ class ServingPlan:
         return {c.case_id: c for c in self.cases}
 
     def backends_for(self, case: Case) -> tuple[str, ...]:
-        """Attention cases run on the spec's backends; dequant/remap also on helper_backends."""
-        names = list(self.spec.backends)
+        """Attention cases run on the spec's backends, dequant/remap on helper_backends."""
         if case.op in ("dequant", "remap"):
-            names += self.spec.helper_backends
-        return tuple(dict.fromkeys(names))
+            return tuple(dict.fromkeys(self.spec.helper_backends))
+        return tuple(dict.fromkeys(self.spec.backends))
 
     def jobs(self) -> list[tuple[Case, str]]:
         """Every (case, backend) pair the plan needs measured (as Scenario.jobs)."""
@@ -812,3 +814,43 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
         "label": LABEL,
         "env": env,
     }
+
+
+# ---- scenario files -------------------------------------------------------------------------
+
+
+def is_serving_file(text: str) -> bool:
+    """Whether a scenario file's top level says `op: serving`."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False  # scenarios.load reports the syntax error with its line
+    return isinstance(data, dict) and data.get("op") == "serving"
+
+
+def load_spec(path: str | Path, *, known_backends: Collection[str]) -> ServingSpec:
+    """A ServingSpec from an `op: serving` file; errors as `FILE:LINE: key: what was expected`."""
+    from dsv4bench.scenarios import ScenarioError
+
+    text = Path(path).read_text()
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value}
+    data = yaml.safe_load(text)
+    data = {("scenario" if k == "name" else k): v for k, v in data.items() if k != "description"}
+    try:
+        spec = spec_from_dict(data)
+        for b in (*spec.backends, *spec.helper_backends):
+            if b not in known_backends:
+                raise ValueError(f"backends: unknown backend {b!r}")
+    except ValueError as e:
+        key = str(e).split(":", 1)[0]
+        key = "name" if key == "scenario" else key
+        raise ScenarioError(str(path), lines.get(key, 1), key, str(e).split(": ", 1)[-1]) from None
+    return spec
+
+
+def jobs_for(spec: ServingSpec) -> list[tuple[Case, str]]:
+    """The (case, backend) pairs a spec needs; "safe" needs no cases of its own."""
+    routes = [r for r in spec.routes if r != "safe"] or list(BASE_ROUTES)
+    measured = dataclasses.replace(spec, routes=routes)
+    return plan(measured).jobs()

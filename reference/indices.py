@@ -14,9 +14,7 @@ import torch
 IntOrTensor = int | torch.Tensor
 
 
-def to_global_slots(
-    local: torch.Tensor, block_table: torch.Tensor, page_size: int
-) -> torch.Tensor:
+def to_global_slots(local: torch.Tensor, block_table: torch.Tensor, page_size: int) -> torch.Tensor:
     """Map request-local positions to global cache slots through a block table.
 
     ``local`` is ``(b, ...)`` (usually ``(b, s_q, topk)``), ``block_table`` is

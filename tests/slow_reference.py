@@ -158,9 +158,9 @@ def slow_decode(
             keys_t = torch.tensor(keys, dtype=torch.float64).reshape(len(keys), q.shape[-1])
             for hi in range(h):
                 sink = None if attn_sink is None else float(attn_sink[hi])
-                o, l, _ = _attend_one(q[bi, si, hi], keys_t, softmax_scale, d_v, sink)
+                o, row_lse, _ = _attend_one(q[bi, si, hi], keys_t, softmax_scale, d_v, sink)
                 out[bi, si, hi] = o
-                lse[bi, hi, si] = l
+                lse[bi, hi, si] = row_lse
     return out, lse
 
 
@@ -189,8 +189,8 @@ def slow_prefill(
         keys = kv_rows[[i for i in row[:used] if 0 <= i < s_kv]]
         for hi in range(h):
             sink = None if attn_sink is None else float(attn_sink[hi])
-            o, l, m = _attend_one(q[si, hi], keys, sm_scale, d_v, sink)
+            o, row_lse, row_max = _attend_one(q[si, hi], keys, sm_scale, d_v, sink)
             out[si, hi] = o
-            lse[si, hi] = l
-            max_logits[si, hi] = m
+            lse[si, hi] = row_lse
+            max_logits[si, hi] = row_max
     return out, max_logits, lse

@@ -414,7 +414,7 @@ def test_jobs_schedule_helpers_on_helper_backends():
     p = sv.plan(_spec(prompt_lens=[8 * K], chunk_sizes=[4096], routes=["sparse-prefill"]))
     pairs = {(c.case_id, b) for c, b in p.jobs()}
     for c in p.cases:
-        want = {"kern"} | ({"torch"} if c.op in ("dequant", "remap") else set())
+        want = {"torch"} if c.op in ("dequant", "remap") else {"kern"}
         assert {b for cid, b in pairs if cid == c.case_id} == want
     assert p.summary()["jobs"] == len(pairs)
 

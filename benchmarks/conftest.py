@@ -1,0 +1,51 @@
+"""pytest-benchmark over scenario cases: `pytest benchmarks --benchmark-only [--scenario FILE]`.
+
+Every (case, backend) of the scenario (default: the CPU smoke scenario) is one benchmark; its
+accuracy against the oracle goes into extra_info and a case outside tolerance fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("dsv4bench")
+    group.addoption(
+        "--scenario",
+        action="append",
+        default=[],
+        help="scenario YAML to benchmark (repeatable; default scenarios/smoke.yaml)",
+    )
+    group.addoption(
+        "--bench-backend",
+        action="append",
+        default=[],
+        help="run these backends on every case instead of the scenario's (repeatable)",
+    )
+    group.addoption("--plugin", action="append", default=[], help="backend plugin module")
+    group.addoption("--flashmla-lib", default=None, help="FlashMLA op library path")
+
+
+def _jobs(config):
+    from dsv4bench import backends, scenarios
+
+    backends.setup(config.getoption("plugin"), config.getoption("flashmla_lib"))
+    paths = config.getoption("scenario") or [str(ROOT / "scenarios" / "smoke.yaml")]
+    only = config.getoption("bench_backend")
+    jobs = []
+    for path in paths:
+        sc = scenarios.load(path, known_backends=backends.names())
+        jobs += [(c, b) for c in sc.cases for b in only] if only else sc.jobs()
+    return jobs
+
+
+def pytest_generate_tests(metafunc):
+    if "scenario_job" in metafunc.fixturenames:
+        jobs = _jobs(metafunc.config)
+        ids = [f"{case.case_id}-{backend}" for case, backend in jobs]
+        metafunc.parametrize("scenario_job", jobs, ids=ids)

@@ -1,0 +1,31 @@
+"""A new build of the `torch` backend that regressed, for the compare tests and CI.
+
+DSV4BENCH_REGRESSION=slow: 20 ms slower per call; =wrong: outputs off by 1%.
+Registered under the same name so that compare matches its rows with the baseline's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dsv4bench.backends import Output, Prepared, register
+from dsv4bench.backends.torch_ref import TorchReference, oracle_call
+
+MODE = os.environ.get("DSV4BENCH_REGRESSION", "slow")
+
+
+class RegressedTorch(TorchReference):
+    def prepare(self, case, inputs, device):
+        call = oracle_call(case, inputs)
+        if MODE == "wrong":
+            return Prepared(run=call, finish=lambda o: Output(o.out * 1.01, o.lse))
+
+        def slow():
+            time.sleep(0.02)
+            return call()
+
+        return Prepared(run=slow)
+
+
+register(RegressedTorch(), replace=True)

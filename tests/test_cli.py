@@ -1,0 +1,163 @@
+"""The command line end to end: bad input, runs, resume/force, compare, report, benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "scenarios" / "smoke.yaml"
+
+
+def cli(*args, env=None, check=None) -> subprocess.CompletedProcess:
+    p = subprocess.run(
+        [sys.executable, "-m", "dsv4bench.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+    if check is not None:
+        assert p.returncode == check, p.stdout + p.stderr
+    return p
+
+
+def decode_only(tmp_path: Path) -> Path:
+    """A quick scenario: the smoke file's decode points only."""
+    text = """
+name: cli-test
+op: decode
+backends: [torch]
+timing: {warmup: 1, iters: 8}
+defaults: {context_len: 256, batch_size: 2}
+cases:
+  - model: v3.2
+    num_heads: 8
+    topk: 64
+  - model: v4-flash
+    num_heads: 8
+    extra_topk: 64
+"""
+    path = tmp_path / "quick.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
+    out = tmp_path / "run"
+    for cmd in (("plan", bad), ("run", bad, "--out", out)):
+        p = cli(*cmd, check=2)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1, p.stderr
+        assert f"{bad}:5: sweep.batch_size[1]" in lines[0]
+        assert "positive" in lines[0]
+    assert not out.exists()
+
+
+def test_bad_flags_exit_2(tmp_path):
+    assert "unknown backend" in cli("plan", SMOKE, "--backend", "nope", check=2).stderr
+    assert cli("run", SMOKE, "--arch", "sm75", check=2).stderr.count("\n") == 1
+    p = cli("run", SMOKE, "--plugin", "no.such.module", "--out", tmp_path / "r", check=2)
+    assert "cannot import" in p.stderr and not (tmp_path / "r").exists()
+
+
+def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path):
+    quick = decode_only(tmp_path)
+    out = tmp_path / "run"
+    cli("run", quick, "--out", out, "--quiet", check=0)
+    first = (out / "results.jsonl").read_text()
+    assert len(first.splitlines()) == 2
+    p = cli("run", quick, "--out", out, check=2)
+    assert "--resume" in p.stderr and (out / "results.jsonl").read_text() == first
+    p = cli("run", quick, "--out", out, "--resume", check=0)
+    assert (out / "results.jsonl").read_text() == first  # nothing left to do
+    cli("run", quick, "--out", out, "--force", "--quiet", check=0)
+    assert list(out.glob("results.jsonl.*.bak"))  # the earlier rows are kept aside
+
+
+def test_plugin_crashes_become_rows_while_other_cases_run(tmp_path):
+    text = """
+name: crash-test
+op: decode
+backends: [crashy, torch]
+timing: {warmup: 0, iters: 2, timeout_s: 60}
+defaults: {model: v3.2, num_heads: 4, topk: 64, context_len: 128, page_size: 64}
+sweep:
+  batch_size: [1, 4, 5]
+"""
+    path = tmp_path / "crash.yaml"
+    path.write_text(text)
+    out = tmp_path / "run"
+    cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out, "--quiet", check=0)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    status = {(r["params"]["batch_size"], r["backend"]): r["status"] for r in rows}
+    assert status == {
+        (1, "crashy"): "ok",
+        (1, "torch"): "ok",
+        (4, "crashy"): "crash",
+        (4, "torch"): "ok",
+        (5, "crashy"): "crash",
+        (5, "torch"): "ok",
+    }
+
+
+def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
+    quick = decode_only(tmp_path)
+    base = tmp_path / "base"
+    cli("run", quick, "--out", base, "--quiet", check=0)
+    cli("compare", base, base, "--out", tmp_path / "same", check=0)
+    for mode in ("slow", "wrong"):
+        new = tmp_path / mode
+        env = {"DSV4BENCH_REGRESSION": mode}
+        plugin = ("--plugin", "tests.plugins.regressed")
+        cli("run", quick, *plugin, "--out", new, "--quiet", env=env, check=0)
+        p = cli("compare", base, new, "--out", tmp_path / f"cmp-{mode}", check=1)
+        assert "regress" in p.stdout.lower()
+        assert (tmp_path / f"cmp-{mode}" / "compare.md").exists()
+
+
+def test_report_from_a_run(tmp_path):
+    out = tmp_path / "run"
+    cli("run", decode_only(tmp_path), "--out", out, "--quiet", check=0)
+    cli("report", out, check=0)
+    assert (out / "report.html").exists() and list(out.glob("*.png"))
+
+
+@pytest.mark.parametrize("backend,code", [("torch", 0), ("wrong", 1)])
+def test_benchmarks_fail_on_accuracy(tmp_path, backend, code):
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "benchmarks",
+            "--benchmark-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--scenario",
+            str(decode_only(tmp_path)),
+            "--plugin",
+            "tests.plugins.misbehaving",
+            "--bench-backend",
+            backend,
+            "--benchmark-json",
+            str(tmp_path / "bench.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert p.returncode == code, p.stdout[-2000:]
+    if code == 0:
+        data = json.loads((tmp_path / "bench.json").read_text())
+        assert {b["extra_info"]["status"] for b in data["benchmarks"]} == {"ok"}
