@@ -11,9 +11,12 @@ the range: it links each kernel, memcpy or memset to its launch through CUPTI co
 so kernels launched straight from Python (Triton, FlashInfer's FFI) count as well as torch ops.
 An iteration's kernel time is the summed duration of the device activities that start within
 that span. The L2 flush is launched outside every range and runs before the span opens, so it
-never counts. (Attributing through `FunctionEvent.kernels` was tried and rejected: it misses
-kernels launched outside a torch op, and on torch 2.11 it attaches kernels to unrelated CPU
-events whose ids collide with the op's.)
+never counts. With "both", the events are taken in a pass of their own, before the profiled
+pass, so the profiler's host overhead never reaches them. Before every start event the GPU
+spins (`torch.cuda._sleep`) while the host launches the call, so events time the kernels and
+not Python's launch latency. (Attributing through `FunctionEvent.kernels` was tried and
+rejected: it misses kernels launched outside a torch op, and on torch 2.11 it attaches kernels
+to unrelated CPU events whose ids collide with the op's.)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ RANGE = "dsv4bench::run"
 TIMERS = ("events", "profiler", "both")
 DEFAULT_L2_BYTES = 256 * 2**20  # when torch does not report the L2 size
 AGREEMENT = 0.05  # events and profiler medians "agree" within this fraction
+SPIN_CYCLES = 400_000  # GPU spin before each start event: ~0.2 ms, longer than a launch
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -113,10 +117,12 @@ def _measure_cuda(fn, dev, warmup: int, iters: int, flush_l2: bool, timer: str) 
 
     from torch.profiler import ProfilerActivity, profile
 
+    # events first, on their own: the profiler's host overhead must not reach them
+    events_ms = _timed_iterations(fn, flush_buf, iters, annotate=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Profiler clears events")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            events_ms = _timed_iterations(fn, flush_buf, iters, annotate=True)
+            _timed_iterations(fn, flush_buf, iters, annotate=True)
     kernel_ms = profiler_kernel_ms(prof.events())
     suffix = "+l2flush" if flush_l2 else ""
     if timer == "profiler":
@@ -144,6 +150,9 @@ def _timed_iterations(fn, flush_buf, iters: int, annotate: bool) -> list[float]:
     for start, end in pairs:
         if flush_buf is not None:
             flush_buf.zero_()
+        # keep the GPU busy while the host launches fn, so the events time the kernels and
+        # not the launch latency (engines replay decode in CUDA graphs, where none is paid)
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         if annotate:
             with torch.profiler.record_function(RANGE):

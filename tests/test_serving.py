@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from dsv4bench import serving as sv
 from dsv4bench.case import OPS, Case
+from dsv4bench.scenarios import ScenarioError
 from reference.models import MODELS
 
 K = 1024
@@ -489,3 +491,30 @@ def test_sampled_cases_build_and_run_on_the_oracle():
         for c in seen.values():
             out = oracle_call(c, inputs.make_inputs(c, "cpu"))()
             assert out.out is not None, c.case_id
+
+
+# ---- shipped serving scenarios ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "scenarios" / "serving").glob("*.yaml"))
+)
+def test_shipped_serving_scenarios_load_and_plan(path):
+    assert sv.is_serving_file(path.read_text())
+    spec = sv.load_spec(path, known_backends={"torch", "flashmla"})
+    jobs = sv.jobs_for(spec)
+    assert jobs and {c.model for c, _ in jobs} == {spec.model}
+
+
+def test_bad_serving_file_names_file_line_and_key(tmp_path):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("op: serving\nmodel: v4-flash\nbatch_sizes: [1, -2]\ncontexts: [8K]\n")
+    with pytest.raises(ScenarioError) as e:
+        sv.load_spec(bad, known_backends={"torch"})
+    assert str(e.value).startswith(f"{bad}:3: batch_sizes:")
+    bad.write_text(
+        "op: serving\nmodel: v4-flash\nbatch_sizes: [1]\ncontexts: [8K]\nbackends: [nope]\n"
+    )
+    with pytest.raises(ScenarioError) as e:
+        sv.load_spec(bad, known_backends={"torch"})
+    assert str(e.value).startswith(f"{bad}:5: backends:") and "nope" in str(e.value)

@@ -19,7 +19,7 @@ log "bench 2"; make bench ARCH=sm90 OUT="$dest/$gpu-bench-2"
 log "serving"
 mkdir -p "$dest/$gpu-serving"
 cp "$dest/$gpu-bench-1/results.jsonl" "$dest/$gpu-serving/results.jsonl"
-python3 -m dsv4bench.cli run scenarios/sm90/*.yaml scenarios/serving/v4_flash_sm90.yaml \
+python3 -m dsv4bench.cli run scenarios/sm90/*.yaml scenarios/serving/*sm90.yaml \
   --arch sm90 --out "$dest/$gpu-serving" --resume
 log "gpu tests"; python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -n 15 | tee "$dest/$gpu-gpu-tests.txt"
 log "pytest-benchmark"
