@@ -211,14 +211,18 @@ def _distinct_keys(case: Case) -> int:
 
 
 def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:
-    """Throughput of one timed case against the GPU's peaks (hw: hardware.GpuSpec)."""
+    """Throughput of one timed case against the GPU's peaks (hw: hardware.GpuSpec).
+
+    GB/s and the memory roof use the bytes a kernel must move at least (`bytes_unique`): with
+    the no-reuse estimate (`bytes`), a prefill chunk, whose queries share most keys, would
+    appear to beat the memory bandwidth."""
     flops = attention_flops(case)
-    nbytes = attention_bytes(case)
+    nbytes = attention_bytes(case, unique=True)
     ms = (timing or {}).get("median_ms")
     result: dict = {
         "flops": flops,
-        "bytes": nbytes,
-        "bytes_unique": attention_bytes(case, unique=True),
+        "bytes": attention_bytes(case),
+        "bytes_unique": nbytes,
         "tflops": None,
         "gbps": None,
         "peak_fraction": None,

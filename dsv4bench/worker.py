@@ -87,7 +87,8 @@ def run_job(job: dict, cache: _Cache) -> dict:
     )
     from dsv4bench import hardware
 
-    row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device))
+    padded = row["info"].get("padded_heads")
+    row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device), padded)
     return row
 
 

@@ -245,3 +245,24 @@ def test_derived_without_peaks_or_time():
     assert cpu["tflops"] > 0 and cpu["peak_fraction"] is None and cpu["bound"] is None
     untimed = metrics.derived(case, None, hardware.TABLE["h100"])
     assert untimed["tflops"] is None and untimed["flops"] > 0
+
+
+def test_prefill_memory_roof_counts_shared_keys_once():
+    chunk = _case(
+        op="prefill",
+        model="v4-flash",
+        d_qk=512,
+        num_heads=64,
+        tokens=4096,
+        topk=128,
+        extra_topk=512,
+        compress_ratio=4,
+        window=128,
+        layout="v4",
+        context_len=32768,
+        batch_size=1,
+    )
+    d = metrics.derived(chunk, {"median_ms": 1.0}, hardware.lookup("NVIDIA H100 80GB HBM3"))
+    assert d["bytes"] > 2 * d["bytes_unique"]  # 4096 queries share one key set
+    assert d["gbps"] == pytest.approx(d["bytes_unique"] / 1e-3 / 1e9)
+    assert d["bound"] == "compute" and d["peak_fraction"] < 1

@@ -463,3 +463,100 @@ def test_sparse_and_odd_rows_do_not_crash(tmp_path):
         if f.suffix == ".png":
             _check_png(f)
     assert "2 nonfinite" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_legend_fits_the_figure(tmp_path):
+    from dsv4bench.report import plots
+
+    series = [
+        plots.Series(f"backend-{i}, a rather long family label number {i} " * 2, [1, 2], [1, 2])
+        for i in range(7)
+    ]
+    fig = plots.line_figure("t", [plots.Panel("p", "x", "y", series)])
+    renderer = fig.canvas.get_renderer()
+    [legend] = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+    _check_png(plots.save(fig, tmp_path / "legend.png"))
+
+
+def test_kernel_lines_get_short_labels_and_serving_parts_are_not_drawn(tmp_path):
+    rows = []
+    for ratio, extra in ((4, 512), (128, 64)):
+        for b in (1, 8, 64):
+            rows.append(
+                case_row(
+                    "decode",
+                    "flashmla",
+                    batch_size=b,
+                    compress_ratio=ratio,
+                    extra_topk=extra,
+                    context_len=8192,
+                    window=128,
+                )
+            )
+    for b in (2, 4):
+        rows.append(
+            case_row("decode", "flashmla", batch_size=b, context_len=65536, tags=["serving"])
+        )
+    build_report([write_run(tmp_path / "run", rows)], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| flashmla C4 |" in md and "| flashmla C128 |" in md
+    assert "compress_ratio=4, extra_topk=512" in md  # the full family stays in the table
+    assert "2 rows measured as parts of serving points" in md
+
+
+def test_serving_routes_and_lines():
+    from dsv4bench.report.render import Report, _route_order
+
+    routes = ["threshold:11673", "safe", "decode-kernel", "sparse-prefill", "threshold:900"]
+    assert sorted(routes, key=_route_order) == [
+        "sparse-prefill",
+        "decode-kernel",
+        "threshold:900",
+        "threshold:11673",
+        "safe",
+    ]
+    rows = [
+        {"kind": "serving", "route": "safe", "threshold": 11622, "model": "v4-flash"},
+        {"kind": "serving", "route": "decode-kernel", "model": "v4-flash"},
+    ]
+    rep = Report([], Path("."), [Path(".")])
+    assert rep._route_title("safe", rows) == "safe (measured limit 11622)"
+    assert rep._route_title("threshold:11673", rows) == "threshold:11673 (sglang DSv4)"
+    assert rep._route_title("decode-kernel", rows) == "decode-kernel (b = chunk tokens)"
+    limit = {
+        "kind": "limit",
+        "last_ok": 11600,
+        "params": {"model": "v4-flash", "route": "decode-kernel"},
+    }
+    rep = Report([limit], Path("."), [Path(".")])
+    assert rep._route_title("safe", rows[1:]) == "safe (measured limit 11600)"
+
+
+def test_tpot_backends_from_several_scenarios(tmp_path):
+    rows = []
+    for backend, scenario, scale in (
+        ("flashmla", "serving-a", 1),
+        ("torch", "serving-oracle", 100),
+        ("flashmla", "serving-b", 1.1),
+    ):
+        for b in (1, 8):
+            rows.append(
+                serving_row(
+                    "tpot",
+                    backend,
+                    0.5 * b * scale,
+                    [part(f"decode-{b}", backend)],
+                    case_id=f"tpot-{scenario}-B{b}",
+                    route="decode",
+                    batch_size=b,
+                    context_len=8192,
+                    scenario=scenario,
+                )
+            )
+    files = build_report([write_run(tmp_path / "run", rows)], tmp_path / "out")
+    assert "tpot-v4-flash.png" in {f.name for f in files}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "flashmla (serving-a)" in md and "flashmla (serving-b)" in md
+    assert "| torch |" in md

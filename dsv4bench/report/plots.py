@@ -54,6 +54,8 @@ STATUS_MARKERS = {
     "error": "*",
 }
 FAILED_LABEL = "failed point (x at the bottom; see table)"
+PAD_INCHES = 0.12
+LEGEND_MAX_COLS = 6
 
 plt.rcParams.update(
     {
@@ -100,7 +102,11 @@ def colors_for(labels) -> dict[str, str]:
 
 
 def save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, metadata={"Software": None})
+    """Write the PNG; the bounding box grows or shrinks to what was drawn (a legend, long tick
+    labels), so nothing is cut at the edges."""
+    fig.savefig(
+        path, dpi=DPI, metadata={"Software": None}, bbox_inches="tight", pad_inches=PAD_INCHES
+    )
     plt.close(fig)
     return path
 
@@ -151,53 +157,110 @@ def _grid(n: int, max_cols: int = 3) -> tuple[int, int]:
     return math.ceil(max(n, 1) / ncols), ncols
 
 
-def _figure(nrows: int, ncols: int, title: str, extra_h: float = 0.9, width=None):
-    w = width or PANEL_W * ncols
+def _figure(nrows: int, ncols: int, title: str, width=None, panel_w=None, sharey=False):
+    w = width or (panel_w or PANEL_W) * ncols
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(w, PANEL_H * nrows + extra_h), squeeze=False, layout="constrained"
+        nrows,
+        ncols,
+        figsize=(w, PANEL_H * nrows + 0.4),
+        squeeze=False,
+        sharey="row" if sharey else False,
+        layout="constrained",
     )
     fig.suptitle(title, fontsize=12, fontweight="bold")
     return fig, [ax for row in axes for ax in row]
 
 
-def _shared_legend(fig, handles: dict[str, object], ncols: int = 3) -> None:
-    if handles:
-        fig.legend(
+def _shared_legend(fig, handles: dict[str, object], max_cols: int = LEGEND_MAX_COLS) -> None:
+    """One legend below the panels, as many columns as fit the figure's width (measured, not
+    guessed), rows balanced; the figure grows by the legend's height so the panels keep theirs,
+    and widens where a single entry is wider than it."""
+    if not handles:
+        return
+    renderer = fig.canvas.get_renderer()
+    width = fig.get_figwidth() * fig.dpi
+
+    def place(ncols):
+        return fig.legend(
             list(handles.values()),
             list(handles.keys()),
             loc="outside lower center",
-            ncols=max(1, min(ncols, len(handles))),
+            ncols=ncols,
             frameon=False,
         )
 
+    n = len(handles)
+    ncols = max(1, min(max_cols, n))
+    while True:
+        legend = place(ncols)
+        box = legend.get_window_extent(renderer)
+        if box.width <= 0.97 * width or ncols == 1:
+            break
+        legend.remove()
+        ncols -= 1
+    balanced = math.ceil(n / math.ceil(n / ncols))
+    if balanced != ncols:
+        legend.remove()
+        legend = place(balanced)
+        box = legend.get_window_extent(renderer)
+    w_in, h_in = fig.get_size_inches()
+    fig.set_size_inches(max(w_in, box.width / fig.dpi + 0.3), h_in + box.height / fig.dpi + 0.1)
 
-def line_figure(title: str, panels: list[Panel], max_cols: int = 3):
+
+def line_figure(
+    title: str,
+    panels: list[Panel],
+    max_cols: int = 3,
+    *,
+    ncols: int | None = None,
+    panel_w: float | None = None,
+    sharey: bool = False,
+    legend: dict[str, dict] | None = None,
+):
     """Panels of lines sharing one legend below them; failed points as x at each panel's
-    bottom edge in the series' color."""
-    nrows, ncols = _grid(len(panels), max_cols)
+    bottom edge in the series' color.
+
+    ncols: panels per row (default: up to max_cols); sharey: one y axis per row of panels (log
+    when any panel asks for it or the values together span 20x), tick labels on the left only;
+    legend: {label: Line2D style} to show instead of one entry per series label (when color
+    and line style encode two different things)."""
+    if ncols:
+        nrows = math.ceil(max(len(panels), 1) / ncols)
+    else:
+        nrows, ncols = _grid(len(panels), max_cols)
     labels = [s.label for p in panels for s in p.series]
-    legend_rows = math.ceil(len(set(labels)) / 3) + 1
-    fig, axes = _figure(nrows, ncols, title, extra_h=0.5 + 0.22 * legend_rows)
+    fig, axes = _figure(nrows, ncols, title, panel_w=panel_w, sharey=sharey)
     palette = colors_for(labels)
     handles: dict[str, object] = {}
+    if legend:
+        handles = {lab: Line2D([], [], **style) for lab, style in legend.items()}
     any_failed = False
-    for ax, panel in zip(axes, panels, strict=False):
+    all_ys = [y for p in panels for s in p.series for y in s.ys]
+    shared_logy = any(p.logy for p in panels) or (
+        all(p.logy is None for p in panels) and _spans(all_ys, 20)
+    )
+    for k, (ax, panel) in enumerate(zip(axes, panels, strict=False)):
+        failing = 0  # series with failed points so far: each gets its own row of x marks
         xs_all = [x for s in panel.series for x in (*s.xs, *s.failed_xs)]
         ys_all = [y for s in panel.series for y in s.ys]
         _setup_x(ax, xs_all, panel.logx)
-        logy = panel.logy if panel.logy is not None else _spans(ys_all, 20)
+        if sharey:
+            logy = shared_logy
+        else:
+            logy = panel.logy if panel.logy is not None else _spans(ys_all, 20)
         for s in panel.series:
             color = s.color or palette[s.label]
             (line,) = ax.plot(
                 s.xs, s.ys, marker=s.marker, linestyle=s.linestyle, color=color, ms=4.5, lw=1.4
             )
-            handles.setdefault(s.label, line)
+            if not legend:
+                handles.setdefault(s.label, line)
             if s.failed_xs:
                 any_failed = True
                 trans = blended_transform_factory(ax.transData, ax.transAxes)
                 ax.plot(
                     s.failed_xs,
-                    [0.03] * len(s.failed_xs),
+                    [0.03 + 0.035 * (failing % 4)] * len(s.failed_xs),
                     linestyle="none",
                     marker="x",
                     ms=8,
@@ -206,13 +269,13 @@ def line_figure(title: str, panels: list[Panel], max_cols: int = 3):
                     transform=trans,
                     clip_on=False,
                 )
+                failing += 1
         for y, label, color in panel.hlines:
             h = ax.axhline(y, color=color, linestyle="--", lw=1.2)
             handles.setdefault(label, h)
         fmt = _percent if panel.ypercent else _plain
         if logy:
             ax.set_yscale("log")
-            _format_log_y(ax, fmt)
         elif panel.ypercent:
             ax.yaxis.set_major_formatter(FuncFormatter(fmt))
         if not panel.series:
@@ -227,7 +290,12 @@ def line_figure(title: str, panels: list[Panel], max_cols: int = 3):
             )
         ax.set_title(panel.title)
         ax.set_xlabel(panel.xlabel)
-        ax.set_ylabel(panel.ylabel)
+        if not sharey or k % ncols == 0:
+            ax.set_ylabel(panel.ylabel)
+    # log tick labels once every panel's data is in (a shared axis takes all rows' limits)
+    for ax, panel in zip(axes, panels, strict=False):
+        if ax.get_yscale() == "log":
+            _format_log_y(ax, _percent if panel.ypercent else _plain)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     if any_failed:
@@ -265,7 +333,7 @@ def category_figure(
     fig, axes = plt.subplots(
         len(panels),
         1,
-        figsize=(width, 2.9 * len(panels) + 1.0 + label_h),
+        figsize=(width, 2.9 * len(panels) + 0.6 + label_h),
         squeeze=False,
         sharex=True,
         layout="constrained",
@@ -391,7 +459,7 @@ def category_figure(
     axes[-1].set_xticks(
         range(len(cats)), cats, rotation=20 if rotate else 0, ha="right" if rotate else "center"
     )
-    _shared_legend(fig, handles, ncols=4)
+    _shared_legend(fig, handles, max_cols=6)
     return fig
 
 
@@ -438,7 +506,7 @@ def status_figure(
         {p.lane for p in points} | {m.lane for m in markers if m.lane} | {sp.lane for sp in spans}
     )
     ncols = 2 if zoom else 1
-    height = max(2.6, 1.2 + 0.55 * len(lanes)) + 1.2
+    height = max(2.6, 1.2 + 0.55 * len(lanes)) + 0.6
     fig, axes = plt.subplots(
         1, ncols, figsize=(PANEL_W * 1.25 * ncols, height), squeeze=False, layout="constrained"
     )
@@ -496,7 +564,7 @@ def status_figure(
             _setup_x(ax, xs, None)
             ax.set_title("all probed sizes")
         ax.set_xlabel(xlabel)
-    _shared_legend(fig, handles, ncols=3)
+    _shared_legend(fig, handles, max_cols=3)
     return fig
 
 
@@ -510,7 +578,7 @@ def bar_ratio_figure(
 ):
     """Horizontal bars of new/base time ratios, first label on top; lines at 1 and 1+threshold."""
     n = len(labels)
-    fig, ax = plt.subplots(figsize=(10.5, 1.4 + 0.26 * max(n, 3)), layout="constrained")
+    fig, ax = plt.subplots(figsize=(10.5, 1.0 + 0.26 * max(n, 3)), layout="constrained")
     fig.suptitle(title, fontsize=12, fontweight="bold")
     ys = list(range(n))[::-1]
     ax.barh(ys, [r - 1 for r in ratios], left=1, color=colors, height=0.7)
@@ -529,9 +597,10 @@ def bar_ratio_figure(
     lo, hi = min([*ratios, 1.0]), max([*ratios, 1 + threshold])
     pad = (hi - lo) * 0.12 + 0.02
     ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(-0.7, n - 0.3)
     ax.set_xlabel("median time ratio new / base (> 1: slower)")
     ax.grid(axis="y", visible=False)
     handles = {lab: plt.Rectangle((0, 0), 1, 1, color=c) for lab, c in legend.items()}
     handles[f"threshold 1 + {threshold:g}"] = Line2D([], [], color="#d62728", linestyle="--")
-    _shared_legend(fig, handles, ncols=4)
+    _shared_legend(fig, handles, max_cols=4)
     return fig

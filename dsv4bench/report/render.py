@@ -29,7 +29,6 @@ from dsv4bench.report.load import (
 )
 
 FAILURE_ORDER = ("incorrect", "crash", "oom", "timeout", "error", "unsupported")
-ROUTE_STYLES = {"decode-kernel": "-", "sparse-prefill": "--", "safe": ":"}  # threshold:N -.
 THRESHOLD_COLORS = {"sglang": "#9467bd", "predicted": "#ff7f0e"}
 
 
@@ -72,6 +71,57 @@ def _fmt(v, digits: int = 4) -> str:
             return str(v)
         return f"{v:.{digits}g}"
     return str(v)
+
+
+def _k(n) -> str:
+    """8192 -> 8K, 65536 -> 64K; other values as they are."""
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024}K"
+    return str(n)
+
+
+def _route_order(route: str):
+    """sparse-prefill, decode-kernel, threshold:N (by N), safe, then anything else."""
+    fixed = {"sparse-prefill": 0, "decode-kernel": 1, "safe": 3}
+    if route in fixed:
+        return (fixed[route], _natural_text(route))
+    return (2 if route.startswith("threshold:") else 4, _natural_text(route))
+
+
+SHORT_ORDER = (
+    "op",
+    "layout",
+    "route",
+    "compress_ratio",
+    "context_len",
+    "extra_topk",
+    "topk",
+    "window",
+    "s_q",
+    "batch_size",
+    "tokens",
+    "num_heads",
+)
+DERIVED_PARAMS = ("extra_topk", "topk")  # follow from context length and compress ratio
+
+
+def _short_param(name: str, v, params: dict) -> str:
+    """A family param as a short plot label ("C4", "ctx 8K", "b64"); name=value otherwise."""
+    if name == "compress_ratio":
+        return f"C{v}" if v else ("SWA" if params.get("window") else "no extra cache")
+    if name == "context_len":
+        return f"ctx {_k(v)}"
+    if name == "batch_size":
+        return f"b{v}"
+    if name == "tokens":
+        return f"{_k(v)} tokens" if v else ""
+    if name == "num_heads":
+        return f"{v} heads"
+    if name in ("op", "route", "layout", "model"):
+        return str(v)
+    if name in ("extra_topk", "topk", "window"):
+        return f"{name.replace('_', ' ')} {v}"
+    return f"{name}={v}"
 
 
 def _sci(v) -> str:
@@ -224,6 +274,52 @@ class Report:
             out.append((title, _slug(*slug), sel))
         return out
 
+    def _serving_lines(self, rows: list[dict]) -> dict[int, str]:
+        """Per row (by id), the name of its line: the backend, with the scenario where one
+        backend's rows in this figure come from several scenarios."""
+        scenarios = defaultdict(set)
+        for r in rows:
+            scenarios[self.who(r)].add(str(r.get("scenario") or ""))
+        return {
+            id(r): (
+                f"{self.who(r)} ({r.get('scenario')})"
+                if len(scenarios[self.who(r)]) > 1
+                else self.who(r)
+            )
+            for r in rows
+        }
+
+    def _route_title(self, route: str, rows: list[dict]) -> str:
+        """A route and what it means: the threshold's source, the measured limit behind safe."""
+        from dsv4bench import hardware
+
+        if route == "decode-kernel":
+            return "decode-kernel (b = chunk tokens)"
+        if route == "sparse-prefill":
+            return "sparse-prefill (prefill kernel)"
+        if route.startswith("threshold:"):
+            n = route.split(":", 1)[1]
+            if n == str(hardware.SGLANG_DSV4_THRESHOLD):
+                return f"{route} (sglang DSv4)"
+            return f"{route} (decode kernel up to {n} tokens)"
+        if route == "safe":
+            limits = {r.get("threshold") for r in rows if str(r.get("route")) == "safe"}
+            limits = {v for v in limits if _is_num(v)}
+            if not limits:
+                models = {str(r.get("model")) for r in rows}
+                limits = {
+                    r["last_ok"]
+                    for r in self.rows
+                    if r["kind"] == "limit"
+                    and _is_num(r.get("last_ok"))
+                    and str(param(r, "model")) in models
+                    and param(r, "route") in (None, "decode-kernel")
+                }
+            if limits:
+                return "safe (measured limit " + "/".join(str(v) for v in sorted(limits)) + ")"
+            return "safe (threshold = measured limit)"
+        return route
+
     @staticmethod
     def _point_id(r: dict, i: int, prefix: str) -> str:
         return r.get("case_id") or f"{prefix}{i}"
@@ -240,22 +336,32 @@ class Report:
         d.heading("Serving: TPOT (decode step, attention part)")
         label = self._label_line(rows)
         if label:
-            d.para(f"What the numbers count: {label}. One line per context length.")
+            d.para(
+                f"What the numbers count: {label}. Color: context length; where several "
+                "backends (or scenarios) are shown, line style and marker tell them apart and "
+                "the y axis is logarithmic."
+            )
         for title, slug, mrows in self._serving_figures(rows):
-            panels = []
-            for who in sorted({self.who(r) for r in mrows}):
-                brows = [r for r in mrows if self.who(r) == who]
-                series = []
-                for ctx in sorted({r.get("context_len") or 0 for r in brows}):
+            line_of = self._serving_lines(mrows)
+            lines = sorted(set(line_of.values()), key=_natural_text)
+            ctxs = sorted({r.get("context_len") or 0 for r in mrows})
+            ctx_color = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(ctxs)}
+            styled = len(lines) > 1
+            series = []
+            for li, line in enumerate(lines):
+                brows = [r for r in mrows if line_of[id(r)] == line]
+                for ctx in ctxs:
                     pts = sorted(
                         (r for r in brows if (r.get("context_len") or 0) == ctx),
                         key=lambda r: r.get("batch_size") or 0,
                     )
+                    if not pts:
+                        continue
                     ok = [r for r in pts if r.get("value_ms") is not None]
                     ok = [r for r in ok if _is_num(r.get("batch_size"))]
                     series.append(
                         plots.Series(
-                            label=f"context {ctx}",
+                            label=f"{line}, context {_k(ctx)}",
                             xs=[r.get("batch_size") for r in ok],
                             ys=[r["value_ms"] for r in ok],
                             failed_xs=[
@@ -263,17 +369,45 @@ class Report:
                                 for r in pts
                                 if r.get("value_ms") is None and _is_num(r.get("batch_size"))
                             ],
+                            color=ctx_color[ctx],
+                            linestyle=plots.LINESTYLES[li % len(plots.LINESTYLES)],
+                            marker=plots.MARKERS[li % len(plots.MARKERS)],
                         )
                     )
-                panels.append(
-                    plots.Panel(who, "batch size (requests)", "TPOT attention part (ms)", series)
+            legend = {
+                f"context {_k(c)}": {"color": ctx_color[c], "marker": "o", "ms": 4.5} for c in ctxs
+            }
+            if styled:  # backends as line style and marker, in black
+                legend.update(
+                    {
+                        line: {
+                            "color": "0.25",
+                            "linestyle": plots.LINESTYLES[i % len(plots.LINESTYLES)],
+                            "marker": plots.MARKERS[i % len(plots.MARKERS)],
+                            "ms": 4.5,
+                        }
+                        for i, line in enumerate(lines)
+                    }
                 )
-            fig = plots.line_figure(f"TPOT vs batch size: {title}", panels)
+            panel = plots.Panel(
+                " vs ".join(lines) if styled else lines[0] if lines else "",
+                "batch size (requests)",
+                "TPOT attention part (ms)" + (", log" if styled else ""),
+                series,
+                logy=True if styled else None,
+            )
+            fig = plots.line_figure(
+                f"TPOT vs batch size: {title}", [panel], panel_w=plots.PANEL_W * 1.35, legend=legend
+            )
             d.heading(f"TPOT: {title}", 3)
             d.image(self.save(fig, _slug("tpot", slug)), f"TPOT vs batch size, {title}")
             ordered = sorted(
                 mrows,
-                key=lambda r: (self.who(r), r.get("context_len") or 0, r.get("batch_size") or 0),
+                key=lambda r: (
+                    _natural_text(line_of[id(r)]),
+                    r.get("context_len") or 0,
+                    r.get("batch_size") or 0,
+                ),
             )
             points = [(self._point_id(r, i, "P"), r) for i, r in enumerate(ordered, 1)]
             failed = [(pid, r) for pid, r in points if r.get("value_ms") is None]
@@ -283,7 +417,7 @@ class Report:
                     [
                         [
                             _code(pid),
-                            self.who(r),
+                            line_of[id(r)],
                             r.get("context_len"),
                             r.get("batch_size"),
                             r.get("status"),
@@ -307,7 +441,7 @@ class Report:
                 [
                     [
                         _code(pid),
-                        self.who(r),
+                        line_of[id(r)],
                         r.get("context_len"),
                         r.get("batch_size"),
                         _fmt(r.get("value_ms")),
@@ -328,20 +462,21 @@ class Report:
         if label:
             d.para(f"What the numbers count: {label}.")
         d.para(
-            "Color: chunk size; line style and marker: route (solid decode-kernel, dashed "
-            "sparse-prefill, dash-dot threshold:N, dotted safe). A point whose part failed is "
-            "an x at the panel's bottom edge and is listed below."
+            "One panel per route, y axis shared (log); color: chunk size, the same in every "
+            "panel. A point whose part failed is an x at the panel's bottom edge and is listed "
+            "below."
         )
         for title, slug, mrows in self._serving_figures(rows):
             chunks = sorted({r.get("chunk_size") or 0 for r in mrows})
             chunk_color = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(chunks)}
-            routes = sorted({str(r.get("route")) for r in mrows}, key=_natural_text)
+            routes = sorted({str(r.get("route")) for r in mrows}, key=_route_order)
+            whos = sorted({self.who(r) for r in mrows})
             panels = []
-            for who in sorted({self.who(r) for r in mrows}):
+            for who in whos:
                 brows = [r for r in mrows if self.who(r) == who]
-                series = []
                 for route in routes:
-                    for chunk in chunks:
+                    series = []
+                    for ci, chunk in enumerate(chunks):
                         pts = sorted(
                             (
                                 r
@@ -357,7 +492,7 @@ class Report:
                         ok = [r for r in ok if _is_num(r.get("prompt_len"))]
                         series.append(
                             plots.Series(
-                                label=f"{route}, chunk {chunk}",
+                                label=f"chunk {chunk}",
                                 xs=[r.get("prompt_len") for r in ok],
                                 ys=[r["value_ms"] for r in ok],
                                 failed_xs=[
@@ -366,21 +501,43 @@ class Report:
                                     if r.get("value_ms") is None and _is_num(r.get("prompt_len"))
                                 ],
                                 color=chunk_color[chunk],
-                                linestyle=ROUTE_STYLES.get(route, "-."),
-                                marker=plots.MARKERS[routes.index(route) % len(plots.MARKERS)],
+                                marker=plots.MARKERS[ci % len(plots.MARKERS)],
                             )
                         )
-                panels.append(
-                    plots.Panel(who, "prompt length (tokens)", "TTFT attention part (ms)", series)
-                )
-            fig = plots.line_figure(f"TTFT vs prompt length: {title}", panels)
+                    route_title = self._route_title(route, mrows)
+                    panels.append(
+                        plots.Panel(
+                            f"{who}: {route_title}" if len(whos) > 1 else route_title,
+                            "prompt length (tokens)",
+                            "TTFT attention part (ms, log)",
+                            series,
+                            logx=True,
+                            logy=True,
+                            note=f"no {route} rows for {who}",
+                        )
+                    )
+            legend = {
+                f"chunk {c}": {
+                    "color": chunk_color[c],
+                    "marker": plots.MARKERS[i % len(plots.MARKERS)],
+                    "ms": 4.5,
+                }
+                for i, c in enumerate(chunks)
+            }
+            if len(whos) > 1:  # a row of panels per backend, a column per route
+                layout = {"ncols": len(routes), "panel_w": plots.PANEL_W * 0.8}
+            else:
+                layout = {"ncols": 2 if len(routes) in (2, 4) else min(3, len(routes))}
+            fig = plots.line_figure(
+                f"TTFT vs prompt length: {title}", panels, sharey=True, legend=legend, **layout
+            )
             d.heading(f"TTFT: {title}", 3)
             d.image(self.save(fig, _slug("ttft", slug)), f"TTFT vs prompt length, {title}")
             ordered = sorted(
                 mrows,
                 key=lambda r: (
                     self.who(r),
-                    _natural_text(str(r.get("route"))),
+                    _route_order(str(r.get("route"))),
                     r.get("chunk_size") or 0,
                     r.get("prompt_len") or 0,
                 ),
@@ -451,25 +608,47 @@ class Report:
         return dict(groups)
 
     @staticmethod
-    def _variants(groups: dict[tuple, list[dict]]) -> dict[tuple, str]:
-        """Per group, the params that differ between the figure's families ("" if none)."""
+    def _variants(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str]]:
+        """Per group, the params that differ between the figure's families, in full
+        ("compress_ratio=4, context_len=8192") and short ("C4 ctx 8K"); ("", "") if none.
+        The short form leaves out params that follow from the others (extra_topk, topk) where
+        the labels stay distinct, and is "" for every group when it would merge two."""
         keys = {key for (_, key) in groups}
         varying = sorted(
-            name
-            for name in {k for key in keys for k, _ in key}
-            if len({dict(key).get(name) for key in keys}) > 1
+            (
+                name
+                for name in {k for key in keys for k, _ in key}
+                if len({dict(key).get(name) for key in keys}) > 1
+            ),
+            key=lambda n: (SHORT_ORDER.index(n) if n in SHORT_ORDER else len(SHORT_ORDER), n),
         )
-        out = {}
-        for who, key in groups:
-            kv = dict(key)
-            out[(who, key)] = ", ".join(
-                f"{n}={json.loads(kv[n]) if n in kv else '-'}" for n in varying
-            )
-        return out
+        values = {g: {k: json.loads(v) for k, v in g[1]} for g in groups}
 
-    def _styled(self, groups: dict[tuple, list[dict]]) -> list[tuple[tuple, str, dict]]:
-        """(group, label, style) in a natural order: color = backend, marker and line style =
-        the family variant (the params that differ)."""
+        def full(g):
+            kv = values[g]
+            return ", ".join(f"{n}={kv.get(n, '-')}" for n in varying)
+
+        def shorten(g, names):
+            kv = values[g]
+            bits = [_short_param(n, kv[n], kv) if n in kv else f"{n} -" for n in names]
+            return " ".join(b for b in bits if b)
+
+        def distinct(names):
+            labels = [(g[0], shorten(g, names)) for g in groups]
+            return len(set(labels)) == len(labels)
+
+        names = list(varying)
+        if not distinct(names):
+            return {g: (full(g), "") for g in groups}
+        for n in DERIVED_PARAMS:
+            if n in names and distinct([m for m in names if m != n]):
+                names.remove(n)
+        return {g: (full(g), shorten(g, names)) for g in groups}
+
+    def _styled(self, groups: dict[tuple, list[dict]]) -> list[tuple[tuple, str, dict, str]]:
+        """(group, label, style, full label) in a natural order: color = backend, marker and
+        line style = the family variant (the params that differ). The label is short
+        ("flashmla C4 ctx 8K") where one can be derived, the full one names every param."""
         variants = self._variants(groups)
 
         def order(g):
@@ -477,17 +656,19 @@ class Report:
             return (g[0], key)
 
         whos = sorted({g[0] for g in groups})
-        kinds = sorted(set(variants.values()), key=_natural_text)
+        kinds = sorted({v[0] for v in variants.values()}, key=_natural_text)
         out = []
         for g in sorted(groups, key=order):
-            var = variants[g]
+            var, short_var = variants[g]
             i = kinds.index(var)
             style = {
                 "color": plots.PALETTE[whos.index(g[0]) % len(plots.PALETTE)],
                 "marker": plots.MARKERS[i % len(plots.MARKERS)],
                 "linestyle": plots.LINESTYLES[i % len(plots.LINESTYLES)],
             }
-            out.append((g, ", ".join(b for b in (g[0], var) if b), style))
+            full = ", ".join(b for b in (g[0], var) if b)
+            label = " ".join(b for b in (g[0], short_var) if b) if short_var else full
+            out.append((g, label, style, full))
         return out
 
     def kernels(self) -> None:
@@ -517,12 +698,19 @@ class Report:
             orows = [r for r in rows if r["op"] == op]
             for model in sorted({str(param(r, "model")) for r in orows}):
                 mrows = [r for r in orows if str(param(r, "model")) == model]
-                plotted = [r for r in mrows if _is_num(param(r, xkey))]
+                # rows measured only as parts of serving points (tag `serving`) are a scatter
+                # of shapes, one line each: drawn only when the model has nothing else
+                serving = [r for r in mrows if "serving" in (r.get("tags") or [])]
+                sweep = [r for r in mrows if "serving" not in (r.get("tags") or [])]
+                plotted = [r for r in (sweep or mrows) if _is_num(param(r, xkey))]
                 groups = self._groups(plotted, {xkey, "seed", "model"})
                 lines = {g: rs for g, rs in groups.items() if len({param(r, xkey) for r in rs}) > 1}
                 single = len(groups) - len(lines) if lines else 0
                 tf_series, pk_series = [], []
-                for gkey, label, style in self._styled(lines or groups):
+                label_of: dict[int, tuple[str, str]] = {}
+                for gkey, label, style, full in self._styled(lines or groups):
+                    for r in groups[gkey]:
+                        label_of[id(r)] = (label, full)
                     rs = sorted(groups[gkey], key=lambda r: param(r, xkey) or 0)
                     xs = [param(r, xkey) for r in rs]
                     tf_series.append(
@@ -543,6 +731,11 @@ class Report:
                         pk_series,
                         ypercent=True,
                         note="no peak known for this device (CPU run?)",
+                        hlines=(
+                            [(1.0, "100% of peak", "0.4")]
+                            if any(y >= 1.0 for s in pk_series for y in s.ys)
+                            else []
+                        ),
                     ),
                 ]
                 fig = plots.line_figure(
@@ -552,16 +745,34 @@ class Report:
                 d.image(self.save(fig, _slug("kernel", op, model)), f"{op} throughput {model}")
                 if single:
                     d.para(
-                        f"{single} families measured at a single {xkey} are not drawn as "
-                        "lines; their rows are in the table."
+                        f"{single} families measured at a single {xkey} value are not drawn "
+                        "as lines; their rows are in the table."
+                    )
+                if serving and sweep:
+                    d.para(
+                        f"{len(serving)} rows measured as parts of serving points (tag "
+                        "`serving`, every layer shape of every point) are not drawn; they are "
+                        "in the table and in the serving parts tables."
                     )
                 table = []
-                for r in sorted(mrows, key=lambda r: (self.who(r), r["case_id"])):
+                for r in sorted(
+                    mrows,
+                    key=lambda r: (
+                        id(r) not in label_of,  # the drawn rows first, line by line
+                        self.who(r),
+                        _natural_text(label_of.get(id(r), ("", ""))[0]),
+                        _natural(param(r, xkey)),
+                        r["case_id"],
+                    ),
+                ):
                     der = r["derived"]
+                    label, full = label_of.get(id(r), ("", ""))
                     table.append(
                         [
                             _code(r["case_id"]),
                             self.who(r),
+                            label,
+                            full,
                             param(r, xkey),
                             _fmt(median_ms(r)),
                             _fmt(der.get("tflops"), 4),
@@ -571,7 +782,18 @@ class Report:
                         ]
                     )
                 d.table(
-                    ["case_id", "backend", xkey, "median ms", "TFLOP/s", "GB/s", "peak", "bound"],
+                    [
+                        "case_id",
+                        "backend",
+                        "line (plot label)",
+                        "line params",
+                        xkey,
+                        "median ms",
+                        "TFLOP/s",
+                        "GB/s",
+                        "peak",
+                        "bound",
+                    ],
                     table,
                     caption=f"{op} rows, {model}",
                 )
@@ -871,7 +1093,7 @@ class Report:
             styled = self._styled(mgroups)
             per_head, relative = [], []
             table = []
-            for gkey, label, style in styled:
+            for gkey, label, style, _full in styled:
                 rs = sorted(mgroups[gkey], key=lambda r: param(r, "num_heads"))
                 hs = [param(r, "num_heads") for r in rs]
                 ys = [median_ms(r) / h for r, h in zip(rs, hs, strict=True)]
