@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench import backends, env, metrics
+from dsv4bench import backends, env, hardware, metrics
 from dsv4bench.backends import Unsupported
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.inputs import fingerprint, make_inputs
@@ -14,7 +14,7 @@ from dsv4bench.inputs import fingerprint, make_inputs
 def test_case(benchmark, scenario_job):
     case, name = scenario_job
     backend = backends.get(name)
-    arch = env.detect_arch()
+    arch = hardware.arch_of(0)
     device = "cpu" if arch == "cpu" else "cuda"
     reason = backend.supports(case, arch)
     if reason:

@@ -81,9 +81,9 @@ def _serving_rows(specs, writer) -> int:
 
 
 def _arch(args) -> str:
-    from dsv4bench import env
+    from dsv4bench import hardware
 
-    present = env.detect_arch()
+    present = hardware.arch_of(0)
     if args.arch and args.arch != present and not (args.arch == "cpu"):
         raise UsageError(f"--arch {args.arch}: this machine's GPU is {present}")
     return args.arch or present
@@ -162,9 +162,9 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     """The main job: the present GPU's scenario set, or the CPU smoke scenario without one."""
-    from dsv4bench import env
+    from dsv4bench import hardware
 
-    present = env.detect_arch()
+    present = hardware.arch_of(0)
     if args.arch and args.arch != present:
         raise UsageError(f"make bench ARCH={args.arch}: this machine's GPU is {present}")
     arch = args.arch or present

@@ -78,13 +78,3 @@ def _driver_version() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
-
-
-def detect_arch() -> str:
-    """The architecture of GPU 0, or "cpu" without one (no CUDA context is left behind)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
-    major, minor = torch.cuda.get_device_capability(0)
-    return {9: "sm90", 10: "sm100", 12: "sm120"}.get(major, f"sm{major}{minor}")

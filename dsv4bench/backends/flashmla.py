@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from dsv4bench import hardware
 from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
 from dsv4bench.case import ROUTES, Case
 
@@ -204,15 +205,6 @@ def padded_heads(case: Case, arch: str) -> tuple[int, str | None]:
     return target, None
 
 
-def _arch_of(device) -> str:
-    import torch
-
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return dev.type
-    return f"sm{torch.cuda.get_device_capability(dev)[0]}0"
-
-
 def _pad_heads(x, heads: int, dim: int):
     if x.shape[dim] == heads:
         return x if x.stride(-1) == 1 else x.contiguous()
@@ -311,7 +303,7 @@ class FlashMLA(Backend):
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         ops = self.kernel_ops()
-        arch = _arch_of(device)
+        arch = hardware.arch_of(device)
         heads, reason = padded_heads(case, arch)
         if reason:
             raise Unsupported(reason)

@@ -357,18 +357,11 @@ class Report:
                     )
                     if not pts:
                         continue
-                    ok = [r for r in pts if r.get("value_ms") is not None]
-                    ok = [r for r in ok if _is_num(r.get("batch_size"))]
                     series.append(
-                        plots.Series(
+                        _serving_series(
+                            pts,
+                            "batch_size",
                             label=f"{line}, context {_k(ctx)}",
-                            xs=[r.get("batch_size") for r in ok],
-                            ys=[r["value_ms"] for r in ok],
-                            failed_xs=[
-                                r.get("batch_size")
-                                for r in pts
-                                if r.get("value_ms") is None and _is_num(r.get("batch_size"))
-                            ],
                             color=ctx_color[ctx],
                             linestyle=plots.LINESTYLES[li % len(plots.LINESTYLES)],
                             marker=plots.MARKERS[li % len(plots.MARKERS)],
@@ -488,18 +481,11 @@ class Report:
                         )
                         if not pts:
                             continue
-                        ok = [r for r in pts if r.get("value_ms") is not None]
-                        ok = [r for r in ok if _is_num(r.get("prompt_len"))]
                         series.append(
-                            plots.Series(
+                            _serving_series(
+                                pts,
+                                "prompt_len",
                                 label=f"chunk {chunk}",
-                                xs=[r.get("prompt_len") for r in ok],
-                                ys=[r["value_ms"] for r in ok],
-                                failed_xs=[
-                                    r.get("prompt_len")
-                                    for r in pts
-                                    if r.get("value_ms") is None and _is_num(r.get("prompt_len"))
-                                ],
                                 color=chunk_color[chunk],
                                 marker=plots.MARKERS[ci % len(plots.MARKERS)],
                             )
@@ -1219,3 +1205,15 @@ class Report:
             ],
             caption="Rows that are not ok",
         )
+
+
+def _serving_series(pts: list[dict], x_key: str, **style) -> plots.Series:
+    """Serving points along x_key: measured ones as a line, failed ones (no value) as marks."""
+    placed = [r for r in pts if _is_num(r.get(x_key))]
+    ok = [r for r in placed if r.get("value_ms") is not None]
+    return plots.Series(
+        xs=[r[x_key] for r in ok],
+        ys=[r["value_ms"] for r in ok],
+        failed_xs=[r[x_key] for r in placed if r.get("value_ms") is None],
+        **style,
+    )
