@@ -5,34 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench import backends, env, hardware, metrics
-from dsv4bench.backends import Unsupported
-from dsv4bench.backends.torch_ref import oracle_call
-from dsv4bench.inputs import fingerprint, make_inputs
+from dsv4bench import backends, hardware
+from dsv4bench.worker import Cache, check
 
 
 def test_case(benchmark, scenario_job):
     case, name = scenario_job
-    backend = backends.get(name)
     arch = hardware.arch_of(0)
-    device = "cpu" if arch == "cpu" else "cuda"
-    reason = backend.supports(case, arch)
-    if reason:
-        pytest.skip(f"unsupported: {reason}")
-    try:
-        provider = backend.provider()
-    except Unsupported as e:
-        pytest.skip(f"unsupported: {e}")
-
-    inputs = make_inputs(case, device)
-    reading = backend.v32_scale_reading(arch) if case.layout == "v32" else None
-    expected = oracle_call(case, inputs, reading)()
-    prepared = backend.prepare(case, inputs, device)
-    if prepared.poison is not None:
-        prepared.poison()
-    acc = metrics.accuracy(expected, prepared.finish(prepared.run()))
-    ok, why = metrics.within_tolerance(acc, case.tolerance)
+    row, prepared = check(case, backends.get(name), arch, Cache())
+    if prepared is None:
+        pytest.skip(f"unsupported: {row['message']}")
     benchmark.extra_info.update(
+        {k: v for k, v in row.items() if k != "info"},
         kind="case",
         scenario=case.scenario,
         case_id=case.case_id,
@@ -40,18 +24,12 @@ def test_case(benchmark, scenario_job):
         params=case.params(),
         tags=list(case.tags),
         backend=name,
-        provider={"name": provider.name, "version": provider.version},
-        status="ok" if ok else "incorrect",
-        message=why,
-        accuracy=acc,
-        input_fingerprint=fingerprint(inputs),
-        env=env.collect(),
     )
-    assert ok, f"{case.case_id} on {name}: {why}"
+    assert row["status"] == "ok", f"{case.case_id} on {name}: {row['message']}"
 
-    if device == "cuda":
+    if arch != "cpu":
         flush = torch.empty(
-            int(torch.cuda.get_device_properties(0).L2_cache_size) // 2, device=device
+            int(torch.cuda.get_device_properties(0).L2_cache_size) // 2, device="cuda"
         )
 
         def setup():

@@ -77,9 +77,15 @@ class Worker:
         self.answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.send({"arch": arch, "plugins": plugins, "flashmla_lib": flashmla_lib})
-        ready = self.receive(STARTUP_TIMEOUT_S)
-        if ready is None or not ready.get("ready"):
-            raise RuntimeError(f"worker did not start: {self.failure()}")
+        try:
+            ready = self.receive(STARTUP_TIMEOUT_S)
+        except TimeoutError:
+            ready = None
+        if not (ready or {}).get("ready"):
+            self.proc.kill()
+            why = self.failure()
+            self.stop()
+            raise RuntimeError(f"worker did not start: {why}")
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -181,7 +187,10 @@ class Runner:
         return row
 
     def _run_in(self, worker: Worker, job: Job) -> dict:
-        worker.send({"case": job.case.to_dict(), "backend": job.backend, "arch": self.arch})
+        try:
+            worker.send({"case": job.case.to_dict(), "backend": job.backend, "arch": self.arch})
+        except OSError:  # it died between jobs
+            return {"status": "crash", "message": worker.failure()}
         try:
             answer = worker.receive(job.case.timing.timeout_s)
         except TimeoutError:

@@ -13,7 +13,7 @@ import traceback
 MARK = "@@dsv4bench@@ "
 
 
-class _Cache:
+class Cache:
     """The last case's inputs and expected outputs: backends of one case share them."""
 
     def __init__(self) -> None:
@@ -23,27 +23,24 @@ class _Cache:
         self.expected: dict = {}
 
 
-def run_job(job: dict, cache: _Cache) -> dict:
+def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
+    """Everything before timing: the verdict, the provider, inputs, the oracle's answer and the
+    correctness run. Returns the row so far and the Prepared call (None if unsupported)."""
     import torch
 
-    from dsv4bench import backends, env, inputs, metrics, timing
+    from dsv4bench import env, inputs, metrics
     from dsv4bench.backends import Unsupported
     from dsv4bench.backends.torch_ref import oracle_call
-    from dsv4bench.case import Case
 
-    case = Case.from_dict(job["case"])
-    backend = backends.get(job["backend"])
-    arch = job["arch"]
     device = "cpu" if arch == "cpu" else "cuda"
     row = {"status": "error", "message": "", "info": {}, "env": env.collect()}
-
     reason = backend.supports(case, arch)
     if reason:
-        return {**row, "status": "unsupported", "message": reason}
+        return {**row, "status": "unsupported", "message": reason}, None
     try:
         prov = backend.provider()
     except Unsupported as e:
-        return {**row, "status": "unsupported", "message": str(e)}
+        return {**row, "status": "unsupported", "message": str(e)}, None
     row["provider"] = {"name": prov.name, "version": prov.version, "location": prov.location}
 
     if cache.key != case.case_id:
@@ -55,12 +52,11 @@ def run_job(job: dict, cache: _Cache) -> dict:
     reading = backend.v32_scale_reading(arch) if case.layout == "v32" else None
     if reading not in cache.expected:
         cache.expected[reading] = oracle_call(case, cache.inputs, reading)()
-    expected = cache.expected[reading]
 
     try:
         prepared = backend.prepare(case, cache.inputs, device)
     except Unsupported as e:
-        return {**row, "status": "unsupported", "message": str(e)}
+        return {**row, "status": "unsupported", "message": str(e)}, None
     row["info"] = dict(prepared.info)
     if reading:
         row["info"]["v32_scale_reading"] = reading
@@ -69,13 +65,22 @@ def run_job(job: dict, cache: _Cache) -> dict:
     actual = prepared.finish(prepared.run())
     if device == "cuda":
         torch.cuda.synchronize()
-    acc = metrics.accuracy(expected, actual)
+    acc = metrics.accuracy(cache.expected[reading], actual)
     ok, why = metrics.within_tolerance(acc, case.tolerance)
-    row["accuracy"] = acc
-    row["status"] = "ok" if ok else "incorrect"
-    row["message"] = "" if ok else why
-    del actual
+    row.update(accuracy=acc, status="ok" if ok else "incorrect", message=why)
+    return row, prepared
 
+
+def run_job(job: dict, cache: Cache) -> dict:
+    from dsv4bench import backends, hardware, metrics, timing
+    from dsv4bench.case import Case
+
+    case = Case.from_dict(job["case"])
+    arch = job["arch"]
+    row, prepared = check(case, backends.get(job["backend"]), arch, cache)
+    if prepared is None:
+        return row
+    device = "cpu" if arch == "cpu" else "cuda"
     t = case.timing
     row["timing"] = timing.measure(
         prepared.run,
@@ -85,8 +90,6 @@ def run_job(job: dict, cache: _Cache) -> dict:
         flush_l2=t.flush_l2,
         timer=t.timer,
     )
-    from dsv4bench import hardware
-
     padded = row["info"].get("padded_heads")
     row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device), padded)
     return row
@@ -107,7 +110,7 @@ def main() -> int:
     setup = json.loads(sys.stdin.readline())
     backends.setup(setup.get("plugins", []), setup.get("flashmla_lib"))
     print(MARK + json.dumps({"ready": True}), flush=True)
-    cache = _Cache()
+    cache = Cache()
     for line in sys.stdin:
         job = json.loads(line)
         try:

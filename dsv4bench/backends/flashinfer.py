@@ -1,0 +1,646 @@
+"""FlashInfer sparse MLA decode: trtllm-gen kernels on sm100, the sm120 kernels on sm120.
+
+The four entry points, by arch and cache layout (flashinfer-ai/flashinfer; names and argument
+names as in flashinfer/mla/_core.py, flashinfer/mla/_sparse_mla_sm120.py (older builds:
+flashinfer/sparse_mla_sm120.py), tests/attention/test_trtllm_gen_mla.py,
+tests/attention/test_sparse_mla_sm120.py, tests/attention/sparse_mla_test_utils.py, and vLLM's
+vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py):
+
+  sm100 V3.2  flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla(query [B, q_len, h, 576],
+      kv_cache [pages, 1, P, 576] bf16 or e4m3 (dtype = query dtype), workspace_buffer (zeroed),
+      qk_nope_head_dim=128, kv_lora_rank=512, qk_rope_head_dim=64, block_tables [B, q_len, topk]
+      = global slots, seq_lens [B], max_seq_len, sparse_mla_top_k=topk, out, bmm1_scale,
+      bmm2_scale, sinks [Tensor], backend) -> out [B, q_len, h, 512]; no lse. vLLM passes one
+      query per row (q_len 1) and seq_lens = the row's number of valid indices.
+  sm100 V4    flashinfer.mla.trtllm_batch_decode_sparse_mla_dsv4(query [B, q_len, h, 512],
+      swa_kv_cache and compressed_kv_cache (two pools, HND [pages, 1, P, 512], dtype = query
+      dtype), workspace_buffer, sparse_indices [B*q_len, W] (W >= 128, W % 4 == 0: the first 128
+      columns index the SWA pool, the rest the compressed pool), sparse_topk_lens [B*q_len] =
+      128 + active compressed entries, seq_lens [B] (the SWA tile's valid prefix is
+      min(seq_lens - q_len + q_idx + 1, 128)), out, bmm1_scale, bmm2_scale, sinks [h] fp32,
+      kv_layout) -> out; no lse. Heads 8/16/32/64/128 (early builds: 64/128).
+  sm120 V4    sparse_mla_sm120_decode_dsv4(q [T, h, 512], kv_cache 584 B in 64-token pages
+      (the binding reads the page stride from stride(0)), indices [T, topk] with topk in
+      {128, 512, 1024}, mid_out [T, h, splits, 512] bf16, mid_lse [T, h, splits] fp32
+      (splits = ceil(topk/64) + ceil(extra_topk/64)), output [T, h, 512] bf16, out_lse [T, h]
+      fp32, sm_scale, *, topk_length, attn_sink, extra_kv_cache, extra_indices,
+      extra_topk_length); -1 = invalid; decode only (T <= 64, larger T is prefill's job).
+  sm120 V3.2  sparse_mla_sm120_decode_dsv3_2(q [T, h, 576], kv_cache 656 B in 64-token pages,
+      indices, mid_out, mid_lse, output, out_lse, sm_scale, *, topk_length, attn_sink): no
+      extra cache; topk in {128, 512, 1024, 2048} (decode-v2 dispatch table).
+  Both sm120 kernels write out_lse in base 2 with the sink merged in
+  (log2(sum exp(s) + exp(sink))), per FlashInfer's test reference; finish() converts it to the
+  oracle's natural-log lse without the sink. trtllm-gen returns no lse, so sm100 rows compare
+  `out` only.
+
+What prepare() does outside the timed call: flattens (b, s_q) into b*s_q query rows; pads heads
+to 8/16/32/64/128; sm100: dequantizes the FP8 cache into plain rows (bf16 by default, exact for
+V4 and for power-of-two V3.2 scales; or per-tensor e4m3 with q quantized the same way), keeps
+V3.2's 576 columns (K = latent + rope; reference.layouts.to_plain_rows keeps 512, which is the
+V4 width), moves each row's valid indices first (lengths are counts), pads the window to 128
+columns and the index width to a multiple of 4 with -1; sm120: re-pages the cache to 64-token
+pages (V4 split_pages_v4, V3.2 a view of its token-major records; slots unchanged) and pads the
+index width with -1 to the kernel's dispatch set (extra width to a multiple of 64).
+
+NOT run here: any FlashInfer kernel. flashinfer is not installed in this environment and no
+sm100/sm120 GPU exists, so the adapter was built against the public source above and tested on
+the CPU with fake kernels that compute the answer from the converted inputs. Unverified: that the
+installed build has these names and argument names (the API has moved between releases), the
+head counts and topk limits it really accepts, that trtllm-gen honours `sinks` and treats
+seq_lens as the per-row length in sparse V3.2 mode, that the sm120 kernels accept 64-token pages
+with the padded page stride 37440, the sm120 lse convention (base 2, sink merged), and that
+sm120 reads V3.2's fp32 scales as powers of two (v32_scale_reading "e8m0").
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
+from dsv4bench.case import Case
+
+NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
+ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm100/sm120 only"
+LAYOUT_D_QK = {"v32": 576, "v4": 512}
+CACHE_BYTES = {"v32": 656, "v4": 584}
+HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
+KV_DTYPES = ("bf16", "e4m3")  # plain-row dtypes for trtllm-gen
+SWA_WIDTH = 128  # trtllm-gen DSv4: the first 128 index columns are the window (SWA) pool
+INDEX_ALIGN = 4  # trtllm-gen loads indices 16 bytes at a time
+TRTLLM_MIN_TOPK = 128
+SM120_PAGE = 64  # the sm120 decode kernels read 64-token pages
+SM120_MAX_TOKENS = 64  # above this FlashInfer routes to its sm120 prefill kernel
+SM120_SPLIT = 64  # candidates per split-K chunk (mid_out / mid_lse)
+SM120_TOPKS = {"v4": (128, 512, 1024), "v32": (128, 512, 1024, 2048)}
+WORKSPACE_BYTES = 128 << 20  # what FlashInfer's tests and vLLM allocate (zeroed)
+E4M3_MAX = 448.0
+CONVERT_CHUNK = 1 << 16  # cache tokens dequantized at once while building plain rows
+
+# (module, function) candidates per kernel, newest location first
+CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
+    "trtllm_mla": (
+        ("flashinfer.decode", "trtllm_batch_decode_with_kv_cache_mla"),
+        ("flashinfer.mla", "trtllm_batch_decode_with_kv_cache_mla"),
+    ),
+    "trtllm_dsv4": (
+        ("flashinfer.mla", "trtllm_batch_decode_sparse_mla_dsv4"),
+        ("flashinfer.decode", "trtllm_batch_decode_sparse_mla_dsv4"),
+    ),
+    "sm120_dsv4": (
+        ("flashinfer.mla._sparse_mla_sm120", "sparse_mla_sm120_decode_dsv4"),
+        ("flashinfer.sparse_mla_sm120", "sparse_mla_sm120_decode_dsv4"),
+    ),
+    "sm120_dsv32": (
+        ("flashinfer.mla._sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
+        ("flashinfer.sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
+    ),
+}
+FAMILY = {
+    ("sm100", "v32"): "trtllm_mla",
+    ("sm100", "v4"): "trtllm_dsv4",
+    ("sm120", "v4"): "sm120_dsv4",
+    ("sm120", "v32"): "sm120_dsv32",
+}
+
+
+@dataclass
+class KernelOps:
+    """The FlashInfer functions this backend calls (None: not in this build), called with
+    FlashInfer's own keyword names; `names` says where each was found."""
+
+    provider: Provider
+    trtllm_mla: Callable | None = None
+    trtllm_dsv4: Callable | None = None
+    sm120_dsv4: Callable | None = None
+    sm120_dsv32: Callable | None = None
+    names: dict = field(default_factory=dict)
+
+
+def discover() -> KernelOps:
+    """Import flashinfer and look up the four entry points (missing ones stay None)."""
+    try:
+        fi = importlib.import_module("flashinfer")
+    except ModuleNotFoundError as e:
+        if e.name == "flashinfer":
+            raise Unsupported(NOT_FOUND) from e
+        raise Unsupported(f"cannot import flashinfer: {type(e).__name__}: {e}") from e
+    except Exception as e:  # installed but broken (CUDA/torch mismatch...): say why
+        raise Unsupported(f"cannot import flashinfer: {type(e).__name__}: {e}") from e
+    prov = Provider("flashinfer", str(getattr(fi, "__version__", "unknown")), fi.__file__ or "")
+    ops = KernelOps(prov)
+    for key, candidates in CANDIDATES.items():
+        for module, name in candidates:
+            try:
+                fn = getattr(importlib.import_module(module), name, None)
+            except ImportError:
+                continue
+            if fn is not None:
+                setattr(ops, key, fn)
+                ops.names[key] = f"{module}.{name}"
+                break
+    return ops
+
+
+# ---- conversions (all outside the timed call) -----------------------------------------
+
+
+def padded_heads(case: Case) -> tuple[int, str | None]:
+    """Query heads handed to the kernel (one of HEADS), or a reason why none fits."""
+    h, mode = case.num_heads, case.head_padding
+    if mode == "engine":
+        target = next((n for n in HEADS if n >= h), 0)
+    elif mode == "none":
+        target = h
+    elif mode.isdigit():
+        target = int(mode)
+    else:
+        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
+    if h > HEADS[-1]:
+        return 0, f"{h} heads: FlashInfer's sparse MLA kernels take at most {HEADS[-1]}"
+    if target not in HEADS:
+        return 0, f"FlashInfer takes 8, 16, 32, 64 or 128 query heads; head_padding {mode} gives {target}"
+    if h > target:
+        return 0, f"{h} heads exceed head_padding {mode} ({target})"
+    return target, None
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pad_indices(idx, width: int):
+    """Pad the last dim of idx with -1 up to exactly `width` (>= its width); int32, contiguous."""
+    import torch
+
+    have = idx.shape[-1]
+    if width < have:
+        raise ValueError(f"cannot pad index width {have} down to {width}")
+    out = idx.new_full((*idx.shape[:-1], width), -1, dtype=torch.int32)
+    out[..., :have] = idx
+    return out.contiguous()
+
+
+def valid_first(idx):
+    """Each row's valid (!= -1) indices first, in their order, then -1; and the valid counts.
+
+    Attention is a sum over the key set, so reordering a row keeps the problem; kernels that
+    take a length per row then see exactly the valid entries.
+    """
+    import torch
+
+    invalid = idx == -1
+    order = torch.sort(invalid.to(torch.int8), dim=-1, stable=True).indices
+    out = idx.gather(-1, order).masked_fill(invalid.gather(-1, order), -1)
+    return out.to(torch.int32).contiguous(), (~invalid).sum(-1).to(torch.int32)
+
+
+def apply_length(idx, length):
+    """Indices (b, s_q, k) with entries at or past length[b] (per request) set to -1."""
+    if length is None:
+        return idx
+    import torch
+
+    cols = torch.arange(idx.shape[-1], device=idx.device)
+    return idx.masked_fill(cols >= length.to(idx.device).view(-1, 1, 1), -1)
+
+
+def cache_amax(cache, chunk: int = CONVERT_CHUNK) -> float:
+    """max |x| over every dequantized value of an FP8 cache (for a per-tensor e4m3 scale)."""
+    import torch
+
+    from reference import layouts
+
+    n = cache.shape[0] * cache.shape[1]
+    amax = torch.zeros((), dtype=torch.float32, device=cache.device)
+    for s in range(0, n, chunk):
+        slots = torch.arange(s, min(s + chunk, n), device=cache.device)
+        amax = torch.maximum(amax, layouts.gather_tokens(cache, slots).abs().amax())
+    return float(amax)
+
+
+def e4m3_scale(amax: float):
+    """Per-tensor scale amax / 448 (fp32, floored at FLT_MIN), as reference.layouts writes it."""
+    import torch
+
+    a = torch.tensor(amax, dtype=torch.float32)
+    return (a / torch.full((), E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def plain_rows(cache, *, dtype: str = "bf16", scale=None, chunk: int = CONVERT_CHUNK):
+    """FP8 cache -> plain rows [pages, 1, P, d_qk] (all of d_qk: 576 for V3.2, 512 for V4).
+
+    dtype "bf16": the dequantized values rounded to bf16 (exact for V4 and power-of-two V3.2
+    scales). "e4m3": e4m3(x / scale) with one fp32 scale for the tensor (given, to share it
+    between pools, or amax / 448). Dequantizes `chunk` tokens at a time. Returns (rows, scale).
+    For V4 this equals reference.layouts.to_plain_rows.
+    """
+    import torch
+
+    from reference import layouts
+
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
+    pages, page_size = cache.shape[:2]
+    d = layouts.head_dim_of(cache)
+    n = pages * page_size
+    if dtype == "e4m3" and scale is None:
+        scale = e4m3_scale(cache_amax(cache, chunk))
+    out_dtype = torch.bfloat16 if dtype == "bf16" else torch.float8_e4m3fn
+    rows = torch.empty(n, d, dtype=out_dtype, device=cache.device)
+    for s in range(0, n, chunk):
+        slots = torch.arange(s, min(s + chunk, n), device=cache.device)
+        x = layouts.gather_tokens(cache, slots)
+        if dtype == "bf16":
+            rows[s : s + len(slots)] = x.to(torch.bfloat16)
+        else:
+            y = x / scale.to(x.device)
+            rows[s : s + len(slots)] = y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return rows.view(pages, 1, page_size, d), (scale if dtype == "e4m3" else None)
+
+
+def repage_v4(cache, page_size: int = SM120_PAGE):
+    """V4 cache in `page_size`-token pages (split_pages_v4); slots and bytes unchanged."""
+    from reference import layouts
+
+    if cache.shape[1] == page_size:
+        return cache
+    return layouts.split_pages_v4(cache, page_size)
+
+
+def repage_v32(cache, page_size: int = SM120_PAGE):
+    """V3.2 cache (token-major 656 B records) viewed in `page_size`-token pages: slot s stays
+    slot s; zero records pad the tail to whole pages."""
+    import torch
+
+    if cache.shape[1] == page_size:
+        return cache
+    records = cache.reshape(-1, cache.shape[-1])  # copies only if cache is not contiguous
+    tail = round_up(records.shape[0], page_size) - records.shape[0]
+    if tail:
+        records = torch.cat([records, records.new_zeros(tail, records.shape[1])])
+    return records.view(-1, page_size, 1, cache.shape[-1])
+
+
+def trtllm_dsv4_indices(window, extra=None):
+    """trtllm-gen DSv4 index table from window (T, kw <= 128) and extra (T, ke) slots.
+
+    Returns sparse_indices (T, W): 128 window columns (valid first, -1 padded) then the extra
+    entries (valid first), W padded to a multiple of 4; sparse_topk_lens = 128 + extra count;
+    seq_lens = window count (the kernel's valid SWA prefix with one query per row).
+    """
+    import torch
+
+    if window.shape[-1] > SWA_WIDTH:
+        raise ValueError(f"the window part has {window.shape[-1]} columns, more than {SWA_WIDTH}")
+    w_idx, w_len = valid_first(window)
+    if extra is None:
+        extra = window.new_empty((window.shape[0], 0))
+    e_idx, e_len = valid_first(extra)
+    both = torch.cat([pad_indices(w_idx, SWA_WIDTH), e_idx], dim=-1)
+    table = pad_indices(both, round_up(both.shape[-1], INDEX_ALIGN))
+    return table, (SWA_WIDTH + e_len).to(torch.int32), w_len
+
+
+def sm120_lse_to_natural(lse2, sink):
+    """Kernel lse (base 2, sink merged: log2(sum exp + exp(sink))) -> natural-log lse of the
+    keys alone; +inf where no key is valid (the oracle's convention)."""
+    import torch
+
+    lse = lse2.float() * math.log(2.0)
+    if sink is not None:
+        d = sink.float().to(lse.device) - lse  # log(exp(sink) / (sum exp + exp(sink))) < 0
+        with torch.no_grad():
+            keys = lse + torch.log(-torch.expm1(d.clamp(max=0)))
+        lse = torch.where(d < 0, keys, torch.full_like(lse, math.inf))
+    return lse.masked_fill(torch.isneginf(lse) | torch.isnan(lse), math.inf)
+
+
+def _pad_heads(x, heads: int, dim: int):
+    if x.shape[dim] == heads:
+        return x.contiguous()
+    shape = list(x.shape)
+    shape[dim] = heads
+    y = x.new_zeros(shape)  # padded heads' queries are zero; their outputs are dropped
+    y.narrow(dim, 0, x.shape[dim]).copy_(x)
+    return y
+
+
+def _pad_sink(sink, heads: int):
+    if sink is None:
+        return None
+    import torch
+
+    y = torch.full((heads,), float("-inf"), dtype=torch.float32, device=sink.device)
+    y[: sink.shape[0]] = sink.float()  # -inf: no sink on the padded heads
+    return y
+
+
+def _arch_of(device) -> str:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev.type
+    return f"sm{torch.cuda.get_device_capability(dev)[0]}0"
+
+
+class FlashInfer(Backend):
+    name = "flashinfer"
+    description = "FlashInfer sparse MLA decode: trtllm-gen (sm100) and sm120 kernels"
+    archs = ("sm100", "sm120")
+    ops = ("decode",)
+
+    def __init__(
+        self,
+        ops: KernelOps | Callable | None = None,
+        *,
+        kv_dtype: str = "bf16",
+        arch: str | None = None,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ):
+        """ops: injected KernelOps (or a factory of one) instead of importing flashinfer.
+        kv_dtype: trtllm-gen plain-row dtype, "bf16" or "e4m3" (per-tensor scale).
+        arch: the kernel family to prepare for ("sm100"/"sm120"); default: the device's."""
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+        self._source = ops
+        self._ops: KernelOps | None = None
+        self._error: str | None = None
+        self.kv_dtype = kv_dtype
+        self.arch = arch
+        self.workspace_bytes = workspace_bytes
+
+    def kernel_ops(self) -> KernelOps:
+        if self._ops is None and self._error is None:
+            src = self._source
+            try:
+                if isinstance(src, KernelOps):
+                    self._ops = src
+                else:
+                    self._ops = src() if src is not None else discover()
+            except Unsupported as e:
+                self._error = str(e)
+        if self._error is not None:
+            raise Unsupported(self._error)
+        return self._ops
+
+    def provider(self) -> Provider:
+        return self.kernel_ops().provider
+
+    def v32_scale_reading(self, arch: str) -> str | None:
+        # sm100: prepare() dequantizes exactly into plain rows. sm120: FlashInfer's default
+        # V3.2 format takes power-of-two fp32 scales (non-power-of-two needs its
+        # "arbitrary_fp32" format), read here as an exponent: unverified on hardware.
+        return {"sm120": "e8m0"}.get(arch)
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        if arch not in self.archs:
+            return f"{ARCH_REASON}, not {arch}"
+        reason = super().supports(case, arch)
+        if reason:
+            return reason
+        if case.layout not in LAYOUT_D_QK:
+            return f"FlashInfer's sparse MLA kernels read the v32 or v4 FP8 cache, not {case.layout}"
+        if LAYOUT_D_QK[case.layout] != case.d_qk:
+            return (
+                f"FlashInfer reads the {case.layout} cache with d_qk "
+                f"{LAYOUT_D_QK[case.layout]}, not {case.d_qk}"
+            )
+        if case.d_v != 512:
+            return f"FlashInfer's sparse MLA kernels take d_v 512, not {case.d_v}"
+        if case.topk <= 0:
+            return "FlashInfer's sparse MLA kernels need topk > 0"
+        if case.layout == "v32" and case.extra_topk:
+            return "FlashInfer's V3.2 (d_qk 576) sparse MLA kernels take no extra cache"
+        reason = padded_heads(case)[1]
+        if reason:
+            return reason
+        if arch == "sm100":
+            return self._supports_trtllm(case)
+        return self._supports_sm120(case)
+
+    @staticmethod
+    def _supports_trtllm(case: Case) -> str | None:
+        if case.layout == "v32" and case.topk < TRTLLM_MIN_TOPK:
+            return f"FlashInfer trtllm-gen sparse MLA needs topk >= {TRTLLM_MIN_TOPK}, got {case.topk}"
+        if case.layout == "v4" and case.topk > SWA_WIDTH:
+            return (
+                f"FlashInfer trtllm-gen DSv4 takes a {SWA_WIDTH}-slot window as the main cache; "
+                f"topk {case.topk} > {SWA_WIDTH}"
+            )
+        return None
+
+    @staticmethod
+    def _supports_sm120(case: Case) -> str | None:
+        tokens = case.batch_size * case.s_q
+        if tokens > SM120_MAX_TOKENS:
+            return (
+                f"FlashInfer's sm120 sparse MLA decode kernels take at most {SM120_MAX_TOKENS} "
+                f"query tokens (b*s_q), got {tokens}"
+            )
+        topks = SM120_TOPKS[case.layout]
+        if case.topk > topks[-1]:
+            allowed = ", ".join(map(str, topks))
+            return f"FlashInfer's sm120 {case.layout} decode takes topk {allowed}; got {case.topk}"
+        if case.layout == "v4" and case.page_size % SM120_PAGE:
+            return (
+                f"FlashInfer's sm120 DSv4 decode reads {SM120_PAGE}-token pages; page_size "
+                f"{case.page_size} does not split into them"
+            )
+        return None
+
+    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        ops = self.kernel_ops()
+        arch = self.arch or _arch_of(device)
+        reason = self.supports(case, arch)
+        if reason:
+            raise Unsupported(reason)
+        key = FAMILY[(arch, case.layout)]
+        fn = getattr(ops, key)
+        if fn is None:
+            module, name = CANDIDATES[key][0]
+            raise Unsupported(
+                f"flashinfer {ops.provider.version} has no {name} (looked in {module} and "
+                f"{CANDIDATES[key][1][0]}); needed for {case.layout} on {arch}"
+            )
+        x = dict(inputs)
+        for k in ("k_cache", "extra_k_cache"):
+            if x.get(k) is not None and x[k].shape[-1] != CACHE_BYTES[case.layout]:
+                raise ValueError(
+                    f"{k} rows are {x[k].shape[-1]} B, layout {case.layout} needs "
+                    f"{CACHE_BYTES[case.layout]}"
+                )
+        x["indices"] = apply_length(x["indices"], x.get("topk_length"))
+        if x.get("extra_indices") is not None:
+            x["extra_indices"] = apply_length(x["extra_indices"], x.get("extra_topk_length"))
+        heads = padded_heads(case)[0]
+        info = {"padded_heads": heads, "kernel": ops.names.get(key, key), "family": key}
+        if key == "trtllm_mla":
+            return self._prepare_trtllm_v32(case, x, fn, heads, info)
+        if key == "trtllm_dsv4":
+            return self._prepare_trtllm_v4(case, x, fn, heads, info)
+        return self._prepare_sm120(case, x, fn, heads, info)
+
+    # ---- sm100: trtllm-gen over plain rows ----------------------------------------------
+
+    def _query(self, q, heads: int, kscale):
+        """Query rows (T, 1, heads, d) in the kv dtype, and (bmm1 factor, bmm2 scale)."""
+        import torch
+
+        b, s_q, h, d = q.shape
+        qp = _pad_heads(q.reshape(b * s_q, 1, h, d), heads, 2)
+        if self.kv_dtype == "bf16":
+            return qp.to(torch.bfloat16), 1.0, 1.0
+        qf = qp.float()
+        qscale = e4m3_scale(float(qf.abs().amax()))
+        q8 = (qf / qscale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return q8, float(qscale) * float(kscale), float(kscale)
+
+    def _workspace(self, device):
+        import torch
+
+        return torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=device)
+
+    @staticmethod
+    def _finish_rows(case: Case, b: int, s_q: int):
+        h = case.num_heads
+
+        def finish(raw) -> Output:  # raw: out (b*s_q, 1, heads, 512)
+            return Output(raw.reshape(b, s_q, raw.shape[-2], raw.shape[-1])[:, :, :h], None)
+
+        return finish
+
+    def _prepare_trtllm_v32(self, case: Case, x: dict, fn, heads: int, info: dict):
+        import torch
+
+        q = x["q"]
+        b, s_q = q.shape[:2]
+        t = b * s_q
+        idx, lengths = valid_first(x["indices"].reshape(t, -1))
+        width = round_up(max(idx.shape[-1], TRTLLM_MIN_TOPK), INDEX_ALIGN)
+        table = pad_indices(idx, width).view(t, 1, width)
+        rows, kscale = plain_rows(x["k_cache"], dtype=self.kv_dtype)
+        query, qk, bmm2 = self._query(q, heads, kscale)
+        out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
+        sink = _pad_sink(x.get("attn_sink"), heads)
+        kwargs = dict(
+            query=query,
+            kv_cache=rows,
+            workspace_buffer=self._workspace(q.device),
+            qk_nope_head_dim=128,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            block_tables=table,
+            seq_lens=lengths,
+            max_seq_len=width,
+            sparse_mla_top_k=width,
+            out=out,
+            bmm1_scale=case.scale * qk,
+            bmm2_scale=bmm2,
+            sinks=None if sink is None else [sink],
+            backend="trtllm-gen",
+        )
+        info.update(index_width=width, kv_dtype=self.kv_dtype, lse="not returned by trtllm-gen")
+        run = lambda: fn(**kwargs)
+        return Prepared(run, self._finish_rows(case, b, s_q), lambda: out.fill_(math.nan), info)
+
+    def _prepare_trtllm_v4(self, case: Case, x: dict, fn, heads: int, info: dict):
+        import torch
+
+        q = x["q"]
+        b, s_q = q.shape[:2]
+        t = b * s_q
+        extra = x.get("extra_indices")
+        table, topk_lens, seq_lens = trtllm_dsv4_indices(
+            x["indices"].reshape(t, -1), None if extra is None else extra.reshape(t, -1)
+        )
+        if t and int(seq_lens.min()) < 1:
+            raise Unsupported(
+                "FlashInfer trtllm-gen DSv4 derives the window from seq_lens >= 1; "
+                "a query with an empty window cannot be expressed"
+            )
+        caches = [x["k_cache"]] + ([x["extra_k_cache"]] if extra is not None else [])
+        scale = None
+        if self.kv_dtype == "e4m3":  # one bmm scale for both pools: one shared kv scale
+            scale = e4m3_scale(max(cache_amax(c) for c in caches))
+        pools = [plain_rows(c, dtype=self.kv_dtype, scale=scale)[0] for c in caches]
+        query, qk, bmm2 = self._query(q, heads, scale if scale is not None else 1.0)
+        out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
+        kwargs = dict(
+            query=query,
+            swa_kv_cache=pools[0],
+            workspace_buffer=self._workspace(q.device),
+            sparse_indices=table,
+            compressed_kv_cache=pools[-1],  # without an extra cache: any valid pool
+            sparse_topk_lens=topk_lens,
+            seq_lens=seq_lens,
+            out=out,
+            bmm1_scale=case.scale * qk,
+            bmm2_scale=bmm2,
+            sinks=_pad_sink(x.get("attn_sink"), heads),
+            kv_layout="HND",
+        )
+        info.update(
+            index_width=table.shape[-1],
+            kv_dtype=self.kv_dtype,
+            lse="not returned by trtllm-gen",
+        )
+        run = lambda: fn(**kwargs)
+        return Prepared(run, self._finish_rows(case, b, s_q), lambda: out.fill_(math.nan), info)
+
+    # ---- sm120: the packed FP8 cache in 64-token pages ----------------------------------
+
+    def _prepare_sm120(self, case: Case, x: dict, fn, heads: int, info: dict):
+        import torch
+
+        q = x["q"]
+        b, s_q, h, d = q.shape
+        t = b * s_q
+        v4 = case.layout == "v4"
+        repage = repage_v4 if v4 else repage_v32
+        qf = _pad_heads(q.reshape(t, h, d), heads, 1).to(torch.bfloat16)
+        idx = x["indices"].reshape(t, -1)
+        width = next(w for w in SM120_TOPKS[case.layout] if w >= idx.shape[-1])
+        kv = repage(x["k_cache"])
+        sink = _pad_sink(x.get("attn_sink"), heads)
+        kwargs = {"topk_length": None, "attn_sink": sink}
+        splits = width // SM120_SPLIT
+        extra = x.get("extra_indices")
+        if v4 and extra is not None:
+            extra = extra.reshape(t, -1)
+            extra_width = round_up(max(extra.shape[-1], 1), SM120_SPLIT)
+            kwargs.update(
+                extra_kv_cache=repage(x["extra_k_cache"]),
+                extra_indices=pad_indices(extra, extra_width),
+                extra_topk_length=None,
+            )
+            splits += extra_width // SM120_SPLIT
+            info["extra_width"] = extra_width
+        indices = pad_indices(idx, width)
+        dev = q.device
+        mid_out = torch.empty((t, heads, splits, case.d_v), dtype=torch.bfloat16, device=dev)
+        mid_lse = torch.empty((t, heads, splits), dtype=torch.float32, device=dev)
+        output = torch.empty((t, heads, case.d_v), dtype=torch.bfloat16, device=dev)
+        out_lse = torch.empty((t, heads), dtype=torch.float32, device=dev)
+        args = (qf, kv, indices, mid_out, mid_lse, output, out_lse, case.scale)
+        info.update(
+            index_width=width,
+            page_size=SM120_PAGE,
+            num_splits=splits,
+            lse="base 2 with the sink merged; converted",
+        )
+        user_sink = x.get("attn_sink")
+
+        def finish(raw) -> Output:
+            o = output.view(b, s_q, heads, case.d_v)[:, :, :h]
+            lse = sm120_lse_to_natural(out_lse[:, :h], user_sink)
+            return Output(o, lse.view(b, s_q, h).transpose(1, 2))
+
+        def poison():
+            output.fill_(math.nan)
+            out_lse.fill_(math.nan)
+
+        return Prepared(lambda: fn(*args, **kwargs), finish, poison, info)
