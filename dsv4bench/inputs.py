@@ -14,7 +14,9 @@ A prefill chunk is the last `tokens` positions of a `context_len` sequence; deco
 the last `s_q` positions of each request. V3.2 cases index the whole sequence (top-k of all
 visible tokens); V4 cases index a sliding-window cache (the last `window` tokens) as the main
 cache and a compressed cache (`context_len // compress_ratio` entries) as the extra cache.
-Pages are handed out in a random order, as a block allocator would after some churn.
+Pages are handed out in a random order, as a block allocator would after some churn. Cache
+slots that no index names hold NaN (as in FlashMLA's tests), so reading outside the indices
+shows up as an `incorrect` row.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
     x["k_cache"], _ = _cache(case, nreq * per_req * case.page_size, device, g)
     table = _block_table(nreq, per_req, device, g)
     x["indices"] = remap.to_global_slots(local[:, None, :], table[req], case.page_size)[:, 0]
+    _poison_unused(x["k_cache"], x["indices"])
     if case.extra_topk:
         entries = case.context_len // case.compress_ratio
         per_req_c = max(1, _pages(entries, case.page_size))
@@ -146,7 +149,15 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
         x["extra_indices"] = remap.to_global_slots(
             local_c[:, None, :], table_c[req], case.page_size
         )[:, 0]
+        _poison_unused(x["extra_k_cache"], x["extra_indices"])
     return x
+
+
+def _poison_unused(cache: torch.Tensor, indices: torch.Tensor) -> None:
+    """NaN into every slot no index names: a kernel reading outside its indices fails."""
+    used = torch.zeros(cache.shape[0] * cache.shape[1], dtype=torch.bool, device=cache.device)
+    used[indices[indices >= 0].long()] = True
+    layouts.poison_tokens(cache, (~used).nonzero().flatten())
 
 
 def _sink(case: Case, device, g) -> torch.Tensor | None:

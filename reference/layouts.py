@@ -336,6 +336,34 @@ def gather_tokens(
     return _decode_v32(cache_bytes[:, :, 0][page, offset], scale_rounding)
 
 
+def _nan_record(d_nope: int, scale_bytes: bytes, device: torch.device) -> torch.Tensor:
+    """Bytes of one token whose every value reads as NaN: e4m3 0x7F, the scales, bf16 NaN rope."""
+    rope = torch.full((64,), float("nan"), dtype=torch.bfloat16).view(torch.uint8)
+    nope = torch.full((d_nope,), 0x7F, dtype=torch.uint8)
+    scales = torch.tensor(list(scale_bytes), dtype=torch.uint8)
+    return torch.cat([nope, scales, rope]).to(device)
+
+
+def poison_tokens(cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Overwrite the tokens at `slots` in place with NaN encodings (values, scales and rope), as
+    FlashMLA's tests fill unused cache rows: a kernel reading outside its indices then fails."""
+    cache_bytes = _cache_bytes(cache)
+    num_pages, page_size = cache.shape[:2]
+    slots = _check_slots(slots, num_pages * page_size, cache.device)
+    page, offset = slots // page_size, slots % page_size
+    if layout_of(cache) == "v4":
+        data, scales = _v4_token_views(cache_bytes)
+        record = _nan_record(V4_D_NOPE, b"", cache.device)
+        data[page, offset] = record
+        scales[page, offset] = torch.tensor(
+            [0xFF] * 7 + [0], dtype=torch.uint8, device=cache.device
+        )
+    else:
+        nan32 = torch.tensor([float("nan")] * 4, dtype=torch.float32).view(torch.uint8)
+        record = _nan_record(V32_D_NOPE, bytes(nan32.tolist()), cache.device)
+        cache_bytes[:, :, 0][page, offset] = record
+
+
 def to_workspace(
     cache: torch.Tensor, slots: torch.Tensor | None = None, *, scale_rounding: str | None = None
 ) -> torch.Tensor:

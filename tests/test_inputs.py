@@ -89,3 +89,22 @@ def test_v32_prefill_routes_agree_too():
     b = oracle_call(dk, make_inputs(dk, "cpu"))()
     # the bf16 workspace rounds V3.2's e4m3 x fp32-scale values; the FP8 path does not
     torch.testing.assert_close(a.out, b.out, rtol=2e-2, atol=2e-2)
+
+
+def test_slots_no_index_names_are_nan():
+    from reference.layouts import gather_tokens
+
+    unused = 0
+    for case in (V4, V32):
+        x = make_inputs(case, "cpu")
+        for cache_key, idx_key in (("k_cache", "indices"), ("extra_k_cache", "extra_indices")):
+            if cache_key not in x:
+                continue
+            cache = x[cache_key]
+            values = gather_tokens(cache, torch.arange(cache.shape[0] * cache.shape[1]))
+            used = torch.zeros(values.shape[0], dtype=torch.bool)
+            used[x[idx_key][x[idx_key] >= 0].long()] = True
+            assert torch.isfinite(values[used]).all()
+            assert torch.isnan(values[~used]).all()
+            unused += int((~used).sum())
+    assert unused > 0

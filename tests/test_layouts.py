@@ -587,3 +587,19 @@ def test_cuda_matches_cpu_bit_for_bit(dtype: torch.dtype) -> None:
         rows_gpu, scale_gpu = to_plain_rows(gpu, dtype="e4m3")
         assert torch.equal(rows_gpu.cpu().view(torch.uint8), rows_cpu.view(torch.uint8))
         assert torch.equal(scale_gpu.cpu(), scale_cpu)
+
+
+def test_poison_tokens_writes_nan_records_and_nothing_else():
+    from reference import layouts
+
+    for cache in (
+        layouts.quantize_v4(torch.randn(130, 512), 64),
+        layouts.quantize_v32(torch.randn(130, 576), 64),
+    ):
+        before = layouts.gather_tokens(cache, torch.arange(192))
+        layouts.poison_tokens(cache, torch.tensor([0, 65, 191]))
+        after = layouts.gather_tokens(cache, torch.arange(192))
+        hit = torch.zeros(192, dtype=torch.bool)
+        hit[[0, 65, 191]] = True
+        assert torch.isnan(after[hit]).all()
+        assert torch.equal(after[~hit], before[~hit])

@@ -161,7 +161,7 @@ def padded_heads(case: Case) -> tuple[int, str | None]:
     if h > HEADS[-1]:
         return 0, f"{h} heads: FlashInfer's sparse MLA kernels take at most {HEADS[-1]}"
     if target not in HEADS:
-        return 0, f"FlashInfer takes 8, 16, 32, 64 or 128 query heads; head_padding {mode} gives {target}"
+        return 0, f"FlashInfer takes 8/16/32/64/128 query heads; head_padding {mode} gives {target}"
     if h > target:
         return 0, f"{h} heads exceed head_padding {mode} ({target})"
     return target, None
@@ -312,8 +312,7 @@ def sm120_lse_to_natural(lse2, sink):
     lse = lse2.float() * math.log(2.0)
     if sink is not None:
         d = sink.float().to(lse.device) - lse  # log(exp(sink) / (sum exp + exp(sink))) < 0
-        with torch.no_grad():
-            keys = lse + torch.log(-torch.expm1(d.clamp(max=0)))
+        keys = lse + torch.log(-torch.expm1(d.clamp(max=0)))
         lse = torch.where(d < 0, keys, torch.full_like(lse, math.inf))
     return lse.masked_fill(torch.isneginf(lse) | torch.isnan(lse), math.inf)
 
@@ -403,7 +402,7 @@ class FlashInfer(Backend):
         if reason:
             return reason
         if case.layout not in LAYOUT_D_QK:
-            return f"FlashInfer's sparse MLA kernels read the v32 or v4 FP8 cache, not {case.layout}"
+            return f"FlashInfer's sparse MLA kernels read a v32 or v4 FP8 cache, not {case.layout}"
         if LAYOUT_D_QK[case.layout] != case.d_qk:
             return (
                 f"FlashInfer reads the {case.layout} cache with d_qk "
@@ -425,7 +424,9 @@ class FlashInfer(Backend):
     @staticmethod
     def _supports_trtllm(case: Case) -> str | None:
         if case.layout == "v32" and case.topk < TRTLLM_MIN_TOPK:
-            return f"FlashInfer trtllm-gen sparse MLA needs topk >= {TRTLLM_MIN_TOPK}, got {case.topk}"
+            return (
+                f"FlashInfer trtllm-gen sparse MLA needs topk >= {TRTLLM_MIN_TOPK}, got {case.topk}"
+            )
         if case.layout == "v4" and case.topk > SWA_WIDTH:
             return (
                 f"FlashInfer trtllm-gen DSv4 takes a {SWA_WIDTH}-slot window as the main cache; "
