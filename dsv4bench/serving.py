@@ -121,7 +121,10 @@ KEYS: dict[str, str] = {
     "num_heads": "heads per rank, overriding model heads / tp",
     "head_padding": 'Case.head_padding: "engine" (default), "none", "64" or "128"',
     "backends": "backends whose curves are reported (empty: every backend with attention rows)",
-    "helper_backends": 'backends that run the dequant and remap parts (default ["torch"]); the fastest ok row counts',
+    "helper_backends": (
+        'backends that run the dequant and remap parts (default ["torch"]); '
+        "the fastest ok row counts"
+    ),
     "page_size": "cache page size (default: the model's, 256 for V4, 64 for V3.2)",
     "layout": "cache layout (default and only choice: the model's FP8 layout, v4 or v32)",
     "scale_convention": (
