@@ -399,7 +399,6 @@ def to_plain_rows(
     x = x[:, :PLAIN_ROW_WIDTH].reshape(num_pages, 1, page_size, PLAIN_ROW_WIDTH)
     if dtype == "bf16":
         return x.to(torch.bfloat16), None
-    scale = _over_e4m3_max(x.abs().amax()).clamp_min(
-        FLT_MIN
-    )  # an all-zero cache still gets a scale
+    finite = x.abs().nan_to_num(nan=0.0, posinf=0.0)  # NaN-poisoned unused slots stay NaN
+    scale = _over_e4m3_max(finite.amax()).clamp_min(FLT_MIN)  # an all-zero cache still gets a scale
     return _to_e4m3(x / scale), scale

@@ -26,6 +26,8 @@ SHIPPED = {
     "sm90/prefill_chunk.yaml": (24, 24, 1),
     "sm90/head_padding.yaml": (20, 20, 0),
     "sm90/layouts.yaml": (10, 10, 0),
+    "sm100/decode_batch.yaml": (15, 30, 0),
+    "sm120/decode_batch.yaml": (8, 16, 0),
 }
 
 

@@ -39,10 +39,11 @@ def _load_builtin() -> None:
     if _loaded_builtin:
         return
     _loaded_builtin = True
-    from dsv4bench.backends import flashmla, torch_ref
+    from dsv4bench.backends import flashinfer, flashmla, torch_ref
 
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
+    register(flashinfer.FlashInfer())
 
 
 def _as_backends(obj, origin: str) -> list[Backend]:
