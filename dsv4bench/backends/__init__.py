@@ -39,11 +39,12 @@ def _load_builtin() -> None:
     if _loaded_builtin:
         return
     _loaded_builtin = True
-    from dsv4bench.backends import flashinfer, flashmla, torch_ref
+    from dsv4bench.backends import flashinfer, flashmla, torch_ref, triton_kernels
 
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
     register(flashinfer.FlashInfer())
+    register(triton_kernels.TritonKernels())
 
 
 def _as_backends(obj, origin: str) -> list[Backend]:

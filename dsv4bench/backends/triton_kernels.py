@@ -264,7 +264,7 @@ def _cache_u8(cache, layout: str):
 
 
 def _rows(cache, slots, device):
-    """Output rows and the slots tensor handed to the kernel (the output itself when None)."""
+    """Output rows, and the slots handed to the kernel (None: every slot in order)."""
     import torch
 
     num_slots = cache.shape[0] * cache.shape[1]
