@@ -9,15 +9,10 @@ guard, specialization on 16-byte alignment).
 
 from __future__ import annotations
 
-import os
+import sys
 
-_INTERPRET_BEFORE = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported; restored after this module
-
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
 
@@ -28,17 +23,6 @@ from dsv4bench.backends.base import Output, Provider, Unsupported  # noqa: E402
 from dsv4bench.backends.torch_ref import oracle_call  # noqa: E402
 from dsv4bench.case import Case  # noqa: E402
 from reference import indices, layouts  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _restore_interpret_env():
-    """Keep TRITON_INTERPRET from reaching later modules' triton kernels (on a GPU machine).
-    The kernels here do not need it: CPU tensors always run in the interpreter."""
-    yield
-    if _INTERPRET_BEFORE is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _INTERPRET_BEFORE
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
