@@ -80,13 +80,15 @@ def _serving_rows(specs, writer) -> int:
     return written
 
 
-def _arch(args) -> str:
+def _arch(wanted: str | None, flag: str) -> str:
+    """The architecture to run on: `wanted` (cpu, or this machine's GPU) or what is present."""
     from dsv4bench import hardware
 
     present = hardware.arch_of(0)
-    if args.arch and args.arch != present and not (args.arch == "cpu"):
-        raise UsageError(f"--arch {args.arch}: this machine's GPU is {present}")
-    return args.arch or present
+    if wanted and wanted not in ("cpu", present):
+        has = "has no GPU" if present == "cpu" else f"has an {present} GPU"
+        raise UsageError(f"{flag}: this machine {has}")
+    return wanted or present
 
 
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
@@ -132,7 +134,7 @@ def _run(args, paths: list[str]) -> int:
 
     _setup_backends(args)
     jobs, limits, specs = _load(paths, args.backend)
-    arch = _arch(args)
+    arch = _arch(args.arch, f"--arch {args.arch}")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
     (out / "command.txt").write_text(" ".join(["dsv4bench", *sys.argv[1:]]) + "\n")
@@ -162,12 +164,7 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     """The main job: the present GPU's scenario set, or the CPU smoke scenario without one."""
-    from dsv4bench import hardware
-
-    present = hardware.arch_of(0)
-    if args.arch and args.arch != present:
-        raise UsageError(f"make bench ARCH={args.arch}: this machine's GPU is {present}")
-    arch = args.arch or present
+    arch = _arch(args.arch, f"make bench ARCH={args.arch}")
     if arch == "cpu":
         paths = [str(SMOKE)]
     else:

@@ -161,3 +161,25 @@ def test_benchmarks_fail_on_accuracy(tmp_path, backend, code):
     if code == 0:
         data = json.loads((tmp_path / "bench.json").read_text())
         assert {b["extra_info"]["status"] for b in data["benchmarks"]} == {"ok"}
+
+
+def test_bench_for_a_gpu_this_machine_lacks_is_refused(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    p = cli("bench", "--arch", "sm90", "--out", tmp_path / "r", check=2)
+    assert p.stderr.strip() == "dsv4bench: make bench ARCH=sm90: this machine has no GPU"
+    assert not (tmp_path / "r").exists()
+
+
+def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    out = tmp_path / "r"
+    p = cli("bench", "--out", out, "--quiet", check=0)
+    assert f"results: {out / 'results.jsonl'}" in p.stdout
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["scenario"] for r in rows} == {"smoke"} and all(r["status"] == "ok" for r in rows)
