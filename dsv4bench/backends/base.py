@@ -77,3 +77,23 @@ class Backend:
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         raise NotImplementedError
+
+
+def pad_heads(x, heads: int, dim: int):
+    """x with `heads` entries along dim: zero queries on the padded heads (outputs dropped)."""
+    if x.shape[dim] == heads:
+        return x.contiguous()
+    shape = list(x.shape)
+    shape[dim] = heads
+    y = x.new_zeros(shape)
+    y.narrow(dim, 0, x.shape[dim]).copy_(x)
+    return y
+
+
+def pad_sink(sink, heads: int):
+    """fp32 sink of `heads` entries; -inf (no sink) on the padded heads."""
+    if sink is None:
+        return None
+    y = sink.float().new_full((heads,), float("-inf"))
+    y[: sink.shape[0]] = sink
+    return y

@@ -63,7 +63,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dsv4bench import hardware
-from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
+from dsv4bench.backends.base import (
+    Backend,
+    Output,
+    Prepared,
+    Provider,
+    Unsupported,
+    pad_heads,
+    pad_sink,
+)
 from dsv4bench.case import Case
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
@@ -323,26 +331,6 @@ def sm120_lse_to_natural(lse2, sink):
     return lse.masked_fill(torch.isneginf(lse) | torch.isnan(lse), math.inf)
 
 
-def _pad_heads(x, heads: int, dim: int):
-    if x.shape[dim] == heads:
-        return x.contiguous()
-    shape = list(x.shape)
-    shape[dim] = heads
-    y = x.new_zeros(shape)  # padded heads' queries are zero; their outputs are dropped
-    y.narrow(dim, 0, x.shape[dim]).copy_(x)
-    return y
-
-
-def _pad_sink(sink, heads: int):
-    if sink is None:
-        return None
-    import torch
-
-    y = torch.full((heads,), float("-inf"), dtype=torch.float32, device=sink.device)
-    y[: sink.shape[0]] = sink.float()  # -inf: no sink on the padded heads
-    return y
-
-
 class FlashInfer(Backend):
     name = "flashinfer"
     description = "FlashInfer sparse MLA decode: trtllm-gen (sm100) and sm120 kernels"
@@ -489,7 +477,7 @@ class FlashInfer(Backend):
         import torch
 
         b, s_q, h, d = q.shape
-        qp = _pad_heads(q.reshape(b * s_q, 1, h, d), heads, 2)
+        qp = pad_heads(q.reshape(b * s_q, 1, h, d), heads, 2)
         if self.kv_dtype == "bf16":
             return qp.to(torch.bfloat16), 1.0, 1.0
         qf = qp.float()
@@ -523,7 +511,7 @@ class FlashInfer(Backend):
         rows, kscale = plain_rows(x["k_cache"], dtype=self.kv_dtype)
         query, qk, bmm2 = self._query(q, heads, kscale)
         out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
-        sink = _pad_sink(x.get("attn_sink"), heads)
+        sink = pad_sink(x.get("attn_sink"), heads)
         kwargs = dict(
             query=query,
             kv_cache=rows,
@@ -578,7 +566,7 @@ class FlashInfer(Backend):
             out=out,
             bmm1_scale=case.scale * qk,
             bmm2_scale=bmm2,
-            sinks=_pad_sink(x.get("attn_sink"), heads),
+            sinks=pad_sink(x.get("attn_sink"), heads),
             kv_layout="HND",
         )
         info.update(
@@ -599,11 +587,11 @@ class FlashInfer(Backend):
         t = b * s_q
         v4 = case.layout == "v4"
         repage = repage_v4 if v4 else repage_v32
-        qf = _pad_heads(q.reshape(t, h, d), heads, 1).to(torch.bfloat16)
+        qf = pad_heads(q.reshape(t, h, d), heads, 1).to(torch.bfloat16)
         idx = x["indices"].reshape(t, -1)
         width = next(w for w in SM120_TOPKS[case.layout] if w >= idx.shape[-1])
         kv = repage(x["k_cache"])
-        sink = _pad_sink(x.get("attn_sink"), heads)
+        sink = pad_sink(x.get("attn_sink"), heads)
         kwargs = {"topk_length": None, "attn_sink": sink}
         splits = width // SM120_SPLIT
         extra = x.get("extra_indices")

@@ -27,7 +27,15 @@ from importlib import metadata
 from pathlib import Path
 
 from dsv4bench import hardware
-from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
+from dsv4bench.backends.base import (
+    Backend,
+    Output,
+    Prepared,
+    Provider,
+    Unsupported,
+    pad_heads,
+    pad_sink,
+)
 from dsv4bench.case import ROUTES, Case
 
 ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
@@ -205,24 +213,6 @@ def padded_heads(case: Case, arch: str) -> tuple[int, str | None]:
     return target, None
 
 
-def _pad_heads(x, heads: int, dim: int):
-    if x.shape[dim] == heads:
-        return x if x.stride(-1) == 1 else x.contiguous()
-    shape = list(x.shape)
-    shape[dim] = heads
-    y = x.new_zeros(shape)  # padded heads' queries are zero; their outputs are dropped
-    y.narrow(dim, 0, x.shape[dim]).copy_(x)
-    return y
-
-
-def _pad_sink(sink, heads: int):
-    if sink is None:
-        return None
-    y = sink.new_full((heads,), float("-inf"))  # -inf: no sink on the padded heads
-    y[: sink.shape[0]] = sink
-    return y
-
-
 def _info(heads: int, kernel: str, out) -> dict:
     return {"padded_heads": heads, "kernel": kernel, "out_in_place": out is not None}
 
@@ -322,9 +312,9 @@ class FlashMLA(Backend):
         topk_length = x.get("topk_length")
         if arch == "sm90" and case.d_qk == 576 and topk_length is not None:
             raise Unsupported("FlashMLA's sm90 V3.2 (d_qk 576) decode kernel takes no topk_length")
-        qp = _pad_heads(q, heads, 2)
+        qp = pad_heads(q, heads, 2)
         out = qp.new_empty((b, s_q, heads, case.d_v)) if ops.decode_out else None
-        sink = _pad_sink(x.get("attn_sink"), heads)
+        sink = pad_sink(x.get("attn_sink"), heads)
         extra = [x.get(k) for k in ("extra_k_cache", "extra_indices", "extra_topk_length")]
         args = [
             qp,
@@ -366,9 +356,9 @@ class FlashMLA(Backend):
                 f"FlashMLA sparse prefill needs an index width % "
                 f"{PREFILL_TOPK_BLOCK} == 0, got {indices.shape[-1]}"
             )
-        qp = _pad_heads(q, heads, 1)
+        qp = pad_heads(q, heads, 1)
         out = qp.new_empty((t, heads, case.d_v)) if ops.prefill_out else None
-        sink = _pad_sink(x.get("attn_sink"), heads)
+        sink = pad_sink(x.get("attn_sink"), heads)
         args = (qp, x["kv"], indices, case.scale, case.d_v, sink, x.get("topk_length"), out)
         info = _info(heads, "sparse_prefill_fwd", out)
         finish = lambda raw: Output(raw[0][:, :h], raw[2][:, :h])  # (out, max_logits, lse)
