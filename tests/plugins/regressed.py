@@ -1,6 +1,6 @@
 """A new build of the `torch` backend that regressed, for the compare tests and CI.
 
-DSV4BENCH_REGRESSION=slow: 20 ms slower per call; =wrong: outputs off by 1%.
+DSV4BENCH_REGRESSION=slow: 250 ms slower per call (far past any CPU noise); =wrong: outputs off by 1%.
 Registered under the same name so that compare matches its rows with the baseline's.
 """
 
@@ -22,7 +22,7 @@ class RegressedTorch(TorchReference):
             return Prepared(run=call, finish=lambda o: Output(o.out * 1.01, o.lse))
 
         def slow():
-            time.sleep(0.02)
+            time.sleep(0.25)
             return call()
 
         return Prepared(run=slow)
