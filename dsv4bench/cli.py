@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dsv4bench: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # rows written so far stay; --resume goes on from them
+        print("\ndsv4bench: interrupted (results written so far are kept)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
