@@ -5,16 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, replace
 
-# FlashMLA's decode scheduler takes 4*(5b+1) bytes of dynamic shared memory for batch b
-# (KERNEL_FACTS §5), so the largest b it can schedule depends on the per-block opt-in limit.
-SCHED_BYTES_PER_BATCH = 20
-SCHED_BYTES_FIXED = 4
-
 # sglang's DSv4 backend routes `q.shape[0] > 11673` away from the decode kernel. 11673 is
 # floor((228 KiB / 4 - 1) / 5) with 228 KiB = 233472 B, the per-SM shared memory of sm90/sm100,
 # not the per-block opt-in (227 KiB = 232448 B) that bounds one kernel (KERNEL_FACTS §5).
 SGLANG_DSV4_THRESHOLD = 11673
-sglang_dsv4_threshold = SGLANG_DSV4_THRESHOLD
 
 SMEM_OPTIN_SM90 = 232448  # 227 KiB: sm90 and sm100 (CUDA Hopper/Blackwell tuning guides)
 SMEM_OPTIN_SM120 = 101376  # 99 KiB: compute capability 12.0 (CUDA Blackwell tuning guide)
@@ -218,7 +212,8 @@ def detect(device=None) -> GpuSpec:
 
 
 def flashmla_sched_batch_limit(smem_optin: int) -> int:
-    """Largest batch FlashMLA's decode scheduler can take: 4*(5b+1) <= smem_optin."""
+    """Largest batch FlashMLA's decode scheduler can take: it needs 4*(5b+1) bytes of dynamic
+    shared memory for batch b (KERNEL_FACTS §5), within the per-block opt-in limit."""
     return (smem_optin // 4 - 1) // 5
 
 

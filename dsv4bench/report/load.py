@@ -13,7 +13,6 @@ from pathlib import Path
 from dsv4bench.results import RESULTS_FILE, read_rows
 
 SERVING_FILE = "serving.jsonl"  # where serving rows may live beside results.jsonl
-GENERIC_TAGS = ("limit-probe", "serving")
 
 # FlashMLA's own test tolerances (KERNEL_FACTS §7): decode 5e-6, prefill 7e-6; lse as Tolerance.
 DEFAULT_COS_TOL = {"decode": 5e-6, "prefill": 7e-6}

@@ -1,6 +1,7 @@
 """A new build of the `torch` backend that regressed, for the compare tests and CI.
 
-DSV4BENCH_REGRESSION=slow: 250 ms slower per call (far past any CPU noise); =wrong: outputs off by 1%.
+DSV4BENCH_REGRESSION=slow: 250 ms slower per call (far past any CPU noise);
+=wrong: outputs off by 1%.
 Registered under the same name so that compare matches its rows with the baseline's.
 """
 
