@@ -68,6 +68,11 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     acc = metrics.accuracy(cache.expected[reading], actual)
     ok, why = metrics.within_tolerance(acc, case.tolerance)
     row.update(accuracy=acc, status="ok" if ok else "incorrect", message=why)
+    if reading:  # how far the arch's scale reading alone moves the answer from the exact one
+        if None not in cache.expected:
+            cache.expected[None] = oracle_call(case, cache.inputs, None)()
+        exact = metrics.accuracy(cache.expected[None], actual)
+        row["info"]["vs_exact_scales"] = {k: exact[k] for k in ("cos_diff", "max_abs")}
     return row, prepared
 
 

@@ -86,3 +86,16 @@ def test_limit_search_finds_the_last_working_batch(tmp_path):
     probes = [r for r in read_rows(tmp_path) if r["kind"] == "case"]
     assert all("limit-probe" in r["tags"] for r in probes)
     assert json.loads(json.dumps(row))["probes"]["9"] == "crash"
+
+
+def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tmp_path):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    raw = replace(tiny(1), scale_convention="raw")  # vLLM's non-power-of-two scales
+    pow2 = tiny(1)
+    rows = runner.run([Job(raw, "bf16-scales"), Job(pow2, "bf16-scales")])
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    raw_row, pow2_row = rows
+    assert raw_row["accuracy"]["cos_diff"] == 0  # against the oracle reading scales as bf16
+    assert raw_row["info"]["v32_scale_reading"] == "bf16"
+    assert raw_row["info"]["vs_exact_scales"]["cos_diff"] > 0  # bf16 scales do move it
+    assert pow2_row["info"]["vs_exact_scales"]["cos_diff"] == 0  # powers of two survive

@@ -61,3 +61,18 @@ class Wrong(_Oracle):
 
 for _b in (Crashy(), Slowed(), Wrong()):
     register(_b, replace=True)
+
+
+class ReadsScalesAsBf16(_Oracle):
+    """Reads V3.2 fp32 scales as bf16, as sm90 FlashMLA does."""
+
+    name = "bf16-scales"
+
+    def v32_scale_reading(self, arch):
+        return "bf16"
+
+    def prepare(self, case, inputs, device):
+        return Prepared(run=oracle_call(case, inputs, "bf16"))
+
+
+register(ReadsScalesAsBf16(), replace=True)
