@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from dsv4bench import serving as sv
 from dsv4bench.case import OPS, Case
 from dsv4bench.scenarios import ScenarioError
+from dsv4bench.serving import planning as sv_plan
 from reference.models import MODELS
 
 K = 1024
@@ -100,7 +101,7 @@ def test_visible_entries_and_widths_early_chunks():
     assert sv.visible_entries(1000, 4) == 250 and sv.visible_entries(1000, 128) == 7
     assert sv.window_span(4096, 4096, 128) == 4096  # first chunk: nothing before it
     assert sv.window_span(4096, 8192, 128) == 4096 + 127
-    b = sv._Builder(_spec(prompt_lens=[1], chunk_sizes=[1]))
+    b = sv_plan._Builder(_spec(prompt_lens=[1], chunk_sizes=[1]))
     # C4: 1000 // 4 = 250 visible -> 256 wide (< index_topk 512); 8192 // 4 = 2048 -> 512
     assert b.widths("c4", 1000)["extra_topk"] == 256
     assert b.widths("c4", 8192)["extra_topk"] == 512
@@ -124,9 +125,9 @@ def test_visible_entries_and_widths_early_chunks():
     assert b.widths("c128", 100)["extra_topk"] == 0
     assert b.widths("window", 100, aligned=False)["topk"] == 100
     assert b.widths("window", 100)["topk"] == 128
-    full = sv._Builder(_spec(prompt_lens=[1], chunk_sizes=[1], topk_padding="full"))
+    full = sv_plan._Builder(_spec(prompt_lens=[1], chunk_sizes=[1], topk_padding="full"))
     assert full.widths("c4", 1000)["extra_topk"] == 512
-    v32 = sv._Builder(_spec(model="v3.2", prompt_lens=[1], chunk_sizes=[1]))
+    v32 = sv_plan._Builder(_spec(model="v3.2", prompt_lens=[1], chunk_sizes=[1]))
     assert v32.widths("dense-topk", 1000)["topk"] == 1024
     assert v32.widths("dense-topk", 100)["topk"] == 128
     assert v32.widths("dense-topk", 64 * K)["topk"] == 2048

@@ -1,0 +1,130 @@
+"""Attention-path TTFT and TPOT from measured kernel times (the serving model).
+
+Every number this module produces is the sparse-attention part of TTFT/TPOT (LABEL): the kernel
+calls a serving engine makes for attention, the FP8 -> bf16 dequantization its sparse-prefill
+path needs, and index remapping. GEMMs, MoE, the indexer, communication and scheduling are not
+included. Numbers are sums of MEASURED medians: nothing is predicted or interpolated.
+
+Flow: `spec_from_dict` (the `op: serving` entry of a scenario) -> `plan` (the distinct Cases to
+measure, and curves whose points list their parts as (case_id, multiplicity)) -> the runner
+measures every case -> `aggregate` (serving rows, one per curve point and backend).
+
+What a point sums (multiplicity = number of layers of the kind, KERNEL_FACTS §1):
+
+TTFT(model, L, C, route): the prompt is split into chunks of C tokens (the last one shorter);
+chunk i covers positions [start, start + tokens) and is the Case `tokens` = chunk length,
+`context_len` = start + tokens (inputs.py: a prefill case is the last `tokens` positions of a
+`context_len` sequence). Per chunk and layer kind, the call an engine makes:
+  - V4 "window" layers: the 128-token window only (topk 128, no extra cache).
+  - V4 "c4" layers: window + indexer top-k over the 4x-compressed entries
+    (extra_topk = index_topk, compress_ratio 4).
+  - V4 "c128" layers: window + every visible 128x-compressed entry
+    (extra_topk = visible entries, compress_ratio 128).
+  - V3.2 "dense-topk" layers: top-k (2048) over the whole prefix.
+Routes: "decode-kernel" (the decode kernel with b = tokens, sglang's DSv4 path),
+"sparse-prefill" (the bf16 sparse prefill kernel, plus a dequant and a remap part, below),
+"threshold:N" (decode-kernel for chunks of <= N tokens, sparse-prefill above; sglang's DSv4
+uses N = 11673), "safe" (a threshold equal to the measured decode-route limit, passed to
+`plan(..., safe_limit=)`; see `safe_limit_from_rows`).
+
+TPOT(model, B, S): one decode step per layer (decode Case batch_size B, s_q 1, context_len S),
+same layer kinds as above, summed over layers.
+
+Modelling decisions:
+  - Visible entries: a query at position pos sees min(pos+1, window) window tokens and
+    (pos+1) // ratio compressed entries (KERNEL_FACTS §1); a chunk's widths are sized for its
+    last query (pos = context_len - 1), earlier queries pad with -1.
+  - Index widths (topk, extra_topk) are what each kernel takes. On the decode kernel
+    (decode-kernel route, TPOT) they are multiples of 64 (FlashMLA asserts topk % 64 and
+    extra_topk % 64): the visible count rounded up to 64, -1 padded, as an engine pads. On the
+    sparse-prefill route they are the exact visible counts: inputs.py pads the merged width to
+    128 itself, so the kernel reads the same width either way (128 + round64(n) and 128 + n
+    pad to the same multiple of 128), and the Cases keep topk <= context_len and
+    extra_topk <= context_len // ratio (scenarios.validate_case's rules).
+    C128 always takes every visible entry. Under topk_padding "clamp" (the default) C4, V3.2
+    and window widths are min(index_topk or window, visible): narrower while fewer than
+    index_topk entries are visible (V4-Flash C4: context < 2048; V4-Pro C4: < 4096; V3.2:
+    < 2048; window: < 128). topk_padding "full" keeps them index_topk (window) wide with -1
+    padding at every position, as engines allocate them (such early-chunk Cases break
+    validate_case's width rules on both routes). A compressed cache with no visible entry yet
+    (context < ratio) is not passed at all (extra_topk 0).
+    Decode-kernel Cases whose visible count is not a multiple of 64 (C128 at most contexts;
+    others only in tiny contexts) therefore have extra_topk (topk) up to 63 above the visible
+    count, which scenarios.validate_case rejects; inputs.py builds them (-1 padding) and
+    FlashMLA needs them so.
+  - The sparse-prefill route adds, per layer:
+      dequant of the workspace the chunk reads: V4 the window tokens
+      (min(context_len, tokens + window - 1)) and, for c4/c128 layers, every visible compressed
+      entry (context_len // ratio) as two dequant Cases (two caches, two calls); V3.2 the whole
+      prefix (context_len tokens). All visible entries are dequantized, not only the selected
+      ones, as vLLM's V3.2 prefill does.
+      remap: one "remap" Case of tokens x width indices, width = topk + extra_topk padded to
+      128 (the merged width the prefill kernel reads); op remap (request-local to global slots)
+      is the proxy for building the chunk's workspace indices and merging window and extra
+      indices (KERNEL_FACTS §4). Its cost depends on the index count, not on positions, so it
+      is one Case per (tokens, width), with context_len = max(tokens, width).
+    The decode-kernel route and TPOT read the FP8 cache directly (no dequant) and take global
+    slots from the indexer's fused top-k transform: no remap part. Remap parts count once per
+    layer: an upper bound for window/c128 layers, whose indices depend on positions only.
+  - Backends: attention parts (prefill/decode Cases) use the backend's own row. Dequant and
+    remap parts use the fastest ok row of any backend that ran the case (the torch oracle runs
+    them unless a faster kernel exists; `ServingPlan.jobs` schedules them on the spec's backends
+    plus `helper_backends`), and the part names the backend it took.
+  - A point is ok only if every part is ok; otherwise value_ms is None and status is the first
+    failing part's status ("missing" when no row exists), so a decode-route chunk that crashes
+    the kernel makes its TTFT point a crash, never a smaller number.
+  - Distinct Cases are measured once: the same (tokens, context_len) chunk appears in many
+    prompts, the same window dequant in every chunk of a length and every layer kind.
+"""
+
+from dsv4bench.serving.aggregate import aggregate
+from dsv4bench.serving.planning import (
+    Chunk,
+    Curve,
+    CurvePoint,
+    Part,
+    ServingPlan,
+    align,
+    chunks,
+    jobs_for,
+    plan,
+    safe_limit_from_rows,
+    visible_entries,
+    window_span,
+)
+from dsv4bench.serving.spec import (
+    BASE_ROUTES,
+    KEYS,
+    LABEL,
+    ServingSpec,
+    chunk_route,
+    is_serving_file,
+    load_spec,
+    parse_route,
+    spec_from_dict,
+)
+
+__all__ = [
+    "BASE_ROUTES",
+    "KEYS",
+    "LABEL",
+    "Chunk",
+    "Curve",
+    "CurvePoint",
+    "Part",
+    "ServingPlan",
+    "ServingSpec",
+    "aggregate",
+    "align",
+    "chunk_route",
+    "chunks",
+    "is_serving_file",
+    "jobs_for",
+    "load_spec",
+    "parse_route",
+    "plan",
+    "safe_limit_from_rows",
+    "spec_from_dict",
+    "visible_entries",
+    "window_span",
+]

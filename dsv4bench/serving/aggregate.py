@@ -1,0 +1,117 @@
+"""Serving rows (TTFT/TPOT points) from measured case rows."""
+
+from __future__ import annotations
+
+from dsv4bench.serving.planning import Part, ServingPlan
+from dsv4bench.serving.spec import LABEL, ROLES
+
+# ---- aggregation ----------------------------------------------------------------------------
+
+
+def _median(row: dict) -> float | None:
+    t = row.get("timing") or {}
+    m = t.get("median_ms")
+    return float(m) if isinstance(m, (int, float)) and not isinstance(m, bool) else None
+
+
+def _usable(row: dict | None) -> bool:
+    return row is not None and row.get("status") == "ok" and _median(row) is not None
+
+
+def aggregate(plan: ServingPlan, rows: list[dict]) -> list[dict]:
+    """Serving rows, one per (curve point, backend), from case rows of a run."""
+    by_key: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        if r.get("kind", "case") == "case" and "case_id" in r and "backend" in r:
+            by_key[(r["case_id"], r["backend"])] = r  # a later row (a rerun) wins
+    by_case: dict[str, list[dict]] = {}
+    for (cid, _), r in by_key.items():
+        by_case.setdefault(cid, []).append(r)
+
+    ops = {c.case_id: c.op for c in plan.cases}
+    backends = list(plan.spec.backends)
+    if not backends:
+        attention_ids = {cid for cid, op in ops.items() if op in ("prefill", "decode")}
+        backends = sorted({b for (cid, b) in by_key if cid in attention_ids})
+
+    out = []
+    for curve in plan.curves:
+        for point in curve.points:
+            for backend in backends:
+                out.append(_point_row(plan, curve, point, backend, by_key, by_case))
+    return out
+
+
+def _pick(part: Part, backend: str, by_key: dict, by_case: dict) -> tuple[str | None, dict | None]:
+    """The row a part takes: the backend's own (attention), the fastest ok one (dequant/remap)."""
+    if part.role == "attention":
+        return backend, by_key.get((part.case_id, backend))
+    candidates = by_case.get(part.case_id, [])
+    ok = [r for r in candidates if _usable(r)]
+    if ok:
+        best = min(ok, key=lambda r: (_median(r), r["backend"] != backend, r["backend"]))
+        return best["backend"], best
+    own = by_key.get((part.case_id, backend))
+    failed = own or (sorted(candidates, key=lambda r: r["backend"])[0] if candidates else None)
+    return (failed["backend"] if failed else None), failed
+
+
+def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
+    parts, total, status, message, env = [], 0.0, "ok", "", None
+    breakdown = dict.fromkeys(ROLES, 0.0)
+    for part in point.parts:
+        used, row = _pick(part, backend, by_key, by_case)
+        median = _median(row) if row is not None else None
+        if row is None:
+            p_status, p_msg = "missing", f"no result row for {part.case_id} on {backend}"
+        elif row.get("status") == "ok" and median is None:
+            p_status, p_msg = "missing", f"{part.case_id} on {used}: row has no timing"
+        else:
+            p_status, p_msg = row.get("status", "error"), row.get("message") or ""
+        if p_status == "ok":
+            total += part.multiplicity * median
+            breakdown[part.role] += part.multiplicity * median
+        elif status == "ok":
+            status = p_status
+            where = f"{part.case_id} on {used or backend}"
+            message = f"{where}: {p_status}" + (f": {p_msg}" if p_msg else "")
+            if p_status == "missing":
+                message = p_msg
+        if env is None and row is not None and row.get("env"):
+            env = row["env"]
+        parts.append(
+            {
+                "case_id": part.case_id,
+                "multiplicity": part.multiplicity,
+                "role": part.role,
+                "backend": used,
+                "median_ms": median,
+                "status": p_status,
+            }
+        )
+    ok = status == "ok"
+    spec = plan.spec
+    return {
+        "kind": "serving",
+        "scenario": spec.scenario,
+        "case_id": point.point_id,
+        "curve_id": curve.curve_id,
+        "model": spec.model,
+        "metric": point.metric,
+        "backend": backend,
+        "route": point.route,
+        "threshold": point.threshold,
+        "prompt_len": point.prompt_len,
+        "chunk_size": point.chunk_size,
+        "batch_size": point.batch_size,
+        "context_len": point.context_len,
+        "num_heads": spec.heads,
+        "tp": spec.tp,
+        "value_ms": total if ok else None,
+        "breakdown_ms": breakdown if ok else None,
+        "status": status,
+        "message": message,
+        "parts": parts,
+        "label": LABEL,
+        "env": env,
+    }

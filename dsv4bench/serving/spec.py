@@ -1,0 +1,311 @@
+"""The `op: serving` spec: its keys, parsing and validation, and route names."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from dsv4bench.case import Timing, Tolerance
+from reference.models import MODELS, ModelConfig
+
+LABEL = (
+    "sparse-attention part of TTFT/TPOT (kernels, dequant, index remap), "
+    "without GEMMs, MoE and communication"
+)
+TAG = "serving"
+BASE_ROUTES = ("sparse-prefill", "decode-kernel")
+SGLANG_DSV4_THRESHOLD = 11673  # sglang's DSv4 backend: q.shape[0] > 11673 -> sparse prefill
+TOPK_PADDINGS = ("clamp", "full")
+ALIGN = 64  # index width multiple: the decode kernel's topk rule (KERNEL_FACTS §3)
+PREFILL_ALIGN = 128  # merged index width of the sparse prefill (inputs pad to it)
+HEAD_PADDINGS = ("engine", "none", "64", "128")
+SCALE_CONVENTIONS = {"v4": ("flashmla", "vllm", "sglang"), "v32": ("pow2", "raw")}  # default first
+ROLES = ("attention", "dequant", "remap")
+
+KEYS: dict[str, str] = {
+    "op": 'must be "serving" when present (the scenario entry kind)',
+    "model": f"model name: {', '.join(MODELS)}",
+    "scenario": 'scenario name recorded in every case and row (default "serving")',
+    "prompt_lens": "TTFT: prompt lengths L in tokens (ints, or strings like 64K)",
+    "chunk_sizes": "TTFT: chunked-prefill sizes C in tokens; the last chunk of a prompt is shorter",
+    "routes": (
+        "TTFT: sparse-prefill | decode-kernel | threshold:N (decode-kernel for chunks of <= N "
+        f"tokens; sglang's DSv4 uses {SGLANG_DSV4_THRESHOLD}) | safe (threshold = the measured "
+        "decode-route limit); default [sparse-prefill, decode-kernel]"
+    ),
+    "batch_sizes": "TPOT: decode batch sizes B",
+    "contexts": "TPOT: context lengths S in tokens",
+    "tp": "tensor parallel size: heads per rank = model heads / tp (default 1)",
+    "num_heads": "heads per rank, overriding model heads / tp",
+    "head_padding": 'Case.head_padding: "engine" (default), "none", "64" or "128"',
+    "backends": "backends whose curves are reported (empty: every backend with attention rows)",
+    "helper_backends": (
+        'backends that run the dequant and remap parts (default ["torch"]); '
+        "the fastest ok row counts"
+    ),
+    "page_size": "cache page size (default: the model's, 256 for V4, 64 for V3.2)",
+    "layout": "cache layout (default and only choice: the model's FP8 layout, v4 or v32)",
+    "scale_convention": (
+        "Case.scale_convention of the FP8 caches: v4 flashmla (default) | vllm | sglang; "
+        "v32 pow2 (default) | raw"
+    ),
+    "topk_padding": (
+        "clamp (default): index widths shrink to the visible entries while fewer than "
+        "index_topk are visible (rounded up to 64 on the decode kernel); full: always "
+        "index_topk (window) wide, -1 padded"
+    ),
+    "seed": "Case.seed (default 0)",
+    "timing": "Case.timing fields: warmup, iters, flush_l2, timer, timeout_s",
+    "tolerance": "Case.tolerance fields: cos_diff, lse_abs",
+}
+
+
+# ---- spec -----------------------------------------------------------------------------------
+
+
+@dataclass
+class ServingSpec:
+    """One `op: serving` entry: which TTFT and TPOT curves to build for one model."""
+
+    model: str
+    scenario: str = "serving"
+    prompt_lens: list[int] = field(default_factory=list)
+    chunk_sizes: list[int] = field(default_factory=list)
+    routes: list[str] = field(default_factory=lambda: list(BASE_ROUTES))
+    batch_sizes: list[int] = field(default_factory=list)
+    contexts: list[int] = field(default_factory=list)
+    tp: int = 1
+    num_heads: int | None = None  # per rank; None: model heads / tp
+    head_padding: str = "engine"
+    backends: list[str] = field(default_factory=list)
+    helper_backends: list[str] = field(default_factory=lambda: ["torch"])
+    page_size: int | None = None  # None: the model's
+    layout: str | None = None  # None: the model's
+    scale_convention: str | None = None  # None: flashmla (v4), pow2 (v32)
+    topk_padding: str = "clamp"
+    seed: int = 0
+    timing: Timing = field(default_factory=Timing)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+    @property
+    def config(self) -> ModelConfig:
+        return MODELS[self.model]
+
+    @property
+    def heads(self) -> int:
+        """Useful query heads per rank."""
+        return self.num_heads if self.num_heads is not None else self.config.num_heads // self.tp
+
+    def validate(self) -> ServingSpec:
+        """Raise ValueError (one line naming the key) for a bad value; returns self."""
+        if self.model not in MODELS:
+            raise ValueError(f"model: unknown model {self.model!r} (known: {', '.join(MODELS)})")
+        cfg = self.config
+        for key in ("prompt_lens", "chunk_sizes", "batch_sizes", "contexts"):
+            for v in getattr(self, key):
+                if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                    raise ValueError(f"{key}: expected positive integers, got {v!r}")
+        if bool(self.prompt_lens) != bool(self.chunk_sizes):
+            raise ValueError("prompt_lens and chunk_sizes: TTFT needs both (or neither)")
+        if bool(self.batch_sizes) != bool(self.contexts):
+            raise ValueError("batch_sizes and contexts: TPOT needs both (or neither)")
+        if not self.prompt_lens and not self.batch_sizes:
+            raise ValueError(
+                "serving: nothing to build: give prompt_lens + chunk_sizes (TTFT) "
+                "and/or batch_sizes + contexts (TPOT)"
+            )
+        if self.prompt_lens and not self.routes:
+            raise ValueError("routes: TTFT needs at least one route")
+        for r in self.routes:
+            parse_route(r)
+        if not isinstance(self.tp, int) or self.tp <= 0 or cfg.num_heads % self.tp:
+            raise ValueError(
+                f"tp: expected a positive divisor of {cfg.num_heads} heads, got {self.tp!r}"
+            )
+        if self.num_heads is not None and (
+            not isinstance(self.num_heads, int) or self.num_heads <= 0
+        ):
+            raise ValueError(f"num_heads: expected a positive integer, got {self.num_heads!r}")
+        if self.page_size is not None and (
+            not isinstance(self.page_size, int) or self.page_size <= 0
+        ):
+            raise ValueError(f"page_size: expected a positive integer, got {self.page_size!r}")
+        if self.layout is not None and self.layout != cfg.cache_layout:
+            raise ValueError(
+                f"layout: {self.model} serves from its {cfg.cache_layout!r} FP8 "
+                f"cache, got {self.layout!r}"
+            )
+        if self.head_padding not in HEAD_PADDINGS:
+            raise ValueError(
+                f"head_padding: expected one of {', '.join(HEAD_PADDINGS)}, "
+                f"got {self.head_padding!r}"
+            )
+        pad = self.head_padding
+        if self.num_heads is not None and pad.isdigit() and self.num_heads > int(pad):
+            raise ValueError(
+                f"num_heads: {self.num_heads} heads exceed head_padding {self.head_padding}"
+            )
+        scales = SCALE_CONVENTIONS[cfg.cache_layout]
+        if self.scale_convention is not None and self.scale_convention not in scales:
+            raise ValueError(
+                f"scale_convention: the {cfg.cache_layout} cache takes {' or '.join(scales)}, "
+                f"got {self.scale_convention!r}"
+            )
+        if self.topk_padding not in TOPK_PADDINGS:
+            raise ValueError(
+                f"topk_padding: expected one of {', '.join(TOPK_PADDINGS)}, "
+                f"got {self.topk_padding!r}"
+            )
+        for key in ("backends", "helper_backends"):
+            for b in getattr(self, key):
+                if not isinstance(b, str) or not b:
+                    raise ValueError(f"{key}: expected backend names, got {b!r}")
+        return self
+
+
+def _size(key: str, v) -> int:
+    """An int, or a string such as "64K" / "1M" (K = 1024)."""
+    if isinstance(v, bool):
+        raise ValueError(f"{key}: expected an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        s = v.strip().upper()
+        mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1:], 1)
+        digits = s[:-1] if mult > 1 else s
+        if digits.isdigit():
+            return int(digits) * mult
+    raise ValueError(f"{key}: expected an integer (or a size like 64K), got {v!r}")
+
+
+def _size_list(key: str, v) -> list[int]:
+    items = v if isinstance(v, (list, tuple)) else [v]
+    return [_size(key, x) for x in items]
+
+
+def _str_list(key: str, v) -> list[str]:
+    items = v if isinstance(v, (list, tuple)) else [v]
+    for x in items:
+        if not isinstance(x, str):
+            raise ValueError(f"{key}: expected strings, got {x!r}")
+    return list(dict.fromkeys(items))
+
+
+def _sub(key: str, cls, v):
+    if isinstance(v, cls):
+        return v
+    if not isinstance(v, dict):
+        raise ValueError(f"{key}: expected a mapping, got {v!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(v) - known)
+    if bad:
+        raise ValueError(
+            f"{key}: unknown key(s) {', '.join(bad)} (known: {', '.join(sorted(known))})"
+        )
+    try:
+        return cls(**v)
+    except TypeError as e:
+        raise ValueError(f"{key}: {e}") from None
+
+
+def spec_from_dict(d: dict) -> ServingSpec:
+    """A validated ServingSpec from a scenario's `op: serving` mapping; ValueError if bad."""
+    if not isinstance(d, dict):
+        raise ValueError(f"serving: expected a mapping, got {type(d).__name__}")
+    bad = sorted(set(d) - set(KEYS))
+    if bad:
+        raise ValueError(f"serving: unknown key(s) {', '.join(bad)} (known: {', '.join(KEYS)})")
+    if d.get("op", "serving") != "serving":
+        raise ValueError(f"op: expected 'serving', got {d['op']!r}")
+    if "model" not in d:
+        raise ValueError("model: missing (known: " + ", ".join(MODELS) + ")")
+    kw: dict = {"model": d["model"]}
+    for key in ("prompt_lens", "chunk_sizes", "batch_sizes", "contexts"):
+        if key in d:
+            kw[key] = _size_list(key, d[key])
+    for key in ("routes", "backends", "helper_backends"):
+        if key in d:
+            kw[key] = _str_list(key, d[key])
+    for key in ("tp", "num_heads", "page_size", "seed"):
+        if d.get(key) is not None:
+            kw[key] = _size(key, d[key])
+    for key in ("scenario", "head_padding", "layout", "scale_convention", "topk_padding"):
+        if d.get(key) is not None:
+            if not isinstance(d[key], str):
+                raise ValueError(f"{key}: expected a string, got {d[key]!r}")
+            kw[key] = d[key]
+    if "timing" in d:
+        kw["timing"] = _sub("timing", Timing, d["timing"])
+    if "tolerance" in d:
+        kw["tolerance"] = _sub("tolerance", Tolerance, d["tolerance"])
+    if not isinstance(kw["model"], str):
+        raise ValueError(f"model: expected a name, got {kw['model']!r}")
+    return ServingSpec(**kw).validate()
+
+
+def parse_route(route: str) -> tuple[str, int | None]:
+    """("sparse-prefill"|"decode-kernel", None), ("threshold", N) or ("safe", None)."""
+    if route in BASE_ROUTES:
+        return route, None
+    if route == "safe":
+        return "safe", None
+    if isinstance(route, str) and route.startswith("threshold:"):
+        try:
+            n = _size("routes", route.split(":", 1)[1])
+        except ValueError:
+            n = -1
+        if n >= 0:
+            return "threshold", n
+    raise ValueError(
+        f"routes: unknown route {route!r} (expected sparse-prefill, decode-kernel, "
+        "threshold:N or safe)"
+    )
+
+
+def chunk_route(route: str, tokens: int, safe_limit: int | None = None) -> str:
+    """The kernel route one chunk of `tokens` takes under a curve's route policy."""
+    kind, n = parse_route(route)
+    if kind in BASE_ROUTES:
+        return kind
+    if kind == "safe":
+        if safe_limit is None:
+            raise ValueError("route 'safe' needs safe_limit (the measured decode-route limit)")
+        n = safe_limit
+    return "decode-kernel" if tokens <= n else "sparse-prefill"
+
+
+# ---- scenario files -------------------------------------------------------------------------
+
+
+def is_serving_file(text: str) -> bool:
+    """Whether a scenario file's top level says `op: serving`."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False  # scenarios.load reports the syntax error with its line
+    return isinstance(data, dict) and data.get("op") == "serving"
+
+
+def load_spec(path: str | Path, *, known_backends: Collection[str]) -> ServingSpec:
+    """A ServingSpec from an `op: serving` file; errors as `FILE:LINE: key: what was expected`."""
+    from dsv4bench.scenarios import ScenarioError
+
+    text = Path(path).read_text()
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value}
+    data = yaml.safe_load(text)
+    data = {("scenario" if k == "name" else k): v for k, v in data.items() if k != "description"}
+    try:
+        spec = spec_from_dict(data)
+        for b in (*spec.backends, *spec.helper_backends):
+            if b not in known_backends:
+                raise ValueError(f"backends: unknown backend {b!r}")
+    except ValueError as e:
+        key = str(e).split(":", 1)[0]
+        key = "name" if key == "scenario" else key
+        raise ScenarioError(str(path), lines.get(key, 1), key, str(e).split(": ", 1)[-1]) from None
+    return spec
