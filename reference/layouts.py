@@ -317,6 +317,16 @@ def _all_slots(cache: torch.Tensor) -> torch.Tensor:
     return torch.arange(cache.shape[0] * cache.shape[1], device=cache.device)
 
 
+def _slot_address(
+    cache: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cache's bytes and the (page, offset) of each checked global slot."""
+    cache_bytes = _cache_bytes(cache)
+    num_pages, page_size = cache.shape[:2]
+    slots = _check_slots(slots, num_pages * page_size, cache.device)
+    return cache_bytes, slots // page_size, slots % page_size
+
+
 def gather_tokens(
     cache: torch.Tensor, slots: torch.Tensor, *, scale_rounding: str | None = None
 ) -> torch.Tensor:
@@ -326,10 +336,7 @@ def gather_tokens(
     rounding keeps, so it has no effect there.
     """
     _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
-    cache_bytes = _cache_bytes(cache)
-    num_pages, page_size = cache.shape[:2]
-    slots = _check_slots(slots, num_pages * page_size, cache.device)
-    page, offset = slots // page_size, slots % page_size
+    cache_bytes, page, offset = _slot_address(cache, slots)
     if layout_of(cache) == "v4":
         data, scales = _v4_token_views(cache_bytes)
         return _decode_v4(data[page, offset], scales[page, offset])
@@ -347,10 +354,7 @@ def _nan_record(d_nope: int, scale_bytes: bytes, device: torch.device) -> torch.
 def poison_tokens(cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Overwrite the tokens at `slots` in place with NaN encodings (values, scales and rope), as
     FlashMLA's tests fill unused cache rows: a kernel reading outside its indices then fails."""
-    cache_bytes = _cache_bytes(cache)
-    num_pages, page_size = cache.shape[:2]
-    slots = _check_slots(slots, num_pages * page_size, cache.device)
-    page, offset = slots // page_size, slots % page_size
+    cache_bytes, page, offset = _slot_address(cache, slots)
     if layout_of(cache) == "v4":
         data, scales = _v4_token_views(cache_bytes)
         record = _nan_record(V4_D_NOPE, b"", cache.device)

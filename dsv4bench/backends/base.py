@@ -49,6 +49,33 @@ class Unsupported(Exception):
     """Raised by prepare() when a case turns out to be beyond the backend (reason = message)."""
 
 
+class LazyOps:
+    """A kernel library's ops, found once: injected ones, a factory's, or `discover()`'s.
+
+    Why they could not be found is remembered and raised again as Unsupported on every get."""
+
+    def __init__(self, source, discover: Callable[[], Any]):
+        self._source, self._discover = source, discover
+        self.reset()
+
+    def reset(self) -> None:
+        self._ops, self._error = None, None
+
+    def get(self):
+        if self._ops is None and self._error is None:
+            src = self._source
+            try:
+                if src is None:
+                    self._ops = self._discover()
+                else:
+                    self._ops = src() if callable(src) else src
+            except Unsupported as e:
+                self._error = str(e)
+        if self._error is not None:
+            raise Unsupported(self._error)
+        return self._ops
+
+
 class Backend:
     """Subclass, set the class attributes, implement supports() and prepare().
 

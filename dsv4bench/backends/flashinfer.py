@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from dsv4bench import hardware
 from dsv4bench.backends.base import (
     Backend,
+    LazyOps,
     Output,
     Prepared,
     Provider,
@@ -350,26 +351,13 @@ class FlashInfer(Backend):
         arch: the kernel family to prepare for ("sm100"/"sm120"); default: the device's."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-        self._source = ops
-        self._ops: KernelOps | None = None
-        self._error: str | None = None
+        self._found = LazyOps(ops, discover)
         self.kv_dtype = kv_dtype
         self.arch = arch
         self.workspace_bytes = workspace_bytes
 
     def kernel_ops(self) -> KernelOps:
-        if self._ops is None and self._error is None:
-            src = self._source
-            try:
-                if isinstance(src, KernelOps):
-                    self._ops = src
-                else:
-                    self._ops = src() if src is not None else discover()
-            except Unsupported as e:
-                self._error = str(e)
-        if self._error is not None:
-            raise Unsupported(self._error)
-        return self._ops
+        return self._found.get()
 
     def provider(self) -> Provider:
         return self.kernel_ops().provider

@@ -29,6 +29,7 @@ from pathlib import Path
 from dsv4bench import hardware
 from dsv4bench.backends.base import (
     Backend,
+    LazyOps,
     Output,
     Prepared,
     Provider,
@@ -229,9 +230,8 @@ class FlashMLA(Backend):
 
     def __init__(self, lib_path: str | None = None, ops: KernelOps | Callable | None = None):
         self._lib_path = lib_path
-        self._source = ops  # injected KernelOps (or a factory of one) instead of discovery
-        self._ops: KernelOps | None = None
-        self._error: str | None = None
+        # injected KernelOps (or a factory of one) instead of discovery
+        self._found = LazyOps(ops, lambda: discover(self._lib_path))
 
     @property
     def lib_path(self) -> str | None:
@@ -239,21 +239,11 @@ class FlashMLA(Backend):
 
     @lib_path.setter
     def lib_path(self, value: str | None) -> None:
-        self._lib_path, self._ops, self._error = value, None, None
+        self._lib_path = value
+        self._found.reset()
 
     def kernel_ops(self) -> KernelOps:
-        if self._ops is None and self._error is None:
-            src = self._source
-            try:
-                if isinstance(src, KernelOps):
-                    self._ops = src
-                else:
-                    self._ops = src() if src is not None else discover(self._lib_path)
-            except Unsupported as e:
-                self._error = str(e)
-        if self._error is not None:
-            raise Unsupported(self._error)
-        return self._ops
+        return self._found.get()
 
     def provider(self) -> Provider:
         return self.kernel_ops().provider
