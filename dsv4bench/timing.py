@@ -9,14 +9,17 @@ Profiler kernel time (timer "profiler" or "both"): every timed call runs inside
 device-side event of the same name spanning, on the GPU timeline, the GPU work launched inside
 the range: it links each kernel, memcpy or memset to its launch through CUPTI correlation ids,
 so kernels launched straight from Python (Triton, FlashInfer's FFI) count as well as torch ops.
-An iteration's kernel time is the summed duration of the device activities that start within
-that span. The L2 flush is launched outside every range and runs before the span opens, so it
-never counts. With "both", the events are taken in a pass of their own, before the profiled
-pass, so the profiler's host overhead never reaches them. Before every start event the GPU
-spins (`torch.cuda._sleep`) while the host launches the call, so events time the kernels and
-not Python's launch latency. (Attributing through `FunctionEvent.kernels` was tried and
-rejected: it misses kernels launched outside a torch op, and on torch 2.11 it attaches kernels
-to unrelated CPU events whose ids collide with the op's.)
+An iteration's kernel time is the length of the union of the device activities that start
+within that span: kernels may overlap (programmatic dependent launch lets the next kernel start
+before the previous one ends), and a plain sum would count the overlap twice. The sum is kept
+beside it (`profiler_sum_ms`), with a per-kernel breakdown (name, launches and time per call).
+The L2 flush is launched outside every range and runs before the span opens, so it never
+counts. With "both", the events are taken in a pass of their own, before the profiled pass,
+so the profiler's host overhead never reaches them. Before every start event the GPU spins
+(`torch.cuda._sleep`) while the host launches the call, so events time the kernels and not
+Python's launch latency. (Attributing through `FunctionEvent.kernels` was tried and rejected:
+it misses kernels launched outside a torch op, and on torch 2.11 it attaches kernels to
+unrelated CPU events whose ids collide with the op's.)
 """
 
 from __future__ import annotations
@@ -66,8 +69,12 @@ def measure(
     iters: int = 20,
     flush_l2: bool = True,
     timer: str = "events",
+    graph: bool = False,
 ) -> dict:
-    """Time `fn` `iters` times after `warmup` calls; see the module docstring for the method."""
+    """Time `fn` `iters` times after `warmup` calls; see the module docstring for the method.
+
+    On a GPU the result also holds `memory` (see memory_per_call) and, with graph=True, the
+    CUDA-graph replay times (see graph_times) beside the eager ones."""
     import torch
 
     if timer not in TIMERS:
@@ -78,7 +85,11 @@ def measure(
     if dev.type != "cuda":
         return _measure_cpu(fn, warmup, iters)
     with torch.cuda.device(dev):
-        return _measure_cuda(fn, dev, warmup, iters, flush_l2, timer)
+        result = _measure_cuda(fn, dev, warmup, iters, flush_l2, timer)
+        result["memory"] = memory_per_call(fn, dev)
+        if graph:
+            result.update(graph_times(fn, dev, iters, flush_l2))
+        return result
 
 
 def _measure_cpu(fn: Callable[[], Any], warmup: int, iters: int) -> dict:
@@ -123,7 +134,9 @@ def _measure_cuda(fn, dev, warmup: int, iters: int, flush_l2: bool, timer: str) 
         warnings.filterwarnings("ignore", message=".*Profiler clears events")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             _timed_iterations(fn, flush_buf, iters, annotate=True)
-    kernel_ms = profiler_kernel_ms(prof.events())
+    spans, activities = profiler_activities(prof.events())
+    kernel_ms = [us / 1e3 for us in time_in_spans(spans, activities)]
+    summed_ms = [us / 1e3 for us in time_in_spans(spans, activities, union=False)]
     suffix = "+l2flush" if flush_l2 else ""
     if timer == "profiler":
         result = summarize(kernel_ms, "cuda-profiler" + suffix)
@@ -134,9 +147,88 @@ def _measure_cuda(fn, dev, warmup: int, iters: int, flush_l2: bool, timer: str) 
     ratio = _ratio(percentile(events_ms, 50), profiler_ms)
     result["profiler_ms"] = profiler_ms
     result["profiler_samples_ms"] = kernel_ms
+    result["profiler_sum_ms"] = percentile(summed_ms, 50) if summed_ms else None
+    result["kernels"] = kernel_breakdown(spans, activities)
     result["events_vs_profiler"] = ratio
     result["events_agree"] = None if ratio is None else abs(ratio - 1) <= AGREEMENT
     return result
+
+
+def memory_per_call(fn: Callable[[], Any], dev) -> dict:
+    """Device memory one call takes beyond what existed before it (inputs, preallocated outputs,
+    workspaces made in prepare): `scratch_bytes`, the peak above what the call leaves allocated,
+    and `output_bytes`, what it leaves allocated (outputs it allocates itself). Counts the torch
+    caching allocator's tensors: memory a library takes with its own cudaMalloc is not seen."""
+    import torch
+
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    out = fn()
+    torch.cuda.synchronize(dev)
+    kept = torch.cuda.memory_allocated(dev)
+    peak = torch.cuda.max_memory_allocated(dev)
+    del out
+    return {"scratch_bytes": max(0, peak - kept), "output_bytes": max(0, kept - base)}
+
+
+def capture_graph(fn: Callable[[], Any]):
+    """fn captured once into a CUDA graph (after a warm-up call on a side stream, as
+    torch.cuda.graphs requires); raises what the capture raised."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def graph_times(fn: Callable[[], Any], dev, iters: int, flush_l2: bool = True) -> dict:
+    """fn as engines run decode: captured once, replayed. Returns `graph_ms` (events median of
+    replays, timed like the eager call), and back-to-back host loops of the eager call and of
+    the replay (`eager_loop_ms`, `graph_loop_ms`, warm L2): their difference is the launch
+    overhead a graph removes. A capture that fails gives `graph_error` with its message, and
+    `context_lost` when the device no longer answers afterwards."""
+    import torch
+
+    try:
+        graph = capture_graph(fn)
+    except Exception as e:  # a capture failure is a result (an engine bug class), not a crash
+        result = {"graph_error": f"{type(e).__name__}: {e}"[:1000]}
+        try:
+            torch.cuda.synchronize(dev)
+        except Exception:
+            result["context_lost"] = True
+        return result
+    flush_buf = None
+    if flush_l2:
+        flush_buf = torch.empty(l2_flush_bytes(dev) // 4, dtype=torch.int32, device=dev)
+    graph.replay()
+    samples = _timed_iterations(graph.replay, flush_buf, iters, annotate=False)
+    del flush_buf
+    return {
+        "graph_ms": percentile(samples, 50),
+        "graph_samples_ms": samples,
+        "eager_loop_ms": _loop_ms(fn, dev, iters),
+        "graph_loop_ms": _loop_ms(graph.replay, dev, iters),
+    }
+
+
+def _loop_ms(fn: Callable[[], Any], dev, iters: int) -> float:
+    """Host wall time per call of `iters` back-to-back calls (one sync at the end)."""
+    import torch
+
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize(dev)
+    return (time.perf_counter() - t0) * 1e3 / iters
 
 
 def _timed_iterations(fn, flush_buf, iters: int, annotate: bool) -> list[float]:
@@ -170,37 +262,94 @@ def _ratio(events_ms: float, profiler_ms: float | None) -> float | None:
     return events_ms / profiler_ms
 
 
-def profiler_kernel_ms(function_events: Iterable) -> list[float]:
-    """Per RANGE occurrence, in time order: summed duration (ms) of the GPU work inside it.
+def profiler_activities(function_events: Iterable) -> tuple[list, list]:
+    """(spans, activities) from torch.profiler FunctionEvents, times in microseconds.
 
-    Reads torch.profiler FunctionEvents: device-side events named RANGE give the spans; every
-    other device-side event that is not a user annotation is a kernel, memcpy or memset.
-    """
+    Device-side events named RANGE give the spans (start, end); every other device-side event
+    that is not a user annotation is a kernel, memcpy or memset: (start, end, name)."""
     spans, activities = [], []
     for e in function_events:
         if getattr(e.device_type, "name", str(e.device_type)) == "CPU":
             continue
-        interval = (e.time_range.start, e.time_range.end)
         if e.name == RANGE:
-            spans.append(interval)
+            spans.append((e.time_range.start, e.time_range.end))
         elif not getattr(e, "is_user_annotation", False):
-            activities.append(interval)
-    return [us / 1e3 for us in time_in_spans(spans, activities)]
+            activities.append((e.time_range.start, e.time_range.end, e.name))
+    return spans, activities
+
+
+def profiler_kernel_ms(function_events: Iterable) -> list[float]:
+    """Per RANGE occurrence, in time order: the GPU time (ms) of the work inside it (union)."""
+    return [us / 1e3 for us in time_in_spans(*profiler_activities(function_events))]
+
+
+def _assign(spans: Sequence[tuple[float, float]], activities: Iterable[Sequence]) -> list[list]:
+    """Activities grouped by the span (in start order) that contains their start."""
+    ordered = sorted(spans)
+    starts = [lo for lo, _ in ordered]
+    groups: list[list] = [[] for _ in ordered]
+    for act in activities:
+        i = bisect.bisect_right(starts, act[0]) - 1
+        if i >= 0 and act[0] <= ordered[i][1]:
+            groups[i].append(act)
+    return groups
+
+
+def union_length(intervals: Iterable[Sequence[float]]) -> float:
+    """Length of the union of intervals (start, end, ...): overlaps and nesting count once."""
+    total, reach = 0.0, -math.inf
+    for start, end, *_ in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
 
 
 def time_in_spans(
-    spans: Sequence[tuple[float, float]], activities: Iterable[tuple[float, float]]
+    spans: Sequence[tuple[float, float]],
+    activities: Iterable[Sequence],
+    *,
+    union: bool = True,
 ) -> list[float]:
-    """Sum the durations of activities (start, end) into the span (start, end) that contains
-    their start; spans are returned in start order and do not overlap (one per timed call)."""
-    ordered = sorted(spans)
-    starts = [lo for lo, _ in ordered]
-    totals = [0.0] * len(ordered)
-    for start, end in activities:
-        i = bisect.bisect_right(starts, start) - 1
-        if i >= 0 and start <= ordered[i][1]:
-            totals[i] += end - start
-    return totals
+    """Per span (start order; spans do not overlap, one per timed call), the time of the
+    activities (start, end, ...) that start inside it: the length
+    of their union, or with union=False the plain sum of their durations (same unit as given)."""
+    if union:
+        return [union_length(g) for g in _assign(spans, activities)]
+    return [sum(a[1] - a[0] for a in g) for g in _assign(spans, activities)]
+
+
+def kernel_breakdown(
+    spans: Sequence[tuple[float, float]], activities: Iterable[Sequence], top: int = 8
+) -> list[dict]:
+    """The kernels inside the spans: name, launches per call and mean ms per call, longest
+    first (at most `top`; the rest summed as "(other)")."""
+    groups = _assign(spans, activities)
+    if not groups:
+        return []
+    per_name: dict[str, list[float]] = {}
+    for group in groups:
+        for start, end, name in group:
+            per_name.setdefault(name, [0, 0.0])
+            per_name[name][0] += 1
+            per_name[name][1] += end - start
+    n = len(groups)
+    rows = [
+        {"name": name, "count": count / n, "ms": total * 1e-3 / n}
+        for name, (count, total) in per_name.items()
+    ]
+    rows.sort(key=lambda r: -r["ms"])
+    if len(rows) > top:
+        rest = rows[top - 1 :]
+        rows = rows[: top - 1] + [
+            {
+                "name": "(other)",
+                "count": sum(r["count"] for r in rest),
+                "ms": sum(r["ms"] for r in rest),
+            }
+        ]
+    return rows
 
 
 def poison(*tensors) -> None:

@@ -77,7 +77,62 @@ def test_time_in_spans():
         (41.0, 45.0),  # after every span
     ]
     assert timing.time_in_spans(spans, activities) == [8.5, 9.0]
+    assert timing.time_in_spans(spans, activities, union=False) == [8.5, 9.0]
     assert timing.time_in_spans([], activities) == []
+
+
+def test_time_in_spans_counts_overlapping_kernels_once():
+    spans = [(0.0, 100.0), (200.0, 300.0), (400.0, 500.0)]
+    activities = [
+        # overlapping (programmatic dependent launch): the next starts before the last ends
+        (0.0, 30.0, "a"),
+        (20.0, 50.0, "b"),
+        # nested: one kernel entirely inside another
+        (200.0, 260.0, "a"),
+        (210.0, 220.0, "b"),
+        (230.0, 240.0, "c"),
+        # disjoint, with a gap between
+        (400.0, 410.0, "a"),
+        (450.0, 470.0, "b"),
+    ]
+    assert timing.time_in_spans(spans, activities) == [50.0, 60.0, 30.0]
+    assert timing.time_in_spans(spans, activities, union=False) == [60.0, 80.0, 30.0]
+
+
+def test_union_length():
+    assert timing.union_length([]) == 0.0
+    assert timing.union_length([(5, 6), (0, 2), (1, 3)]) == 4.0
+    assert timing.union_length([(0, 10), (2, 3), (9, 12)]) == 12.0
+    assert timing.union_length([(0, 1), (1, 2)]) == 2.0
+
+
+@given(st.lists(st.tuples(st.integers(0, 100), st.integers(1, 50)), max_size=20))
+def test_union_length_matches_a_grid(pairs):
+    intervals = [(a, a + d) for a, d in pairs]
+    covered = {t for a, b in intervals for t in range(a, b)}
+    assert timing.union_length(intervals) == len(covered)
+    assert timing.union_length(intervals) <= sum(b - a for a, b in intervals)
+
+
+def test_kernel_breakdown():
+    spans = [(0.0, 100.0), (200.0, 300.0)]
+    activities = [
+        (0.0, 40.0, "attn"),
+        (40.0, 50.0, "combine"),
+        (60.0, 65.0, "combine"),
+        (200.0, 260.0, "attn"),
+        (260.0, 270.0, "combine"),
+        (150.0, 190.0, "flush"),  # between spans: not the call's
+    ]
+    rows = timing.kernel_breakdown(spans, activities)
+    assert [r["name"] for r in rows] == ["attn", "combine"]
+    assert rows[0] == {"name": "attn", "count": 1.0, "ms": pytest.approx(0.05)}
+    assert rows[1] == {"name": "combine", "count": 1.5, "ms": pytest.approx(0.0125)}
+    many = [(float(i), i + 0.5, f"k{i}") for i in range(10)]
+    top = timing.kernel_breakdown([(0.0, 20.0)], many, top=3)
+    assert [r["name"] for r in top][-1] == "(other)" and len(top) == 3
+    assert sum(r["count"] for r in top) == 10
+    assert sum(r["ms"] for r in top) == pytest.approx(5 * 1e-3)
 
 
 def _event(name, start, end, device="CUDA", annotation=False):
@@ -106,6 +161,10 @@ def test_profiler_kernel_ms_from_function_events():
     ]
     got = timing.profiler_kernel_ms(events)
     assert got == [pytest.approx(0.050), pytest.approx(0.045)]
+    spans, activities = timing.profiler_activities(events)
+    assert spans == [(200, 260), (360, 405)]
+    assert ("scale", 200, 240) not in activities and (200, 240, "scale") in activities
+    assert all(name != "other::annotation" for *_, name in activities)
 
 
 def test_poison():
@@ -135,6 +194,9 @@ def test_gpu_copy_events_and_profiler_agree():
     assert len(t["profiler_samples_ms"]) == 20
     assert abs(t["events_vs_profiler"] - 1) < 0.05, t
     assert t["events_agree"] is True
+    assert t["kernels"] and t["kernels"][0]["count"] == 1, t["kernels"]
+    assert t["profiler_sum_ms"] >= t["profiler_ms"] * 0.999
+    assert t["memory"]["scratch_bytes"] == 0 and t["memory"]["output_bytes"] == 0
 
     events_only = timing.measure(lambda: dst.copy_(src), device="cuda", iters=10)
     assert events_only["method"] == "cuda-events+l2flush" and "profiler_ms" not in events_only
@@ -164,3 +226,38 @@ def test_gpu_profiler_attributes_triton_kernels():
     assert t["method"] == "cuda-profiler+l2flush"
     assert t["median_ms"] > 0 and all(ms > 0 for ms in t["samples_ms"]), t
     assert abs(t["events_vs_profiler"] - 1) < 0.1, t
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_memory_per_call_sees_scratch_and_outputs():
+    x = torch.randn(1 << 20, device="cuda")
+
+    def fn():
+        scratch = x * 2  # 4 MiB freed before the call returns
+        return scratch.sum(dim=0, keepdim=True) + x  # 4 MiB kept: the output
+
+    m = timing.memory_per_call(fn, torch.device("cuda"))
+    assert m["output_bytes"] == x.nbytes
+    assert m["scratch_bytes"] >= x.nbytes
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_graph_times_and_capture_failure():
+    x = torch.randn(1 << 16, device="cuda")
+    y = torch.empty_like(x)
+    t = timing.measure(lambda: torch.mul(x, 2, out=y), device="cuda", iters=10, graph=True)
+    assert t["graph_ms"] > 0 and len(t["graph_samples_ms"]) == 10
+    # a tiny kernel is launch-bound: back-to-back eager calls cost more than replays
+    assert t["eager_loop_ms"] > t["graph_loop_ms"], t
+    y.zero_()
+    torch.cuda.synchronize()
+
+    def host_sync():
+        return (x * 2).sum().item()  # .item() cannot be captured
+
+    g = timing.graph_times(host_sync, torch.device("cuda"), iters=3)
+    assert "graph_error" in g and "graph_ms" not in g
+    assert not g.get("context_lost")
+    assert torch.mul(x, 2, out=y).sum().item() == pytest.approx((x * 2).sum().item())
