@@ -1,0 +1,128 @@
+"""Determinism and batch-invariance fields: exact for the oracle, caught for faulty kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench import inputs, invariance
+from dsv4bench.backends import Backend, Output, Prepared, get
+from dsv4bench.case import Case, Timing
+
+
+def _decode(batch_size: int = 4, **kw) -> Case:
+    return Case(
+        scenario="invariance-test",
+        op="decode",
+        model="v4-flash",
+        d_qk=512,
+        d_v=512,
+        num_heads=3,
+        batch_size=batch_size,
+        topk=64,
+        context_len=128,
+        page_size=64,
+        layout="v4",
+        timing=Timing(warmup=0, iters=1),
+        **kw,
+    )
+
+
+def _prefill() -> Case:
+    return Case(
+        scenario="invariance-test",
+        op="prefill",
+        model="v3.2",
+        d_qk=576,
+        d_v=512,
+        num_heads=2,
+        tokens=5,
+        topk=64,
+        context_len=128,
+        layout="v32",
+    )
+
+
+class _BatchDependent(Backend):
+    """The oracle, nudged by one bf16 ULP on every request but the first when batched."""
+
+    name, archs, ops = "batch-dependent", ("cpu",), ("decode",)
+
+    def prepare(self, case, x, device):
+        inner = get("torch").prepare(case, x, device)
+
+        def finish(raw):
+            out = inner.finish(raw)
+            o = out.out.clone()
+            if o.shape[0] > 1:
+                bits = o[1:].view(torch.int16)
+                bits += 1
+            return Output(o, out.lse)
+
+        return Prepared(run=inner.run, finish=finish)
+
+
+class _Noisy(Backend):
+    """The oracle plus a little noise that changes on every call (an atomics-order stand-in)."""
+
+    name, archs, ops = "noisy", ("cpu",), ("decode",)
+
+    def prepare(self, case, x, device):
+        inner = get("torch").prepare(case, x, device)
+        calls = [0]
+
+        def run():
+            calls[0] += 1
+            return inner.run()
+
+        def finish(raw):
+            out = inner.finish(raw)
+            return Output(out.out + calls[0] * 1e-2, out.lse)
+
+        return Prepared(run=run, finish=finish)
+
+
+def test_bf16_ulps():
+    a = torch.tensor([1.0, -1.0, 0.0, 2.0], dtype=torch.bfloat16)
+    b = torch.tensor([1.0078125, -1.0078125, -0.0, 2.0], dtype=torch.bfloat16)
+    assert invariance.bf16_ulps(a, b).tolist() == [1, 1, 0, 0]
+    tiny = torch.tensor([torch.finfo(torch.bfloat16).tiny], dtype=torch.bfloat16)
+    assert int(invariance.bf16_ulps(tiny, -tiny)[0]) == 2 * int(tiny.view(torch.int16)[0])
+
+
+def test_sample_requests():
+    assert invariance.sample_requests(1) == []
+    assert invariance.sample_requests(2) == [0, 1]
+    assert invariance.sample_requests(9) == [0, 4, 8]
+
+
+@pytest.mark.parametrize("case", [_decode(), _prefill()], ids=["decode", "prefill"])
+def test_the_oracle_is_deterministic_and_batch_invariant(case):
+    x = inputs.make_inputs(case, "cpu")
+    prepared = get("torch").prepare(case, x, "cpu")
+    d = invariance.determinism(prepared)
+    assert d == {"bitwise_equal": True, "max_abs": 0.0, "max_ulps": 0}
+    batched = prepared.finish(prepared.run())
+    inv = invariance.batch_invariance(get("torch"), case, x, batched, "cpu")
+    n = case.batch_size if case.op == "decode" else case.tokens
+    assert inv["requests"] == invariance.sample_requests(n)
+    assert inv["max_ulps"] == 0 and inv["argmax_changed"] == 0
+    assert inv["rows"] == len(inv["requests"]) * case.s_q * case.num_heads
+
+
+def test_a_batch_dependent_kernel_is_caught():
+    case = _decode()
+    x = inputs.make_inputs(case, "cpu")
+    backend = _BatchDependent()
+    prepared = backend.prepare(case, x, "cpu")
+    batched = prepared.finish(prepared.run())
+    inv = invariance.batch_invariance(backend, case, x, batched, "cpu")
+    assert inv["max_ulps"] == 1 and inv["max_abs"] > 0
+
+
+def test_a_nondeterministic_kernel_is_caught():
+    case = _decode(batch_size=1)
+    x = inputs.make_inputs(case, "cpu")
+    d = invariance.determinism(_Noisy().prepare(case, x, "cpu"))
+    assert d["bitwise_equal"] is False and d["max_abs"] == pytest.approx(1e-2, rel=0.1)
+    assert invariance.batch_invariance(_Noisy(), case, x, None, "cpu") is None
