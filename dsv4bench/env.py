@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from functools import cache
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
+ENV_COMMIT = "DSV4BENCH_GIT_COMMIT"  # set by whoever copies a checkout without its .git
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "-C", str(_ROOT), *args], capture_output=True, text=True, timeout=5
+    )
 
 
 def _git_commit() -> str | None:
+    """The project's own commit: DSV4BENCH_GIT_COMMIT if set, else git's, but only when the
+    project's root is the root of the enclosing repository (a copy placed inside another
+    repository must not record that repository's commit)."""
+    if os.environ.get(ENV_COMMIT):
+        return os.environ[ENV_COMMIT]
     try:
-        out = subprocess.run(
-            ["git", "-C", str(_ROOT), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
+        top = _git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != _ROOT:
+            return None
+        out = _git("rev-parse", "--short=12", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
