@@ -23,6 +23,9 @@ class Timing:
     flush_l2: bool = True  # cold L2 before every timed iteration (GPU only)
     timer: str = "events"  # events | profiler | both (GPU); the CPU always uses perf_counter
     timeout_s: float = 300.0  # per (case, backend) in the worker, inputs and reference included
+    graph: bool = False  # also capture the call in a CUDA graph and time its replays (GPU)
+    determinism: bool = False  # run the call twice more and compare the outputs bitwise
+    batch_invariance: bool = False  # run a few requests alone and compare with the batch
 
 
 @dataclass(frozen=True)

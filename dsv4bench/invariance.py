@@ -46,7 +46,9 @@ def determinism(prepared) -> dict:
     for _ in range(2):
         if prepared.poison is not None:
             prepared.poison()
-        runs.append(prepared.finish(prepared.run()))
+        out = prepared.finish(prepared.run())
+        # a kernel writing into preallocated outputs returns the same buffers every run
+        runs.append(type(out)(out.out.clone(), None if out.lse is None else out.lse.clone()))
     return compare_runs(*runs)
 
 

@@ -28,7 +28,7 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     correctness run. Returns the row so far and the Prepared call (None if unsupported)."""
     import torch
 
-    from dsv4bench import env, inputs, metrics
+    from dsv4bench import env, inputs, invariance, metrics
     from dsv4bench.backends import Unsupported
     from dsv4bench.backends.torch_ref import oracle_call
 
@@ -68,6 +68,14 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     acc = metrics.accuracy(cache.expected[reading], actual)
     ok, why = metrics.within_tolerance(acc, case.tolerance)
     row.update(accuracy=acc, status="ok" if ok else "incorrect", message=why)
+    if case.timing.determinism:
+        row["accuracy"]["determinism"] = invariance.determinism(prepared)
+    if case.timing.batch_invariance:
+        try:
+            inv = invariance.batch_invariance(backend, case, cache.inputs, actual, device)
+        except Unsupported as e:
+            inv = {"error": f"a request alone is unsupported: {e}"}
+        row["accuracy"]["batch_invariance"] = inv
     if reading:  # how far the arch's scale reading alone moves the answer from the exact one
         if None not in cache.expected:
             cache.expected[None] = oracle_call(case, cache.inputs, None)()
@@ -94,6 +102,7 @@ def run_job(job: dict, cache: Cache) -> dict:
         iters=t.iters,
         flush_l2=t.flush_l2,
         timer=t.timer,
+        graph=t.graph,
     )
     padded = row["info"].get("padded_heads")
     row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device), padded)
@@ -120,7 +129,8 @@ def main() -> int:
         job = json.loads(line)
         try:
             answer = run_job(job, cache)
-            fatal = False
+            # a failed graph capture can leave the CUDA context unusable: start afresh
+            fatal = bool((answer.get("timing") or {}).get("context_lost"))
         except BaseException as exc:  # every failure of a job becomes its result row
             status = _classify(exc)
             tb = traceback.format_exc(limit=3)

@@ -126,3 +126,29 @@ def test_a_nondeterministic_kernel_is_caught():
     d = invariance.determinism(_Noisy().prepare(case, x, "cpu"))
     assert d["bitwise_equal"] is False and d["max_abs"] == pytest.approx(1e-2, rel=0.1)
     assert invariance.batch_invariance(_Noisy(), case, x, None, "cpu") is None
+
+
+class _InPlace(Backend):
+    """Writes into one preallocated output, like FlashMLA's out_: runs share the buffer."""
+
+    name, archs, ops = "in-place", ("cpu",), ("decode",)
+
+    def prepare(self, case, x, device):
+        inner = get("torch").prepare(case, x, device)
+        buf = inner.finish(inner.run()).out.clone()
+        calls = [0]
+
+        def run():
+            calls[0] += 1
+            out = inner.finish(inner.run())
+            buf.copy_(out.out + calls[0])
+            return Output(buf, out.lse)
+
+        return Prepared(run=run, finish=lambda raw: raw, poison=lambda: buf.fill_(float("nan")))
+
+
+def test_determinism_does_not_compare_a_shared_buffer_with_itself():
+    case = _decode(batch_size=1)
+    x = inputs.make_inputs(case, "cpu")
+    d = invariance.determinism(_InPlace().prepare(case, x, "cpu"))
+    assert d["bitwise_equal"] is False and d["max_abs"] == pytest.approx(1.0, rel=0.02)
