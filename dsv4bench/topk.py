@@ -71,10 +71,13 @@ def compare_topk(
         used = torch.isfinite(se) | torch.isfinite(sa)
         matched += int((ok & used).sum())
         compared += int(used.sum())
-        chosen = torch.zeros(ref.shape, dtype=torch.bool, device=device)
-        chosen.scatter_(1, e_idx.long().clamp(min=0), e_idx >= 0)
-        a_ok = (a_idx >= 0) & (a_idx < ref.shape[1])
-        overlap += int((chosen.gather(1, a_idx.long().clamp(0, ref.shape[1] - 1)) & a_ok).sum())
+        n = ref.shape[1]  # column n collects the -1 padding of both sides
+        chosen = torch.zeros(ref.shape[0], n + 1, dtype=torch.bool, device=device)
+        e_col = e_idx.long().masked_fill((e_idx < 0) | (e_idx >= n), n)
+        chosen.scatter_(1, e_col, True)
+        chosen[:, n] = False
+        a_col = a_idx.long().masked_fill((a_idx < 0) | (a_idx >= n), n)
+        overlap += int(chosen.gather(1, a_col).sum())
         listed += int((e_idx >= 0).sum())
     return {
         "topk_matched": matched / compared if compared else 1.0,

@@ -49,3 +49,9 @@ def test_padding_counts() -> None:
     assert compare_topk(logits, expected, expected.clone())["topk_matched"] == 1.0
     acc = compare_topk(logits, expected, torch.tensor([[1, -1, -1]]))
     assert acc["topk_count_mismatch"] == 1 and acc["topk_matched"] == 0.5
+
+
+def test_overlap_ignores_padding_next_to_column_zero() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.0]])
+    acc = compare_topk(logits, torch.tensor([[0, -1]]), torch.tensor([[0, -1]]))
+    assert acc["topk_index_overlap"] == 1.0
