@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-OPS = ("decode", "prefill", "dequant", "remap")
+OPS = ("decode", "prefill", "dequant", "remap", "indexer")
 LAYOUTS = ("v32", "v4", "bf16")  # v32: 656 B/token records; v4: 584 B page layout; bf16: plain rows
 ROUTES = ("sparse-prefill", "decode-kernel")  # how a prefill chunk reaches a kernel
 SCALE_CONVENTIONS = ("flashmla", "vllm", "sglang", "pow2", "raw")
@@ -48,6 +48,8 @@ class Case:
       `decode-kernel` runs the decode kernel with batch = tokens (sglang's DSv4 path).
     dequant: FP8 cache of `context_len * batch_size` tokens -> bf16 workspace.
     remap: request-local top-k of (batch_size * s_q) queries -> global slots.
+    indexer: the lightning indexer's FP8 logits + top-k (dsv4bench/indexer_case.py): paged over
+      batch_size requests of s_q tokens, or ragged over a chunk of `tokens` (tokens > 0).
     """
 
     scenario: str
@@ -87,7 +89,7 @@ class Case:
     @property
     def query_tokens(self) -> int:
         """Query tokens in one call: b * s_q for decode, the chunk for prefill."""
-        if self.op == "prefill":
+        if self.op == "prefill" or (self.op == "indexer" and self.tokens):
             return self.tokens
         return self.batch_size * self.s_q
 
@@ -101,7 +103,7 @@ class Case:
         """Stable id: readable prefix plus a hash of every problem field."""
         p = self.params()
         digest = hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:10]
-        size = f"b{self.batch_size}" if self.op != "prefill" else f"t{self.tokens}"
+        size = f"t{self.tokens}" if self.tokens else f"b{self.batch_size}"
         head = f"{self.op}-{self.model}-{self.layout}-h{self.num_heads}"
         return f"{head}-{size}-k{self.topk}-{digest}"
 

@@ -9,6 +9,9 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
     q (tokens, h, d_qk) bf16; kv (s_kv, 1, d_qk) bf16 workspace = [main cache; extra cache]
     dequantized; indices (tokens, 1, width) over kv, width padded to 128; topk_length (tokens,).
   dequant: k_cache.   remap: local_indices (b, s_q, topk), block_table (b, pages).
+  indexer (dsv4bench/indexer_case.py): q e4m3, weights fp32 (rows, heads); paged: kv_cache
+    (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
+    ragged: kv e4m3 (keys, D), kv_scales fp32 (keys,), ks, ke (tokens,) int32.
 
 A prefill chunk is the last `tokens` positions of a `context_len` sequence; decode queries are
 the last `s_q` positions of each request. V3.2 cases index the whole sequence (top-k of all
@@ -43,7 +46,13 @@ def seed_of(case: Case) -> int:
 def make_inputs(case: Case, device: str | torch.device) -> dict:
     g = torch.Generator(device=device)
     g.manual_seed(seed_of(case))
-    make = {"decode": _decode, "prefill": _prefill, "dequant": _dequant, "remap": _remap}
+    make = {
+        "decode": _decode,
+        "prefill": _prefill,
+        "dequant": _dequant,
+        "remap": _remap,
+        "indexer": _indexer,
+    }
     return make[case.op](case, torch.device(device), g)
 
 
@@ -230,3 +239,37 @@ def _remap(case: Case, device, g) -> dict:
     local = _choose(pos + 1, case.topk, g).view(b, s_q, case.topk).to(torch.int32)
     per_req = _pages(case.context_len, case.page_size)
     return {"local_indices": local, "block_table": _block_table(b, per_req, device, g)}
+
+
+def _indexer(case: Case, device, g) -> dict:
+    from dsv4bench import indexer_case as ic
+    from reference import indexer
+
+    h, d, r, n = case.num_heads, ic.head_dim(case), ic.ratio(case), ic.keys(case)
+    rows = ic.rows(case)
+    q = torch.randn(rows, h, d, generator=g, device=device).to(torch.float8_e4m3fn)
+    w = torch.randn(rows, h, generator=g, device=device)
+    if case.tokens:  # ragged: one chunk, keys contiguous (vLLM gathers them so for prefill)
+        keys = torch.randn(n, d, generator=g, device=device)
+        kv, scales = indexer.split_key_cache(indexer.quantize_key_cache(keys, case.page_size), n)
+        pos = case.context_len - case.tokens + torch.arange(case.tokens, device=device)
+        ke = ((pos + 1) // r).to(torch.int32)
+        ks = torch.zeros_like(ke)
+        return {"q": q, "weights": w, "kv": kv, "kv_scales": scales, "ks": ks, "ke": ke}
+    b, next_n = case.batch_size, case.s_q
+    per_req = max(1, _pages(n, case.page_size))
+    keys = torch.randn(b * per_req * case.page_size, d, generator=g, device=device)
+    cache = indexer.quantize_key_cache(keys, case.page_size)
+    table = _block_table(b, per_req, device, g)
+    if r == 1:  # causal over the last next_n positions: DeepGEMM's 1-D context_lens
+        lens = torch.full((b,), case.context_len, dtype=torch.int32, device=device)
+    else:  # C4: each row sees (pos + 1) // 4 entries: 2-D context_lens
+        pos = case.context_len - next_n + torch.arange(next_n, device=device)
+        lens = ((pos + 1) // r).to(torch.int32).repeat(b, 1)
+    return {
+        "q": q.view(b, next_n, h, d),
+        "weights": w,
+        "kv_cache": cache,
+        "block_table": table,
+        "context_lens": lens,
+    }

@@ -155,6 +155,10 @@ def attention_flops(case: Case, heads: int | None = None) -> int:
     `heads` defaults to the useful heads; pass the padded count for the work a kernel does.
     Zero for dequant and remap.
     """
+    if case.op == "indexer":
+        from dsv4bench import indexer_case
+
+        return indexer_case.flops(case)
     if case.op not in ("decode", "prefill"):
         return 0
     h = case.num_heads if heads is None else heads
@@ -183,6 +187,10 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
         return tokens * (TOKEN_BYTES.get(case.layout, BF16 * case.d_qk) + BF16 * case.d_qk)
     if case.op == "remap":
         return case.batch_size * case.s_q * topk_total(case) * 2 * INT32
+    if case.op == "indexer":
+        from dsv4bench import indexer_case
+
+        return indexer_case.bytes_moved(case)
     q = case.query_tokens
     h = case.num_heads
     if unique:
@@ -235,7 +243,7 @@ def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None
     seconds = ms * 1e-3
     result["tflops"] = flops / seconds / 1e12
     result["gbps"] = nbytes / seconds / 1e9
-    peak_flops = getattr(hw, "peak_bf16", None)
+    peak_flops = getattr(hw, "peak_fp8" if case.op == "indexer" else "peak_bf16", None)
     peak_bw = getattr(hw, "peak_bw", None)
     if peak_flops and peak_bw:
         compute = flops / seconds / peak_flops

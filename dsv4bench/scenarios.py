@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from dsv4bench import indexer_case
 from dsv4bench.case import ARCHS, LAYOUTS, OPS, ROUTES, SCALE_CONVENTIONS, Case, Timing, Tolerance
 from reference.models import MODELS, ModelConfig
 
@@ -527,12 +528,16 @@ def _problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             return _pair("tokens", "<=", "context_len", v)
         if v["route"] not in ROUTES:
             return [("route", f"expected one of {', '.join(ROUTES)}, got {v['route']!r}")]
+    elif v["op"] == "indexer":
+        problems = _indexer_problems(v)
+        if problems:
+            return problems
     else:
         if v["tokens"] != 0:
             return [("tokens", f"only prefill has tokens; this is a {v['op']} case")]
         if v["route"] != ROUTES[0]:
             return [("route", f"only prefill has a route; this is a {v['op']} case")]
-    if v["topk"] > v["context_len"]:
+    if v["topk"] > v["context_len"] and v["op"] != "indexer":  # the indexer pads with -1
         return _pair("topk", "<=", "context_len", v)
     if v["window"] and v["topk"] > v["window"]:
         return _pair("topk", "<=", "window", v, why="the main-cache indices are the window: ")
@@ -563,6 +568,30 @@ def _problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     known = MODELS.get(v["model"])
     if known is not None and (v["d_qk"], v["d_v"]) != (known.d_qk, known.d_v):
         return [("model", f"{known.name} has d_qk {known.d_qk} and d_v {known.d_v}")]
+    return None
+
+
+def _indexer_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """Rules of an indexer case: a paged batch (tokens 0) or one ragged chunk of tokens."""
+    if v["tokens"]:
+        for key in ("batch_size", "s_q"):
+            if v[key] != 1:
+                return [(key, f"an indexer chunk (tokens > 0) is one request: expected {key} 1")]
+        if v["tokens"] > v["context_len"]:
+            return _pair("tokens", "<=", "context_len", v)
+    if v["route"] != ROUTES[0]:
+        return [("route", "only prefill has a route; this is an indexer case")]
+    if v["compress_ratio"] not in (0, 4):
+        return [("compress_ratio", "the indexer runs over all tokens (0) or C4 entries (4)")]
+    for key in ("extra_topk", "window"):
+        if v[key]:
+            return [(key, f"an indexer case has no {key}; got {v[key]}")]
+    if v["sink"]:
+        return [("sink", "an indexer case has no attention sink")]
+    if v["context_len"] // (v["compress_ratio"] or 1) < 1:
+        return [("context_len", "the context must hold at least one key entry")]
+    if v["page_size"] < 16 or v["page_size"] & (v["page_size"] - 1):
+        return [("page_size", f"expected a power of two >= 16, got {v['page_size']}")]
     return None
 
 
@@ -876,7 +905,7 @@ class _Loader(_Parser):
             origins["num_heads"] = tp_at
             tags.append(f"tp{tp}")
         if op != "prefill":
-            for key in ("tokens", "route"):
+            for key in ("tokens", "route") if op != "indexer" else ("route",):
                 if key in merged:
                     raise self.fail(origins[key], f"only prefill has {key}; this is a {op} case")
         else:
@@ -922,6 +951,8 @@ class _Loader(_Parser):
             compress_ratio=ratio,
             seed=common["seed"],
         )
+        if op == "indexer":  # the indexer's own heads, top-k and key cache, not attention's
+            v.update({k: d for k, d in indexer_case.defaults(model).items() if k not in explicit})
         problems = _problems(v)
         if problems:
             ranked = [

@@ -67,6 +67,14 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         torch.cuda.synchronize()
     acc = metrics.accuracy(cache.expected[reading], actual)
     ok, why = metrics.within_tolerance(acc, case.tolerance)
+    if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices
+        from dsv4bench import topk
+
+        expected = cache.expected[reading]
+        acc.update(topk.compare_topk(expected.out, expected.topk, actual.topk))
+        problem = topk.topk_problem(acc)
+        if ok and problem:
+            ok, why = False, problem
     row.update(accuracy=acc, status="ok" if ok else "incorrect", message=why)
     if case.timing.determinism:
         row["accuracy"]["determinism"] = invariance.determinism(prepared)

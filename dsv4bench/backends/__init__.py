@@ -39,12 +39,13 @@ def _load_builtin() -> None:
     if _loaded_builtin:
         return
     _loaded_builtin = True
-    from dsv4bench.backends import flashinfer, flashmla, torch_ref, triton_kernels
+    from dsv4bench.backends import deepgemm, flashinfer, flashmla, torch_ref, triton_kernels
 
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
     register(flashinfer.FlashInfer())
     register(triton_kernels.TritonKernels())
+    register(deepgemm.DeepGEMM())
 
 
 def _as_backends(obj, origin: str) -> list[Backend]:

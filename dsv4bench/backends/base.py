@@ -23,11 +23,13 @@ class Output:
     """What a kernel returns, in the oracle's shapes: out (..., num_heads, d_v) and lse.
 
     decode: out (b, s_q, h, d_v), lse (b, h, s_q); prefill: out (tokens, h, d_v), lse (tokens, h);
-    dequant: out (tokens, d) and lse None; remap: out the global index tensor and lse None.
+    dequant: out (tokens, d) and lse None; remap: out the global index tensor and lse None;
+    indexer: out the fp32 logits (rows, keys), topk the (rows, topk) int32 picks (-1 padded).
     """
 
     out: Any
     lse: Any = None
+    topk: Any = None
 
 
 @dataclass

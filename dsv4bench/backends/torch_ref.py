@@ -58,14 +58,37 @@ def oracle_call(
         return lambda: Output(
             indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
         )
+    if case.op == "indexer":
+        return lambda: indexer_call(case, x)
     raise ValueError(f"no oracle for op {case.op!r}")
+
+
+def indexer_call(case: Case, x: dict) -> Output:
+    """The indexer oracle: logits in DeepGEMM's paged or ragged form, then top-k."""
+    from dsv4bench import indexer_case
+    from reference import indexer
+
+    if "kv" in x:
+        logits = indexer.mqa_logits(
+            x["q"], (x["kv"], x["kv_scales"]), x["weights"], x["ks"], x["ke"]
+        )
+    else:
+        logits = indexer.paged_mqa_logits(
+            x["q"],
+            x["kv_cache"],
+            x["weights"],
+            x["context_lens"],
+            x["block_table"],
+            indexer_case.keys(case),
+        )
+    return Output(logits, None, indexer.topk_indices(logits, case.topk))
 
 
 class TorchReference(Backend):
     name = "torch"
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
     archs = ("cpu", "sm90", "sm100", "sm120")
-    ops = ("decode", "prefill", "dequant", "remap")
+    ops = ("decode", "prefill", "dequant", "remap", "indexer")
 
     def provider(self) -> Provider:
         import torch

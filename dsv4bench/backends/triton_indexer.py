@@ -74,7 +74,8 @@ def _paged_kernel(
     blk = tl.load(table_ptr + b * table_s0 + t, mask=live, other=0).to(tl.int64)
     base = blk * block_stride
     kmask = live & (pos < out_w)
-    kb = tl.load(cache_ptr + base + (pos % BS)[:, None] * D + d[None, :], mask=kmask[:, None], other=0)
+    koffs = base + (pos % BS)[:, None] * D + d[None, :]
+    kb = tl.load(cache_ptr + koffs, mask=kmask[:, None], other=0)
     k = kb.to(tl.float8e4nv, bitcast=True)
     sb = base + BS * D + (pos % BS) * 4
     s0 = tl.load(cache_ptr + sb, mask=kmask, other=0).to(tl.uint32)
@@ -224,8 +225,9 @@ def _e4m3(x, name: str):
     return x.contiguous().view(torch.uint8)  # loaded as bytes, bitcast to e4m3 in the kernel
 
 
-def paged_launcher(q, kv_cache, weights, context_lens, block_table, max_model_len: int, *,
-                   dot: str | None = None):
+def paged_launcher(
+    q, kv_cache, weights, context_lens, block_table, max_model_len: int, *, dot: str | None = None
+):
     """(launch, out): launch() writes the paged logits (B * next_n, max_model_len) fp32 into out.
     dot: "fp8", "bf16" or "fp32" (DOTS); None: fp8 on a GPU, fp32 in the interpreter."""
     import torch
@@ -248,8 +250,15 @@ def paged_launcher(q, kv_cache, weights, context_lens, block_table, max_model_le
     kernel = _kernel("paged", device)
     grid = (b, -(-max_model_len // bs))
     args = (q8, cache, w, lens, table, out, table.stride(0), table.shape[1], cache.stride(0))
-    meta = dict(H=heads, HP=_heads_padded(heads), D=d, BS=bs, NEXT_N=next_n,
-                LENS_2D=lens.dim() == 2, DOT=code)
+    meta = dict(
+        H=heads,
+        HP=_heads_padded(heads),
+        D=d,
+        BS=bs,
+        NEXT_N=next_n,
+        LENS_2D=lens.dim() == 2,
+        DOT=code,
+    )
 
     def launch():
         kernel[grid](*args, max_model_len, **meta, num_warps=PAGED_WARPS)
@@ -275,8 +284,14 @@ def ragged_launcher(q, kv: tuple, weights, ks, ke, *, dot: str | None = None):
     code = _dot_code(dot, device)
     kernel = _kernel("ragged", device)
     grid = (-(-s_len // RAGGED_BLOCK_Q), -(-n // RAGGED_BLOCK_N))
-    meta = dict(H=heads, HP=_heads_padded(heads), D=d, BLOCK_Q=RAGGED_BLOCK_Q,
-                BLOCK_N=RAGGED_BLOCK_N, DOT=code)
+    meta = dict(
+        H=heads,
+        HP=_heads_padded(heads),
+        D=d,
+        BLOCK_Q=RAGGED_BLOCK_Q,
+        BLOCK_N=RAGGED_BLOCK_N,
+        DOT=code,
+    )
 
     def launch():
         kernel[grid](q8, k8, scales, w, ks32, ke32, out, s_len, n, **meta, num_warps=RAGGED_WARPS)
@@ -293,3 +308,60 @@ def paged_logits(q, kv_cache, weights, context_lens, block_table, max_model_len,
 def ragged_logits(q, kv, weights, ks, ke, **kw):
     launch, _ = ragged_launcher(q, kv, weights, ks, ke, **kw)
     return launch()
+
+
+def _launcher(case, x: dict, dot: str):
+    from dsv4bench import indexer_case
+
+    if "kv" in x:
+        return ragged_launcher(
+            x["q"], (x["kv"], x["kv_scales"]), x["weights"], x["ks"], x["ke"], dot=dot
+        )
+    return paged_launcher(
+        x["q"],
+        x["kv_cache"],
+        x["weights"],
+        x["context_lens"],
+        x["block_table"],
+        indexer_case.keys(case),
+        dot=dot,
+    )
+
+
+def prepare(case, inputs: dict, device: str):
+    """The suite's Prepared for an indexer case: run() = logits kernel + torch top-k."""
+    import torch
+
+    from dsv4bench.backends.base import Output, Prepared
+    from reference.indexer import topk_indices
+
+    _load()
+    dot = default_dot(torch.device(device))
+    info: dict = {}
+    launch, out = _launcher(case, inputs, dot)
+    if dot == "fp8":  # compile now; a Triton that cannot build the e4m3 dot gets bf16
+        try:
+            launch()
+        except Exception as e:
+            if isinstance(e, torch.OutOfMemoryError) or "CUDA error" in str(e):
+                raise
+            info["dot_fallback"] = f"{type(e).__name__}: {e}"[:300]
+            dot = "bf16"
+            launch, out = _launcher(case, inputs, dot)
+
+    def run():
+        logits = launch()
+        return logits, topk_indices(logits, case.topk)
+
+    info.update(
+        kernel="indexer_ragged" if "kv" in inputs else "indexer_paged",
+        dot=dot,
+        logits_bytes=out.numel() * out.element_size(),
+        topk="torch.topk",
+    )
+    return Prepared(
+        run=run,
+        finish=lambda raw: Output(raw[0], None, raw[1]),
+        poison=lambda: out.fill_(float("nan")),
+        info=info,
+    )

@@ -396,9 +396,12 @@ def _case_reason(case: Case) -> str | None:
 
 class TritonKernels(Backend):
     name = "triton"
-    description = "the project's Triton kernels: FP8 cache -> bf16 dequant (V4, V3.2), index remap"
+    description = (
+        "the project's Triton kernels: FP8 cache -> bf16 dequant (V4, V3.2), index remap, "
+        "the lightning indexer's FP8 logits"
+    )
     archs = ("sm90", "sm100", "sm120")
-    ops = ("dequant", "remap")
+    ops = ("dequant", "remap", "indexer")
 
     def provider(self) -> Provider:
         t = _load()
@@ -410,6 +413,10 @@ class TritonKernels(Backend):
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         """Checks and allocates here; run() only launches. poison() returns what it filled."""
         self.provider()  # Unsupported without Triton
+        if case.op == "indexer":
+            from dsv4bench.backends import triton_indexer
+
+            return triton_indexer.prepare(case, inputs, device)
         reason = _case_reason(case) if case.op in self.ops else f"no {case.op} kernel"
         if reason:
             raise Unsupported(reason)
