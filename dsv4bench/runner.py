@@ -309,6 +309,11 @@ class Runner:
             "provider": next((p["provider"] for p in probes.values() if p.get("provider")), None),
             "probes": {str(v): r["status"] for v, r in sorted(probes.items())},
         }
+        if s.base.op == "indexer":  # the fp32 logits matrix each probed size needs (one copy)
+            from dsv4bench import indexer_case
+
+            sizes = {str(v): indexer_case.logits_bytes(s.at(v)) for v in sorted(probes)}
+            row["info"] = {**(row.get("info") or {}), "logits_bytes": sizes}
         self.writer.append(row)
         return row
 

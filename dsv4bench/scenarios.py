@@ -847,7 +847,7 @@ class _Loader(_Parser):
                     cases[case.case_id] = case
                     case_backends[case.case_id] = chosen
 
-        searches: dict[str, LimitSearch] = {}
+        searches: dict[tuple[str, str], LimitSearch] = {}
         for e in limits:
             axis, lo, hi, backend, lo_at, hi_at = e.limit
             for own in _product(e.values):
@@ -856,7 +856,7 @@ class _Loader(_Parser):
                     case = self.resolve({**merged, axis: (lo, lo_at)}, e, common)
                     self.resolve({**merged, axis: (hi, hi_at)}, e, common)
                     search = LimitSearch(axis, lo, hi, backend, case)
-                    searches.setdefault(search.limit_id, search)
+                    searches.setdefault((search.limit_id, search.backend), search)
 
         ops = sorted({c.op for c in cases.values()} | {s.base.op for s in searches.values()})
         op = base["op"][0] if "op" in base else (ops[0] if len(ops) == 1 else "mixed")
