@@ -223,3 +223,39 @@ def test_deepgemm_absent_is_unsupported_with_the_reason(monkeypatch) -> None:
     monkeypatch.setattr(deepgemm.importlib, "import_module", broken)
     with pytest.raises(Unsupported, match="DeepGEMM not importable.*torch ABI"):
         DeepGEMM().provider()
+
+
+def test_serving_adds_the_indexer_of_indexer_layers_only() -> None:
+    from dsv4bench.serving import aggregate, plan, spec_from_dict
+
+    base = {"model": "v4-flash", "prompt_lens": [8192], "chunk_sizes": [4096]}
+    base |= {"batch_sizes": [1], "contexts": [8192], "helper_backends": ["triton"]}
+    without = plan(spec_from_dict(base))
+    p = plan(spec_from_dict({**base, "indexer": True}))
+    ix_cases = [c for c in p.cases if c.op == "indexer"]
+    assert not [c for c in without.cases if c.op == "indexer"]
+    # two chunks (context 4096, 8192) and one decode step: 3 distinct indexer cases
+    assert len(ix_cases) == 3 and all(p.backends_for(c) == ("triton",) for c in ix_cases)
+    ttft = next(pt for pt in p.points() if pt.metric == "ttft" and pt.route == "sparse-prefill")
+    ix_parts = [part for part in ttft.parts if part.role == "indexer"]
+    assert [part.multiplicity for part in ix_parts] == [21, 21]  # V4-Flash: 21 C4 layers
+    # the same case ids as an indexer scenario's points: its rows serve the serving model
+    sc = _load(
+        "name: s\nop: indexer\nbackends: [triton]\ncases:\n"
+        "  - model: v4-flash\n    tokens: 4096\n    context_len: 8192\n"
+    )
+    assert sc.cases[0].case_id in {c.case_id for c in ix_cases}
+    # aggregate: the indexer's time lands in breakdown_ms["indexer"]
+    rows = [
+        {
+            "case_id": c.case_id,
+            "backend": "flashmla" if c.op in ("prefill", "decode") else "triton",
+            "status": "ok",
+            "timing": {"median_ms": 1.0 if c.op != "indexer" else 0.5},
+        }
+        for c in p.cases
+    ]
+    out = [r for r in aggregate(p, rows) if r["case_id"] == ttft.point_id]
+    assert out and out[0]["status"] == "ok"
+    assert out[0]["breakdown_ms"]["indexer"] == 0.5 * 42
+    assert "indexer" in out[0]["label"]

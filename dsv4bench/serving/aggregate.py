@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dsv4bench.serving.planning import Part, ServingPlan
-from dsv4bench.serving.spec import LABEL, ROLES
+from dsv4bench.serving.spec import LABEL, LABEL_INDEXER, ROLES
 
 # ---- aggregation ----------------------------------------------------------------------------
 
@@ -43,7 +43,8 @@ def aggregate(plan: ServingPlan, rows: list[dict]) -> list[dict]:
 
 
 def _pick(part: Part, backend: str, by_key: dict, by_case: dict) -> tuple[str | None, dict | None]:
-    """The row a part takes: the backend's own (attention), the fastest ok one (dequant/remap)."""
+    """The row a part takes: the backend's own (attention), the fastest ok one (dequant, remap,
+    indexer)."""
     if part.role == "attention":
         return backend, by_key.get((part.case_id, backend))
     candidates = by_case.get(part.case_id, [])
@@ -112,6 +113,6 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
         "status": status,
         "message": message,
         "parts": parts,
-        "label": LABEL,
+        "label": LABEL_INDEXER if spec.indexer else LABEL,
         "env": env,
     }

@@ -109,7 +109,7 @@ class ServingPlan:
 
     def backends_for(self, case: Case) -> tuple[str, ...]:
         """Attention cases run on the spec's backends, dequant/remap on helper_backends."""
-        if case.op in ("dequant", "remap"):
+        if case.op in ("dequant", "remap", "indexer"):
             return tuple(dict.fromkeys(self.spec.helper_backends))
         return tuple(dict.fromkeys(self.spec.backends))
 
@@ -243,11 +243,44 @@ class _Builder:
             context_len=max(tokens, width),
         )
 
+    def indexer(self, kind: str, *, context_len: int, tokens: int = 0, batch_size: int = 1):
+        """The indexer part of one layer of `kind` (None: that kind has no indexer, or the
+        spec leaves the indexer out): the Case scenarios.py makes for op indexer (the same
+        case id, so an indexer scenario's rows serve here too)."""
+        if not self.spec.indexer or kind not in ("dense-topk", "c4"):
+            return None
+        from dsv4bench import indexer_case
+
+        defaults = indexer_case.defaults(self.cfg_model)
+        fields = {**self.base, **defaults, "page_size": 64}
+        fields.update(
+            op="indexer",
+            tokens=tokens,
+            batch_size=batch_size,
+            s_q=1,
+            context_len=context_len,
+            head_padding="engine",
+            scale_convention=SCALE_CONVENTIONS[self.cfg.cache_layout][0],
+        )
+        case = Case(**{**fields, "tags": (TAG, f"{TAG}-indexer")})
+        self.cases.setdefault(case.case_id, case)
+        return Part(case.case_id, 1, "indexer")
+
+    @property
+    def cfg_model(self):
+        """The scenario-side model view indexer_case.defaults reads (heads, ratio, top-k)."""
+        from dsv4bench.scenarios import _Model
+
+        return _Model.builtin(self.cfg)
+
     def chunk_parts(self, kind: str, chunk: Chunk, route: str) -> list[Part]:
         """The parts one layer of `kind` costs for one chunk on a kernel route."""
         t, ctx = chunk.tokens, chunk.context_len
         cid = self.attention(kind, op="prefill", tokens=t, context_len=ctx, route=route)
         parts = [Part(cid, 1, "attention")]
+        ix = self.indexer(kind, context_len=ctx, tokens=t)
+        if ix is not None:  # the indexer runs whichever route the attention takes
+            parts.append(ix)
         if route == "decode-kernel":
             return parts
         w = self.widths(kind, ctx, aligned=False)
@@ -329,6 +362,10 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                 (Part(b.attention(kind, op="decode", context_len=s, batch_size=bs), 1), count)
                 for kind, count in kinds.items()
             ]
+            for kind, count in kinds.items():
+                ix = b.indexer(kind, context_len=s, batch_size=bs)
+                if ix is not None:
+                    scaled.append((ix, count))
             points.append(
                 CurvePoint(
                     point_id=f"tpot-{cfg.name}{suffix}-B{bs}-S{s}",

@@ -24,7 +24,11 @@ ALIGN = 64  # index width multiple: the decode kernel's topk rule (KERNEL_FACTS 
 PREFILL_ALIGN = 128  # merged index width of the sparse prefill (inputs pad to it)
 HEAD_PADDINGS = ("engine", "none", "64", "128")
 SCALE_CONVENTIONS = {"v4": ("flashmla", "vllm", "sglang"), "v32": ("pow2", "raw")}  # default first
-ROLES = ("attention", "dequant", "remap")
+ROLES = ("attention", "dequant", "remap", "indexer")
+LABEL_INDEXER = (
+    "sparse-attention part of TTFT/TPOT (kernels, dequant, index remap) plus the lightning "
+    "indexer (FP8 logits + top-k), without GEMMs, MoE and communication"
+)
 
 KEYS: dict[str, str] = {
     "op": 'must be "serving" when present (the scenario entry kind)',
@@ -58,6 +62,11 @@ KEYS: dict[str, str] = {
         "index_topk are visible (rounded up to 64 on the decode kernel); full: always "
         "index_topk (window) wide, -1 padded"
     ),
+    "indexer": (
+        "true: add the lightning indexer (FP8 logits + top-k) of the layers that have one "
+        "(V3.2 every layer, V4 the C4 layers), timed on the fastest helper backend (default "
+        "false)"
+    ),
     "seed": "Case.seed (default 0)",
     "timing": "Case.timing fields: warmup, iters, flush_l2, timer, timeout_s",
     "tolerance": "Case.tolerance fields: cos_diff, lse_abs",
@@ -87,6 +96,7 @@ class ServingSpec:
     layout: str | None = None  # None: the model's
     scale_convention: str | None = None  # None: flashmla (v4), pow2 (v32)
     topk_padding: str = "clamp"
+    indexer: bool = False  # add the indexer's parts (role "indexer")
     seed: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
@@ -238,6 +248,10 @@ def spec_from_dict(d: dict) -> ServingSpec:
             if not isinstance(d[key], str):
                 raise ValueError(f"{key}: expected a string, got {d[key]!r}")
             kw[key] = d[key]
+    if "indexer" in d:
+        if not isinstance(d["indexer"], bool):
+            raise ValueError(f"indexer: expected true or false, got {d['indexer']!r}")
+        kw["indexer"] = d["indexer"]
     if "timing" in d:
         kw["timing"] = _sub("timing", Timing, d["timing"])
     if "tolerance" in d:
