@@ -259,3 +259,42 @@ def test_serving_adds_the_indexer_of_indexer_layers_only() -> None:
     assert out and out[0]["status"] == "ok"
     assert out[0]["breakdown_ms"]["indexer"] == 0.5 * 42
     assert "indexer" in out[0]["label"]
+
+
+def test_report_shows_the_indexer_share(tmp_path) -> None:
+    from test_report import part, serving_row, write_run
+
+    from dsv4bench.report import build_report
+
+    rows = []
+    for x, ix in ((8192, 1.0), (65536, 6.0)):
+        r = serving_row(
+            "ttft",
+            "flashmla",
+            10.0 + ix,
+            [part(f"p-{x}", "flashmla")],
+            case_id=f"ttft-{x}",
+            route="sparse-prefill",
+            prompt_len=x,
+            chunk_size=4096,
+            batch_size=1,
+        )
+        r["breakdown_ms"] = {"attention": 10.0, "dequant": 0.0, "remap": 0.0, "indexer": ix}
+        rows.append(r)
+    rows.append(
+        serving_row(
+            "tpot",
+            "flashmla",
+            1.0,
+            [part("d", "flashmla")],
+            case_id="t",
+            route="decode",
+            batch_size=1,
+            context_len=8192,
+        )
+    )
+    files = build_report([write_run(tmp_path / "run", rows)], tmp_path / "out")
+    assert "indexer-share.png" in {f.name for f in files}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "the lightning indexer's share" in md
+    assert "37.5%" in md and "9.1%" in md  # 6 / 16 and 1 / 11

@@ -13,7 +13,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from dsv4bench.report import plots
+from dsv4bench.report import indexer_share, plots
 from dsv4bench.report.doc import Doc
 from dsv4bench.report.load import (
     accuracy_failure,
@@ -225,6 +225,7 @@ class Report:
             self.ttft(ttft)
         else:
             self.left_out.append("TTFT curves: no serving rows with metric `ttft`.")
+        indexer_share.section(self, serving)
 
     def _label_line(self, rows: list[dict]) -> str:
         labels = sorted({r["label"] for r in rows if r.get("label")})
