@@ -96,4 +96,9 @@ class TorchReference(Backend):
         return Provider("reference", f"torch {torch.__version__}", "reference/")
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        return Prepared(run=oracle_call(case, inputs))
+        info = {}
+        if case.op == "indexer":  # the size of the matrix engines must hold
+            from dsv4bench import indexer_case
+
+            info["logits_bytes"] = indexer_case.logits_bytes(case)
+        return Prepared(run=oracle_call(case, inputs), info=info)
