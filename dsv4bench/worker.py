@@ -71,7 +71,9 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         from dsv4bench import topk
 
         expected = cache.expected[reading]
-        acc.update(topk.compare_topk(expected.out, expected.topk, actual.topk))
+        acc.update(
+            topk.compare_topk(expected.out, expected.topk, actual.topk, actual_logits=actual.out)
+        )
         problem = topk.topk_problem(acc)
         if ok and problem:
             ok, why = False, problem

@@ -55,3 +55,14 @@ def test_overlap_ignores_padding_next_to_column_zero() -> None:
     logits = torch.tensor([[3.0, 2.0, 1.0]])
     acc = compare_topk(logits, torch.tensor([[0, -1]]), torch.tensor([[0, -1]]))
     assert acc["topk_index_overlap"] == 1.0
+
+
+def test_a_pick_exact_for_the_kernels_own_logits_passes() -> None:
+    ref = torch.tensor([[5.0, 3.00, 2.99, 1.0]])
+    mine = torch.tensor([[5.0, 2.995, 2.996, 1.0]])  # rounding swapped the 2nd and 3rd keys
+    expected, actual = torch.tensor([[0, 1]]), torch.tensor([[0, 2]])
+    assert compare_topk(ref, expected, actual)["topk_matched"] == 0.5
+    acc = compare_topk(ref, expected, actual, actual_logits=mine)
+    assert acc["topk_matched"] == 1.0 and abs(acc["topk_logit_err"] - 0.006) < 1e-6
+    worse = compare_topk(ref, expected, torch.tensor([[0, 3]]), actual_logits=mine)
+    assert worse["topk_matched"] == 0.5  # a key 2 below the oracle's is beyond any rounding
