@@ -5,16 +5,16 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt" 2>&1
-python3 -c "import deep_gemm" >> "$OUT/gpu.txt" 2>&1 || echo "deep_gemm: import failed" >> "$OUT/gpu.txt"
+timeout 10 python3 -c "import deep_gemm" >> "$OUT/gpu.txt" 2>&1 || echo "deep_gemm: import failed" >> "$OUT/gpu.txt"
 S=$(date +%s)
-timeout 40 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_indexer_gpu.py \
+timeout 35 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_indexer_gpu.py \
   > "$OUT/gpu-tests.txt" 2>&1
 echo "gpu tests rc=$? in $(( $(date +%s) - S )) s" >> "$OUT/gpu-tests.txt"
 S=$(date +%s)
-timeout 80 python3 -m dsv4bench.cli run scenarios/indexer/sm90.yaml --out "$OUT/indexer" \
+timeout 75 python3 -m dsv4bench.cli run scenarios/indexer/sm90.yaml --out "$OUT/indexer" \
   > "$OUT/run.log" 2>&1
 echo "indexer run rc=$? in $(( $(date +%s) - S )) s" >> "$OUT/run.log"
 S=$(date +%s)
-timeout 22 python3 -m dsv4bench.cli run scenarios/indexer/limits_sm90.yaml --out "$OUT/limits" \
+timeout 18 python3 -m dsv4bench.cli run scenarios/indexer/limits_sm90.yaml --out "$OUT/limits" \
   > "$OUT/limits.log" 2>&1
-echo "limits run rc=$? in $(( $(date +%s) - S )) s (timeout 22 s: partial)" >> "$OUT/limits.log"
+echo "limits run rc=$? in $(( $(date +%s) - S )) s (timeout 18 s: partial)" >> "$OUT/limits.log"

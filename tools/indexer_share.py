@@ -2,7 +2,7 @@
 scenarios/serving/v4_flash_indexer_sm90.yaml aggregated over the given runs' case rows (the
 attention, dequant and remap parts from one run, the indexer parts from another, as measured).
 
-    python tools/indexer_share.py RUN_DIR... [--json OUT]
+    python tools/indexer_share.py RUN_DIR... [--json OUT] [--rows SERVING_RUN_DIR]
 
 Prints one line per TTFT / TPOT point: total, indexer ms and share. Rows from different GPUs
 can be combined; each part names the GPU its row came from (env.gpu) in the JSON output.
@@ -27,6 +27,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--rows", type=Path, help="write the serving rows as RUN_DIR/results.jsonl")
     ap.add_argument("--safe-limit", type=int, default=None)
     a = ap.parse_args()
     rows = []
@@ -56,6 +57,10 @@ def main() -> int:
             p["gpu"] = gpus.get((p["case_id"], p["backend"]))
     if a.json:
         a.json.write_text(json.dumps(serving, indent=1, default=str))
+    if a.rows:  # a run folder `dsv4bench report` reads: TTFT/TPOT curves and the indexer share
+        a.rows.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(r, default=str) + "\n" for r in serving)
+        (a.rows / "results.jsonl").write_text(text)
     return 0
 
 
