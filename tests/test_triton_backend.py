@@ -208,7 +208,8 @@ REMAP = _case("remap", batch_size=2, s_q=3, topk=64, context_len=200, page_size=
 
 def test_provider_and_supports():
     b = tk.TritonKernels()
-    assert (b.name, b.archs, b.ops) == ("triton", ("sm90", "sm100", "sm120"), ("dequant", "remap"))
+    ops = ("dequant", "remap", "indexer")
+    assert (b.name, b.archs, b.ops) == ("triton", ("sm90", "sm100", "sm120"), ops)
     assert b.provider() == Provider("triton", triton.__version__, tk.__name__)
     assert b.supports(V4_DEQUANT, "sm90") is None
     assert b.supports(V32_DEQUANT, "sm100") is None
