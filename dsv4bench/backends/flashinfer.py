@@ -1,4 +1,5 @@
-"""FlashInfer sparse MLA decode: trtllm-gen kernels on sm100, the sm120 kernels on sm120.
+"""FlashInfer sparse MLA decode: trtllm-gen kernels on sm100, the sm120 kernels on sm120; on
+sm90 the FA3 MLA kernel as sparse attention, decode and prefill (flashinfer_fa3.py).
 
 The four entry points, by arch and cache layout (flashinfer-ai/flashinfer; names and argument
 names as in flashinfer/mla/_core.py, flashinfer/mla/_sparse_mla_sm120.py (older builds:
@@ -63,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dsv4bench import hardware
+from dsv4bench.backends import flashinfer_fa3
 from dsv4bench.backends.base import (
     Backend,
     LazyOps,
@@ -76,7 +78,7 @@ from dsv4bench.backends.base import (
 from dsv4bench.case import Case
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
-ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm100/sm120 only"
+ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and sm120 only"
 LAYOUT_D_QK = {"v32": 576, "v4": 512}
 CACHE_BYTES = {"v32": 656, "v4": 584}
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
@@ -110,6 +112,7 @@ CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
         ("flashinfer.mla._sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
         ("flashinfer.sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
     ),
+    "fa3_mla": (("flashinfer.mla", "BatchMLAPagedAttentionWrapper"),),
 }
 FAMILY = {
     ("sm100", "v32"): "trtllm_mla",
@@ -129,6 +132,7 @@ class KernelOps:
     trtllm_dsv4: Callable | None = None
     sm120_dsv4: Callable | None = None
     sm120_dsv32: Callable | None = None
+    fa3_mla: Callable | None = None  # the wrapper class (sm90)
     names: dict = field(default_factory=dict)
 
 
@@ -334,9 +338,10 @@ def sm120_lse_to_natural(lse2, sink):
 
 class FlashInfer(Backend):
     name = "flashinfer"
-    description = "FlashInfer sparse MLA decode: trtllm-gen (sm100) and sm120 kernels"
-    archs = ("sm100", "sm120")
-    ops = ("decode",)
+    description = "FlashInfer sparse MLA: FA3 MLA (sm90), trtllm-gen (sm100), sm120 decode kernels"
+    archs = ("sm90", "sm100", "sm120")
+    ops = ("decode", "prefill")
+    options = {"kv_dtype": "bf16"}
 
     def __init__(
         self,
@@ -374,6 +379,10 @@ class FlashInfer(Backend):
         reason = super().supports(case, arch)
         if reason:
             return reason
+        if arch == "sm90":
+            return flashinfer_fa3.supports(case)
+        if case.op != "decode":
+            return f"FlashInfer's sparse MLA kernels on {arch} are decode kernels (no {case.op})"
         if case.layout not in LAYOUT_D_QK:
             return f"FlashInfer's sparse MLA kernels read a v32 or v4 FP8 cache, not {case.layout}"
         if LAYOUT_D_QK[case.layout] != case.d_qk:
@@ -432,6 +441,12 @@ class FlashInfer(Backend):
         reason = self.supports(case, arch)
         if reason:
             raise Unsupported(reason)
+        if arch == "sm90":
+            if ops.fa3_mla is None:
+                raise Unsupported(
+                    f"flashinfer {ops.provider.version} has no BatchMLAPagedAttentionWrapper"
+                )
+            return flashinfer_fa3.prepare(case, inputs, device, ops.fa3_mla, self.kv_dtype)
         key = FAMILY[(arch, case.layout)]
         fn = getattr(ops, key)
         if fn is None:
