@@ -344,3 +344,13 @@ def test_real_kernel_matches_the_oracle_and_the_fake(name, case, kv_dtype):
     fake = pf.finish(pf.run())
     both = metrics.accuracy(fake, type(got)(got.out.cpu().float(), got.lse.cpu()))
     assert both["cos_diff"] < 5e-6 and both["lse_max_abs"] < 1e-4, both
+
+
+def test_v4_e4m3_with_a_dense_page_stride():
+    # .cpu() of a padded V4 cache view gives page stride P*584: still one layout to read
+    case = make_case(**V4, batch_size=2, context_len=512)
+    x = make_inputs(case, "cpu")
+    dense = {k: (v.contiguous() if k.endswith("k_cache") else v) for k, v in x.items()}
+    assert dense["k_cache"].stride(0) != x["k_cache"].stride(0)
+    p, acc, conversion, _ = run_case(case, "e4m3", x=dense)
+    assert acc["cos_diff"] < 5e-6 and p.info["reads_exact"]

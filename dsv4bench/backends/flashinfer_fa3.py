@@ -71,6 +71,11 @@ E4M3_MAX = 448.0
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommendation and vLLM's _WORKSPACE_BYTES
 CONVERT_CHUNK = 1 << 16  # cache tokens converted at once
 KV_DTYPES = ("bf16", "e4m3")
+# FlashInfer's MLA planner reserves this many work items (scheduler.cuh, max_total_num_works,
+# "adjust it later") and does not check it: with one work per query row, a plan of more rows
+# overflows and rows past the limit stay unwritten (measured: 32768 rows -> half NaN). Rows
+# above it are run anyway and judged, so the failure shows as `incorrect`.
+PLANNER_WORKS = 16384
 _compiled: set[tuple] = set()  # JIT variants already built in this process
 
 
@@ -300,8 +305,6 @@ def caches_from_reads(reads, caches, case: Case):
             rec[:, D_CKV + 16 :] = rope.view(n, -1)
         else:
             new = layouts.quantize_v4(r.nan_to_num(0.0, 0.0, 0.0), cache.shape[1])
-            if new.stride(0) != cache.stride(0):
-                raise ValueError("V4 page stride changed while rebuilding the cache")
         if bad.any():
             layouts.poison_tokens(new, bad.nonzero().flatten())
         back = layouts.gather_tokens(new, torch.arange(n, device=new.device))
@@ -361,6 +364,10 @@ def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str) -
     wrapper.plan(*plan_args, torch.bfloat16, kv_type)
     sync()
     info["plan_ms"] = (time.perf_counter() - t0) * 1e3
+    if t > PLANNER_WORKS:
+        info["planner_limit"] = (
+            f"{t} query rows > FlashInfer's {PLANNER_WORKS} planned work items (unchecked)"
+        )
     info.update(
         padded_heads=heads,
         head_dim_ckv=D_CKV,
