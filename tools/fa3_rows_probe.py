@@ -7,6 +7,8 @@
    with per-token ckv_scale_arr, same problem (CUDA events, median of 20, no L2 flush).
 """
 
+import sys
+
 import torch
 from flashinfer.mla import BatchMLAPagedAttentionWrapper
 
@@ -25,7 +27,8 @@ def problem(t, h, k, n=65536, kpe=64):
     return (qo, kvp, idx, lens), q, kv
 
 
-for t in (16000, 16384, 16385, 17000, 24576, 32768):
+# rows past 16384 can fault the context (17000 did): `scales` skips this part
+for t in () if "scales" in sys.argv else (16000, 16384, 16385, 17000, 24576, 32768):
     args, q, kv = problem(t, 64, 128)
     w = BatchMLAPagedAttentionWrapper(ws, backend="fa3")
     w.plan(*args, 64, 512, 64, 1, False, 0.04, torch.bfloat16, torch.bfloat16)

@@ -177,6 +177,6 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
 
 def markdown(rows: list[dict], out_dir: Path) -> tuple[str, list[Path]]:
     """The section alone: its markdown and figure files."""
-    doc = Doc("Which backend wins")
+    doc = Doc("Backends compared")
     images = add_section(doc, rows, out_dir)
     return doc.to_markdown(), images
