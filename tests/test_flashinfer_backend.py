@@ -313,7 +313,7 @@ def test_provider_absent(monkeypatch):
         b.provider()
     assert str(e.value) == fi.NOT_FOUND
     assert str(e.value) == (
-        "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
+        "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
     )
     with pytest.raises(Unsupported, match="FlashInfer not found"):  # remembered
         b.prepare(make_case(**V4), {}, "cpu")

@@ -43,11 +43,12 @@ columns and the index width to a multiple of 4 with -1; sm120: re-pages the cach
 pages (V4 split_pages_v4, V3.2 a view of its token-major records; slots unchanged) and pads the
 index width with -1 to the kernel's dispatch set (extra width to a multiple of 64).
 
-NOT run here: any FlashInfer kernel. flashinfer is not installed in this environment and no
-sm100/sm120 GPU exists, so the adapter was built against the public source above and tested on
-the CPU with fake kernels that compute the answer from the converted inputs. Unverified: that the
-installed build has these names and argument names (the API has moved between releases), the
-head counts and topk limits it really accepts, that trtllm-gen honours `sinks` and treats
+NOT run here: any sm100/sm120 FlashInfer kernel (the sm90 FA3 path in flashinfer_fa3.py ran on
+an H100). No sm100/sm120 GPU exists here, so those adapters were built against the public
+source above and tested on the CPU with fake kernels that compute the answer from the
+converted inputs. Unverified: that the installed build has these names and argument names
+(the API has moved between releases), the head counts and topk limits it really accepts, that
+trtllm-gen honours `sinks` and treats
 seq_lens as the per-row length in sparse V3.2 mode, that the sm120 kernels accept 64-token pages
 with the padded page stride 37440, the sm120 lse convention (base 2, sink merged), and that
 sm120 reads V3.2's fp32 scales as powers of two (v32_scale_reading "e8m0"), and what the
@@ -77,7 +78,7 @@ from dsv4bench.backends.base import (
 )
 from dsv4bench.case import Case
 
-NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
+NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
 ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and sm120 only"
 LAYOUT_D_QK = {"v32": 576, "v4": 512}
 CACHE_BYTES = {"v32": 656, "v4": 584}
