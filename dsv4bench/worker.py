@@ -65,7 +65,15 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     actual = prepared.finish(prepared.run())
     if device == "cuda":
         torch.cuda.synchronize()
-    acc = metrics.accuracy(cache.expected[reading], actual)
+    expected = cache.expected[reading]
+    if prepared.reads is not None:  # judged on the values the kernel reads
+        on_reads = oracle_call(case, prepared.reads, reading)()
+        conversion = metrics.accuracy(expected, on_reads)
+        row["info"]["conversion"] = {
+            k: conversion[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")
+        }
+        expected = on_reads
+    acc = metrics.accuracy(expected, actual)
     ok, why = metrics.within_tolerance(acc, case.tolerance)
     if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices
         from dsv4bench import topk

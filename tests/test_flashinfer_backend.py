@@ -263,9 +263,9 @@ def test_supported(kw, arch):
 @pytest.mark.parametrize(
     "kw, arch, words",
     [
-        (V32, "sm90", "FlashInfer's sparse MLA kernels run on sm100/sm120 only"),
-        (V4, "cpu", "run on sm100/sm120 only, not cpu"),
-        ({**V4, "op": "prefill", "tokens": 64}, "sm100", "no prefill kernel (has: decode)"),
+        (V32, "sm80", "kernels run on sm90 (FA3 MLA), sm100 and sm120 only, not sm80"),
+        (V4, "cpu", "sm100 and sm120 only, not cpu"),
+        ({**V4, "op": "prefill", "tokens": 64}, "sm100", "sm100 are decode kernels (no prefill)"),
         ({**V4, "op": "dequant"}, "sm120", "no dequant kernel"),
         ({**V4, "layout": "bf16"}, "sm100", "read a v32 or v4 FP8 cache, not bf16"),
         ({**V4, "layout": "v32"}, "sm100", "v32 cache with d_qk 576, not 512"),
@@ -313,7 +313,7 @@ def test_provider_absent(monkeypatch):
         b.provider()
     assert str(e.value) == fi.NOT_FOUND
     assert str(e.value) == (
-        "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
+        "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
     )
     with pytest.raises(Unsupported, match="FlashInfer not found"):  # remembered
         b.prepare(make_case(**V4), {}, "cpu")
@@ -627,7 +627,7 @@ def test_empty_window_is_refused_on_sm100(fake):
 def test_prepare_rechecks_support_and_cache_width(fake):
     case = make_case(**V32_SMALL)
     x = make_inputs(case, "cpu")
-    with pytest.raises(Unsupported, match="sm100/sm120 only"):
+    with pytest.raises(Unsupported, match="sm100 and sm120 only"):
         FlashInfer(ops=fake.ops()).prepare(case, x, "cpu")  # arch from the device: cpu
     bad = dict(x, k_cache=layouts.quantize_v4(torch.randn(64, 512), 64))
     with pytest.raises(ValueError, match="k_cache rows are 584 B, layout v32 needs 656"):

@@ -16,7 +16,7 @@ from dsv4bench.case import OPS, Case
 from dsv4bench.scenarios import ScenarioError, load_text, validate_case
 
 ROOT = Path(__file__).resolve().parent.parent
-KNOWN = {"torch", "flashmla", "flashinfer", "triton", "deepgemm"}
+KNOWN = {"torch", "flashmla", "flashinfer", "flashinfer-e4m3", "triton", "deepgemm"}
 
 # Expected (cases, jobs, limit searches) per shipped file: a change here is a change in how
 # long the sweep takes, so it should be deliberate.
@@ -26,6 +26,7 @@ SHIPPED = {
     "sm90/prefill_chunk.yaml": (24, 24, 1),
     "sm90/head_padding.yaml": (20, 20, 0),
     "sm90/layouts.yaml": (10, 10, 0),
+    "compare/backends_sm90.yaml": (40, 160, 0),
     "sm100/decode_batch.yaml": (15, 30, 0),
     "sm120/decode_batch.yaml": (8, 16, 0),
     "indexer/sm90.yaml": (55, 114, 0),  # opt-in: not part of `make bench`

@@ -44,6 +44,11 @@ def _load_builtin() -> None:
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
     register(flashinfer.FlashInfer())
+    # FlashInfer with an FP8 (e4m3) KV variant, until `--backend-opt flashinfer.kv_dtype=e4m3`
+    # instances exist: scenarios compare both variants side by side
+    e4m3 = flashinfer.FlashInfer(kv_dtype="e4m3")
+    e4m3.name = "flashinfer-e4m3"
+    register(e4m3)
     register(triton_kernels.TritonKernels())
     register(deepgemm.DeepGEMM())
 

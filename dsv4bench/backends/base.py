@@ -45,6 +45,12 @@ class Prepared:
     finish: Callable[[Any], Output] = lambda raw: raw
     poison: Callable[[], None] | None = None
     info: dict = field(default_factory=dict)  # e.g. {"padded_heads": 64}: recorded in the row
+    # The inputs the kernel really reads, in the oracle's form (the keys inputs.make_inputs
+    # gives for the case), when prepare() re-quantized them (e.g. an e4m3 copy of the cache).
+    # The worker then judges the kernel against oracle(reads) and records in info["conversion"]
+    # how far oracle(reads) is from oracle(inputs): a lossy conversion shows in the row instead
+    # of hiding in a looser tolerance.
+    reads: dict | None = None
 
 
 class Unsupported(Exception):

@@ -1,4 +1,5 @@
-"""FlashInfer sparse MLA decode: trtllm-gen kernels on sm100, the sm120 kernels on sm120.
+"""FlashInfer sparse MLA decode: trtllm-gen kernels on sm100, the sm120 kernels on sm120; on
+sm90 the FA3 MLA kernel as sparse attention, decode and prefill (flashinfer_fa3.py).
 
 The four entry points, by arch and cache layout (flashinfer-ai/flashinfer; names and argument
 names as in flashinfer/mla/_core.py, flashinfer/mla/_sparse_mla_sm120.py (older builds:
@@ -42,11 +43,12 @@ columns and the index width to a multiple of 4 with -1; sm120: re-pages the cach
 pages (V4 split_pages_v4, V3.2 a view of its token-major records; slots unchanged) and pads the
 index width with -1 to the kernel's dispatch set (extra width to a multiple of 64).
 
-NOT run here: any FlashInfer kernel. flashinfer is not installed in this environment and no
-sm100/sm120 GPU exists, so the adapter was built against the public source above and tested on
-the CPU with fake kernels that compute the answer from the converted inputs. Unverified: that the
-installed build has these names and argument names (the API has moved between releases), the
-head counts and topk limits it really accepts, that trtllm-gen honours `sinks` and treats
+NOT run here: any sm100/sm120 FlashInfer kernel (the sm90 FA3 path in flashinfer_fa3.py ran on
+an H100). No sm100/sm120 GPU exists here, so those adapters were built against the public
+source above and tested on the CPU with fake kernels that compute the answer from the
+converted inputs. Unverified: that the installed build has these names and argument names
+(the API has moved between releases), the head counts and topk limits it really accepts, that
+trtllm-gen honours `sinks` and treats
 seq_lens as the per-row length in sparse V3.2 mode, that the sm120 kernels accept 64-token pages
 with the padded page stride 37440, the sm120 lse convention (base 2, sink merged), and that
 sm120 reads V3.2's fp32 scales as powers of two (v32_scale_reading "e8m0"), and what the
@@ -63,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dsv4bench import hardware
+from dsv4bench.backends import flashinfer_fa3
 from dsv4bench.backends.base import (
     Backend,
     LazyOps,
@@ -75,8 +78,8 @@ from dsv4bench.backends.base import (
 )
 from dsv4bench.case import Case
 
-NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA needs sm100 or sm120)"
-ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm100/sm120 only"
+NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
+ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and sm120 only"
 LAYOUT_D_QK = {"v32": 576, "v4": 512}
 CACHE_BYTES = {"v32": 656, "v4": 584}
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
@@ -110,6 +113,7 @@ CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
         ("flashinfer.mla._sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
         ("flashinfer.sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
     ),
+    "fa3_mla": (("flashinfer.mla", "BatchMLAPagedAttentionWrapper"),),
 }
 FAMILY = {
     ("sm100", "v32"): "trtllm_mla",
@@ -129,6 +133,7 @@ class KernelOps:
     trtllm_dsv4: Callable | None = None
     sm120_dsv4: Callable | None = None
     sm120_dsv32: Callable | None = None
+    fa3_mla: Callable | None = None  # the wrapper class (sm90)
     names: dict = field(default_factory=dict)
 
 
@@ -334,9 +339,10 @@ def sm120_lse_to_natural(lse2, sink):
 
 class FlashInfer(Backend):
     name = "flashinfer"
-    description = "FlashInfer sparse MLA decode: trtllm-gen (sm100) and sm120 kernels"
-    archs = ("sm100", "sm120")
-    ops = ("decode",)
+    description = "FlashInfer sparse MLA: FA3 MLA (sm90), trtllm-gen (sm100), sm120 decode kernels"
+    archs = ("sm90", "sm100", "sm120")
+    ops = ("decode", "prefill")
+    options = {"kv_dtype": "bf16"}
 
     def __init__(
         self,
@@ -374,6 +380,10 @@ class FlashInfer(Backend):
         reason = super().supports(case, arch)
         if reason:
             return reason
+        if arch == "sm90":
+            return flashinfer_fa3.supports(case)
+        if case.op != "decode":
+            return f"FlashInfer's sparse MLA kernels on {arch} are decode kernels (no {case.op})"
         if case.layout not in LAYOUT_D_QK:
             return f"FlashInfer's sparse MLA kernels read a v32 or v4 FP8 cache, not {case.layout}"
         if LAYOUT_D_QK[case.layout] != case.d_qk:
@@ -432,6 +442,12 @@ class FlashInfer(Backend):
         reason = self.supports(case, arch)
         if reason:
             raise Unsupported(reason)
+        if arch == "sm90":
+            if ops.fa3_mla is None:
+                raise Unsupported(
+                    f"flashinfer {ops.provider.version} has no BatchMLAPagedAttentionWrapper"
+                )
+            return flashinfer_fa3.prepare(case, inputs, device, ops.fa3_mla, self.kv_dtype)
         key = FAMILY[(arch, case.layout)]
         fn = getattr(ops, key)
         if fn is None:

@@ -13,7 +13,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from dsv4bench.report import indexer_share, plots
+from dsv4bench.report import indexer_share, plots, winners
 from dsv4bench.report.doc import Doc
 from dsv4bench.report.load import (
     accuracy_failure,
@@ -167,6 +167,7 @@ class Report:
         self.doc = body
         self.serving()
         self.kernels()
+        self.images += winners.add_section(self.doc, self.rows, self.out_dir)
         self.accuracy()
         self.crash_boundary()
         self.head_padding()

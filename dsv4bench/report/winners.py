@@ -1,0 +1,182 @@
+"""The report's "which backend wins" section: per shape the fastest `ok` backend, its margin over
+the runner-up, and every backend's time as a ratio to FlashMLA's against batch size (decode) and
+chunk size (prefill).
+
+A shape is one case_id (the problem: op, model, heads, batch or chunk, s_q, ...). Only `ok` rows
+count: an incorrect or unsupported backend never wins. Times are the median of the timed call.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4bench.report import plots
+from dsv4bench.report.doc import Doc
+
+BASELINE = "flashmla"
+
+
+@dataclass
+class Shape:
+    case_id: str
+    params: dict
+    times: dict[str, float] = field(default_factory=dict)  # backend -> median ms (ok rows)
+    others: dict[str, str] = field(default_factory=dict)  # backend -> status, when not ok
+
+    @property
+    def ranked(self) -> list[tuple[str, float]]:
+        return sorted(self.times.items(), key=lambda kv: (kv[1], kv[0]))
+
+    @property
+    def winner(self) -> tuple[str, float] | None:
+        return self.ranked[0] if self.times else None
+
+    @property
+    def margin(self) -> float | None:
+        """Runner-up time / winner time (1.25 = the winner is 25% faster); None if alone."""
+        r = self.ranked
+        return r[1][1] / r[0][1] if len(r) > 1 and r[0][1] > 0 else None
+
+    def ratio(self, backend: str) -> float | None:
+        """backend time / FlashMLA time (below 1: faster than FlashMLA)."""
+        base = self.times.get(BASELINE)
+        t = self.times.get(backend)
+        return t / base if base and t else None
+
+
+def shapes(rows: list[dict]) -> list[Shape]:
+    """One Shape per case_id of the case rows that have a time or a status."""
+    by_id: dict[str, Shape] = {}
+    for r in rows:
+        if r.get("kind") != "case" or "limit-probe" in (r.get("tags") or []):
+            continue
+        s = by_id.setdefault(r["case_id"], Shape(r["case_id"], r.get("params") or {}))
+        backend = r.get("backend") or "?"
+        ms = (r.get("timing") or {}).get("median_ms")
+        if r.get("status") == "ok" and ms:
+            s.times[backend] = float(ms)
+        else:
+            s.others[backend] = r.get("status") or "?"
+    return [s for s in by_id.values() if len(s.times) + len(s.others) > 1]
+
+
+def _size(p: dict) -> tuple[str, int]:
+    """The x axis of a shape: ("batch", b) for decode, ("chunk", tokens) for prefill."""
+    if p.get("op") == "prefill":
+        return "chunk", int(p.get("tokens") or 0)
+    return "batch", int(p.get("batch_size") or 0)
+
+
+def _family(p: dict) -> str:
+    """A curve's name: everything but the size."""
+    extra = f" s_q {p['s_q']}" if p.get("op") == "decode" and p.get("s_q", 1) > 1 else ""
+    route = f" {p['route']}" if p.get("op") == "prefill" and p.get("route") else ""
+    return f"{p.get('op')} {p.get('model')} h{p.get('num_heads')}{extra}{route}"
+
+
+def _order(s: Shape):
+    p = s.params
+    heads = -int(p.get("num_heads") or 0)
+    return (p.get("op", ""), str(p.get("model")), heads, _family(p), _size(p))
+
+
+def table_rows(items: list[Shape]) -> list[list]:
+    out = []
+    for s in sorted(items, key=_order):
+        kind, size = _size(s.params)
+        win = s.winner
+        ranked = s.ranked
+        runner = ranked[1] if len(ranked) > 1 else None
+        ratios = {b: s.ratio(b) for b in s.times if b != BASELINE}
+        out.append(
+            [
+                _family(s.params),
+                f"{kind} {size}",
+                win[0] if win else "none ok",
+                f"{win[1]:.4g}" if win else "",
+                f"{runner[0]} {runner[1]:.4g}" if runner else "",
+                f"{s.margin:.2f}x" if s.margin else "",
+                ", ".join(f"{b} {r:.2f}" for b, r in sorted(ratios.items()) if r) or "",
+                ", ".join(f"{b}: {st}" for b, st in sorted(s.others.items())),
+            ]
+        )
+    return out
+
+
+def figure(items: list[Shape], path: Path) -> Path | None:
+    """Ratio to FlashMLA against batch/chunk size, one panel per curve family."""
+    families: dict[str, list[Shape]] = defaultdict(list)
+    for s in items:
+        if s.times.get(BASELINE) and len(s.times) > 1:
+            families[_family(s.params)].append(s)
+    families = {f: v for f, v in families.items() if len(v) > 1}  # a curve needs two points
+    if not families:
+        return None
+    backends = sorted({b for v in families.values() for s in v for b in s.times if b != BASELINE})
+    colors = plots.colors_for(backends)
+    nrows, ncols = plots._grid(len(families))
+    fig, axes = plots._figure(nrows, ncols, "Time relative to FlashMLA (below 1: faster)")
+    handles = {}
+    for ax, (fam, members) in zip(axes, sorted(families.items()), strict=False):
+        members.sort(key=lambda s: _size(s.params)[1])
+        kind = _size(members[0].params)[0]
+        for b in backends:
+            pts = [(_size(s.params)[1], s.ratio(b)) for s in members if s.ratio(b)]
+            if pts:
+                (line,) = ax.plot(*zip(*pts, strict=True), marker="o", color=colors[b], label=b)
+                handles[b] = line
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(fam, fontsize=10)
+        ax.set_xlabel("batch size" if kind == "batch" else "chunk tokens")
+        ax.set_ylabel("time / FlashMLA time")
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(families) :]:
+        ax.set_visible(False)
+    plots._shared_legend(fig, handles)
+    return plots.save(fig, path)
+
+
+def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
+    """Append the section to doc; returns the images written (none without a comparison)."""
+    items = shapes(rows)
+    if not items:
+        return []
+    doc.heading("Which backend wins")
+    wins = defaultdict(int)
+    for s in items:
+        if s.winner:
+            wins[s.winner[0]] += 1
+    doc.para(
+        f"{len(items)} shapes run on more than one backend. Fastest `ok` backend per shape "
+        "(median of the timed call): "
+        + ", ".join(f"{b} {n}" for b, n in sorted(wins.items(), key=lambda kv: -kv[1]))
+        + ". Margin = runner-up time / winner time; ratios are time / FlashMLA time."
+    )
+    doc.table(
+        [
+            "shape",
+            "size",
+            "winner",
+            "ms",
+            "runner-up ms",
+            "margin",
+            "ratio to flashmla",
+            "not ok",
+        ],
+        table_rows(items),
+    )
+    png = figure(items, out_dir / "winners-ratio.png")
+    if png is None:
+        return []
+    doc.image(png, "time relative to FlashMLA against batch and chunk size")
+    return [png]
+
+
+def markdown(rows: list[dict], out_dir: Path) -> tuple[str, list[Path]]:
+    """The section alone: its markdown and figure files."""
+    doc = Doc("Backends compared")
+    images = add_section(doc, rows, out_dir)
+    return doc.to_markdown(), images

@@ -1,0 +1,46 @@
+"""The report's "which backend wins" section on hand-made rows."""
+
+from __future__ import annotations
+
+from dsv4bench.report import winners
+
+
+def row(case_id, backend, ms, status="ok", **params):
+    p = {"op": "decode", "model": "v3.2", "num_heads": 128, "s_q": 1, **params}
+    return {
+        "kind": "case",
+        "case_id": case_id,
+        "backend": backend,
+        "status": status,
+        "params": p,
+        "timing": {"median_ms": ms} if ms else None,
+    }
+
+
+ROWS = [
+    row("b1", "flashmla", 0.020, batch_size=1),
+    row("b1", "flashinfer", 0.030, batch_size=1),
+    row("b1", "triton", None, "unsupported", batch_size=1),
+    row("b64", "flashmla", 0.110, batch_size=64),
+    row("b64", "flashinfer", 0.100, batch_size=64),
+    row("b64", "flashinfer-e4m3", 0.090, "incorrect", batch_size=64),  # never wins
+    row("alone", "flashmla", 0.5, op="prefill", tokens=4096),
+]
+
+
+def test_winner_margin_and_ratio():
+    by_id = {s.case_id: s for s in winners.shapes(ROWS)}
+    assert "alone" not in by_id  # one backend: nothing to compare
+    assert by_id["b1"].winner == ("flashmla", 0.020) and by_id["b1"].margin == 1.5
+    b64 = by_id["b64"]
+    assert b64.winner[0] == "flashinfer"  # the faster e4m3 row is incorrect
+    assert abs(b64.ratio("flashinfer") - 0.100 / 0.110) < 1e-12
+    assert b64.others == {"flashinfer-e4m3": "incorrect"}
+
+
+def test_section_has_table_and_figure(tmp_path):
+    text, images = winners.markdown(ROWS, tmp_path)
+    assert "## Which backend wins" in text and "flashmla 1, flashinfer 1" in text
+    assert "| decode v3.2 h128 | batch 64 | flashinfer | 0.1 | flashmla 0.11 | 1.10x |" in text
+    assert "triton: unsupported" in text
+    assert [p.name for p in images] == ["winners-ratio.png"] and images[0].stat().st_size > 0
