@@ -720,10 +720,12 @@ class _Loader(_Parser):
 
     def timing(self, n: _Node) -> Timing:
         self.expect_map(n)
-        self.check_keys(n, ("warmup", "iters", "flush_l2", "timer", "timeout_s"))
+        checks = ("graph", "determinism", "batch_invariance")
+        self.check_keys(n, ("warmup", "iters", "flush_l2", "timer", "timeout_s", *checks))
         m, t = n.value, Timing()
         timeout = m.get("timeout_s")
         return Timing(
+            **{k: self.boolean(m[k]) for k in checks if k in m},
             warmup=self.integer(m["warmup"], 0) if "warmup" in m else t.warmup,
             iters=self.integer(m["iters"], 1) if "iters" in m else t.iters,
             flush_l2=self.boolean(m["flush_l2"]) if "flush_l2" in m else t.flush_l2,
