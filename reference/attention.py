@@ -24,28 +24,65 @@ Decisions:
 - Prefill: an index is invalid if it is < 0 or >= s_kv (FlashMLA's rule).
 - Invalid keys contribute exactly nothing, even when the rows they name hold NaN.
 
-All math is fp32 (TF32 is switched off for the duration of a call on CUDA). Queries are
-processed in blocks whose working set stays near ``block_bytes``, so peak extra memory does
-not grow with the number of tokens; only the used cache tokens are dequantized.
+All math is fp32 (TF32 is switched off for the duration of a call on CUDA). ``attend`` is
+the math for one block of queries, written as ref.py writes it (gather -> logits -> mask ->
+lse -> weights -> sink -> empty rows); the two entry points only validate, block and gather.
+Queries are processed in blocks whose working set stays within ``block_bytes``, so peak
+extra memory does not grow with the number of tokens. Each block reads each distinct cache
+token it uses once (a request's queries share tokens; a prefill chunk's queries share most
+of them) and copies the rows to every query that lists them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from reference.layouts import gather_tokens
 
 BLOCK_BYTES = 128 * 2**20
-"""Default working-set budget of one query block (bytes)."""
+"""Default working-set budget of one query block on a CPU (bytes)."""
 
-GATHER_CHUNK = 4096
-"""Cache tokens dequantized per gather_tokens call (keeps its temporaries small)."""
+CUDA_BLOCK_BYTES = 2**30
+"""Default budget on a GPU: larger blocks mean fewer, larger matmuls and launches."""
 
 _CACHE_D_QK = {656: 576, 584: 512}  # bytes per token -> d_qk of the FP8 cache layouts
+
+
+def attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    valid: torch.Tensor,
+    scale: float,
+    d_v: int,
+    sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sparse MLA attention of n queries, each over its own gathered keys, as ref.py does it.
+
+    q ``(n, h, d)`` and keys ``(n, k, d)`` fp32, keys zero where invalid; valid ``(n, k)``;
+    sink ``(h,)`` fp32 or None. Returns out ``(n, h, d_v)``, lse ``(n, h)`` (+inf without a
+    valid key) and max_logits ``(n, h)`` (-inf without a valid key).
+    """
+    n, h, _ = q.shape
+    if keys.shape[1] == 0:
+        return q.new_zeros(n, h, d_v), q.new_full((n, h), math.inf), q.new_full((n, h), -math.inf)
+    logits = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # (n, h, k)
+    logits.masked_fill_(~valid[:, None, :], -math.inf)
+    max_logits = logits.amax(dim=-1)
+    # lse = log sum exp(logits), shifted by the row max; a row without a valid key (max -inf)
+    # shifts by 0 and gets lse = -inf.
+    shift = torch.where(max_logits == -math.inf, 0.0, max_logits)
+    weights = logits.sub_(shift[..., None]).exp_()  # exp(logits - shift), 0 where invalid
+    lse = weights.sum(dim=-1).log_().add_(shift)
+    # The sink is one more logit in the denominator only: out *= e^lse / (e^lse + e^sink).
+    lse_for_out = lse if sink is None else torch.logaddexp(lse, sink)
+    # A row without a valid key (or with a sink of +inf) gets out = 0.
+    lse_for_out = torch.where(lse_for_out == -math.inf, math.inf, lse_for_out)
+    out = torch.bmm(weights, keys[..., :d_v]).mul_(torch.exp(shift - lse_for_out)[..., None])
+    return out, torch.where(lse == -math.inf, math.inf, lse), max_logits
 
 
 def sparse_mla_decode(
@@ -61,7 +98,7 @@ def sparse_mla_decode(
     extra_indices: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
     scale_rounding: str | None = None,
-    block_bytes: int = BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse decode over an FP8 KV cache (FlashMLA ``flash_mla_with_kvcache`` sparse mode).
 
@@ -78,7 +115,7 @@ def sparse_mla_decode(
         extra_k_cache, extra_indices ``(b, s_q, extra_topk)``, extra_topk_length ``(b,)``:
             a second cache of the same layout joined into the same softmax.
         scale_rounding: passed to ``gather_tokens`` (how the kernel reads V3.2 scales).
-        block_bytes: working-set budget of one query block.
+        block_bytes: working-set budget of one query block (default by device).
 
     Returns:
         ``out`` fp32 ``(b, s_q, h, d_v)`` and ``lse`` fp32 ``(b, h, s_q)``.
@@ -102,29 +139,30 @@ def sparse_mla_decode(
 
     num_tokens = b * s_q
     width = sum(p.width for p in parts)
-    per_token = width * (4 * d_qk + 4 * h + 48) + 4 * h * (d_qk + d_v)
-    step = _block_step(num_tokens, per_token, block_bytes)
+    budget = _budget(block_bytes, q.device)
+    # A quarter of the budget for the cache reader's temporaries (raw bytes and about three
+    # fp32 copies of the rows: under 16 bytes a value), the rest for the block, whose table of
+    # distinct tokens is at worst as large as its keys.
+    chunk = max(256, budget // 4 // (16 * d_qk))
+    per_query = _bytes_per_query(width, h, d_qk, d_v, staged_bytes_per_key=4 * d_qk)
+    step = _block_step(num_tokens, per_query, budget * 3 // 4)
     out = torch.empty(num_tokens, h, d_v, dtype=torch.float32, device=q.device)
     lse = torch.empty(num_tokens, h, dtype=torch.float32, device=q.device)
 
     with _exact_fp32(q.device), torch.no_grad():
-        # Buffers reused by every block: fresh large allocations cost page faults on a CPU.
-        keys_buf = torch.empty(step, width, d_qk, dtype=torch.float32, device=q.device)
-        logits_buf = torch.empty(step, h, width, dtype=torch.float32, device=q.device)
+        # Reused by every block: fresh large allocations cost page faults on a CPU.
+        keys_buf = torch.empty(step * width * d_qk, dtype=torch.float32, device=q.device)
         for start in range(0, num_tokens, step):
             stop = min(start + step, num_tokens)
             tokens = torch.arange(start, stop, device=q.device)
-            keys, logits = keys_buf[: stop - start], logits_buf[: stop - start]
-            keys.zero_()
-            valid = torch.empty(stop - start, width, dtype=torch.bool, device=q.device)
-            col = 0
-            for part in parts:
-                ok = part.gather(tokens, s_q, keys[:, col : col + part.width], scale_rounding)
-                valid[:, col : col + part.width] = ok
-                col += part.width
+            slots = [part.block_slots(start, stop, q.device) for part in parts]
+            readers = [_token_reader(part.cache, scale_rounding) for part in parts]
+            keys = keys_buf[: (stop - start) * width * d_qk].view(stop - start, width, d_qk)
+            _gather_distinct(readers, slots, chunk, keys)
+            valid = torch.cat(slots, dim=1) >= 0
             q_blk = q[tokens // s_q, tokens % s_q].float()
-            lse[start:stop], _ = _attend(
-                q_blk, keys, valid, softmax_scale, d_v, sink, logits, out[start:stop]
+            out[start:stop], lse[start:stop], _ = attend(
+                q_blk, keys, valid, softmax_scale, d_v, sink
             )
 
     out = out.view(b, s_q, h, d_v)
@@ -141,7 +179,7 @@ def sparse_mla_prefill(
     d_v: int = 512,
     attn_sink: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
-    block_bytes: int = BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse prefill over a flat KV (FlashMLA ``flash_mla_sparse_fwd``).
 
@@ -153,7 +191,7 @@ def sparse_mla_prefill(
         d_v: V is the first ``d_v`` dims of K.
         attn_sink: ``(h,)`` fp32 per-head sink logit (affects ``out`` only).
         topk_length: ``(s_q,)``; query i uses only its first ``topk_length[i]`` indices.
-        block_bytes: working-set budget of one query block.
+        block_bytes: working-set budget of one query block (default by device).
 
     Returns:
         ``out`` fp32 ``(s_q, h, d_v)``, ``max_logits`` fp32 ``(s_q, h)`` (max of the scaled
@@ -181,72 +219,47 @@ def sparse_mla_prefill(
     s_kv, topk = kv.shape[0], indices.shape[1]
     kv = kv.to(q.device)
 
-    per_token = topk * ((4 + kv.element_size()) * d_qk + 4 * h + 24) + 4 * h * (d_qk + d_v)
-    step = _block_step(s_q, per_token, block_bytes)
+    budget = _budget(block_bytes, q.device)
+    # kv in fp32 once, behind a zero row that invalid entries read, when that fits in half
+    # the budget: then a block's keys are one gather. Otherwise each block converts its rows.
+    table_bytes = (s_kv + 1) * d_qk * 4
+    whole_table = table_bytes <= budget // 2
+    staged = 0 if whole_table else kv.element_size() * d_qk
+    per_query = _bytes_per_query(topk, h, d_qk, d_v, staged_bytes_per_key=staged)
+    step = _block_step(s_q, per_query, budget - table_bytes if whole_table else budget)
     out = torch.empty(s_q, h, d_v, dtype=torch.float32, device=q.device)
     max_logits = torch.empty(s_q, h, dtype=torch.float32, device=q.device)
     lse = torch.empty(s_q, h, dtype=torch.float32, device=q.device)
 
     with _exact_fp32(q.device), torch.no_grad():
-        # Buffers reused by every block: fresh large allocations cost page faults on a CPU.
-        raw_buf = torch.empty(step * topk, d_qk, dtype=kv.dtype, device=q.device)
-        keys_buf = torch.empty(step, topk, d_qk, dtype=torch.float32, device=q.device)
-        logits_buf = torch.empty(step, h, topk, dtype=torch.float32, device=q.device)
-        q_buf = torch.empty(step, h, d_qk, dtype=torch.float32, device=q.device)
+        if whole_table:
+            table = torch.empty(s_kv + 1, d_qk, dtype=torch.float32, device=q.device)
+            table[0] = 0.0
+            table[1:] = kv
+        else:
+            raw_buf = torch.empty(step * topk, d_qk, dtype=kv.dtype, device=q.device)
+        keys_buf = torch.empty(step * topk * d_qk, dtype=torch.float32, device=q.device)
         for start in range(0, s_q, step):
-            n = min(step, s_q - start)
-            idx = indices[start : start + n].to(q.device, torch.long)
-            valid = (idx >= 0) & (idx < s_kv)
+            stop = min(start + step, s_q)
+            slots = indices[start:stop].to(q.device, torch.long)
+            valid = (slots >= 0) & (slots < s_kv)
             if lengths is not None:
-                valid &= torch.arange(topk, device=q.device) < lengths[start : start + n, None]
-            raw = torch.index_select(
-                kv, 0, torch.where(valid, idx, 0).flatten(), out=raw_buf[: n * topk]
-            )
-            keys = keys_buf[:n]
-            keys.view(n * topk, d_qk).copy_(raw)
-            keys.masked_fill_(~valid[..., None], 0.0)
-            q_blk = q_buf[:n].copy_(q[start : start + n])
-            lse[start : start + n], max_logits[start : start + n] = _attend(
-                q_blk, keys, valid, sm_scale, d_v, sink, logits_buf[:n], out[start : start + n]
+                valid &= torch.arange(topk, device=q.device) < lengths[start:stop, None]
+            slots = torch.where(valid, slots, -1)
+            n = (stop - start) * topk
+            keys = keys_buf[: n * d_qk].view(stop - start, topk, d_qk)
+            if whole_table:
+                torch.index_select(table, 0, slots.flatten() + 1, out=keys.view(n, d_qk))
+            else:
+                raw = torch.index_select(kv, 0, slots.flatten().clamp_min(0), out=raw_buf[:n])
+                keys.view(n, d_qk).copy_(raw)
+                invalid = (~valid).flatten().nonzero().squeeze(1)
+                keys.view(n, d_qk).index_fill_(0, invalid, 0.0)  # writes only those rows
+            q_blk = q[start:stop].float()
+            out[start:stop], lse[start:stop], max_logits[start:stop] = attend(
+                q_blk, keys, valid, sm_scale, d_v, sink
             )
     return out, max_logits, lse
-
-
-def _attend(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    valid: torch.Tensor,
-    scale: float,
-    d_v: int,
-    sink: torch.Tensor | None,
-    logits: torch.Tensor,
-    out: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block: q ``(n, h, d)``, keys ``(n, k, d)`` (zero where invalid), valid ``(n, k)``.
-
-    Writes ``out (n, h, d_v)`` and uses ``logits (n, h, k)`` as scratch. Returns lse
-    ``(n, h)`` (+inf if no valid key) and max_logits ``(n, h)`` (-inf if no valid key).
-    """
-    n, h, _ = q.shape
-    if keys.shape[1] == 0:
-        out.zero_()
-        return q.new_full((n, h), math.inf), q.new_full((n, h), -math.inf)
-    torch.bmm(q, keys.transpose(1, 2), out=logits)
-    logits.mul_(scale)
-    logits.masked_fill_(~valid[:, None, :], -math.inf)
-    max_logits = logits.amax(dim=-1)
-    # Softmax shifted by the row max; an empty row (max -inf) shifts by 0 to avoid -inf + inf.
-    shift = torch.where(max_logits == -math.inf, 0.0, max_logits)
-    weights = logits.sub_(shift[..., None]).exp_()
-    lse = weights.sum(dim=-1).log_().add_(shift)
-    # The sink is one more logit in the denominator only: out *= e^lse / (e^lse + e^s).
-    lse_for_out = lse if sink is None else torch.logaddexp(lse, sink)
-    # An empty row (lse = -inf) gives out 0, as does a sink of +inf.
-    lse_for_out = torch.where(lse_for_out == -math.inf, math.inf, lse_for_out)
-    torch.bmm(weights, keys[..., :d_v], out=out)
-    out.mul_(torch.exp(shift - lse_for_out)[..., None])
-    lse = torch.where(lse == -math.inf, math.inf, lse)
-    return lse, max_logits
 
 
 class _DecodePart:
@@ -264,36 +277,61 @@ class _DecodePart:
         if indices.dim() != 3 or indices.shape[:2] != (b, s_q):
             raise ValueError(f"{name} must be ({b}, {s_q}, topk), got {tuple(indices.shape)}")
         self.cache = cache
-        self.indices = indices
         self.width = indices.shape[2]
+        self.indices = indices.reshape(b * s_q, self.width)  # one row per query token
+        self.s_q = s_q
         self.num_slots = cache.shape[0] * cache.shape[1]
         self.lengths = _check_lengths(lengths, b, f"length of {name} (b,)", indices.device)
         self.name = name
 
-    def gather(
-        self, tokens: torch.Tensor, s_q: int, keys: torch.Tensor, scale_rounding: str | None
-    ) -> torch.Tensor:
-        """Dequantize the used keys of the flat query tokens into ``keys (n, width, d)``
-        (left untouched where invalid) and return their validity ``(n, width)``."""
-        device = tokens.device
-        req = tokens // s_q
-        slots = self.indices[req.to(self.indices.device), tokens.to(self.indices.device) % s_q]
-        slots = slots.to(device, torch.long)
+    def block_slots(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """Slots ``(n, width)`` of query tokens [start, stop), -1 wherever the query uses none."""
+        slots = self.indices[start:stop].to(device, torch.long)
         valid = slots != -1
         if self.lengths is not None:
-            valid &= torch.arange(self.width, device=device) < self.lengths.to(device)[req][:, None]
+            req = torch.arange(start, stop, device=device) // self.s_q
+            valid &= torch.arange(self.width, device=device) < self.lengths.to(device)[req, None]
         bad = valid & ((slots < 0) | (slots >= self.num_slots))
         if bool(bad.any()):
             raise ValueError(
                 f"{self.name} holds slot {int(slots[bad][0])}, outside the cache's "
                 f"{self.num_slots} slots (only -1 marks an invalid index)"
             )
-        rows, cols = valid.nonzero(as_tuple=True)
-        for c in range(0, rows.numel(), GATHER_CHUNK):
-            r, k = rows[c : c + GATHER_CHUNK], cols[c : c + GATHER_CHUNK]
-            tokens_kv = gather_tokens(self.cache, slots[r, k], scale_rounding=scale_rounding)
-            keys[r, k] = tokens_kv.to(device)
-        return valid
+        return torch.where(valid, slots, -1)
+
+
+def _token_reader(
+    cache: torch.Tensor, scale_rounding: str | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda slots: gather_tokens(cache, slots, scale_rounding=scale_rounding)
+
+
+def _gather_distinct(
+    readers: list[Callable[[torch.Tensor], torch.Tensor]],
+    slots: list[torch.Tensor],
+    chunk: int,
+    keys: torch.Tensor,
+) -> None:
+    """Fill keys ``(n, sum of widths, d)`` with the rows ``readers[i]`` gives for ``slots[i]``
+    ``(n, width_i)``, side by side, and zeros where a slot is -1. Each distinct slot is read
+    once (in pieces of ``chunk`` rows) into a table, and the table copied to every query."""
+    distinct, where, rows = [], [], 0
+    for part_slots in slots:
+        used, inverse = torch.unique(part_slots, return_inverse=True)  # sorted: -1 first
+        distinct.append(used)
+        where.append(inverse + rows)
+        rows += used.numel()
+    table = torch.empty(rows, keys.shape[-1], dtype=torch.float32, device=keys.device)
+    row = 0
+    for read, used in zip(readers, distinct, strict=True):
+        first = int(used[:1].lt(0).sum())  # the zero row that -1 maps to, if any
+        table[row : row + first] = 0.0
+        for c in range(first, used.numel(), chunk):
+            piece = used[c : c + chunk]
+            table[row + c : row + c + piece.numel()] = read(piece)
+        row += used.numel()
+    index = torch.cat(where, dim=1).flatten()
+    torch.index_select(table, 0, index, out=keys.view(-1, keys.shape[-1]))
 
 
 def _check_cache(cache: torch.Tensor, d_qk: int, name: str) -> None:
@@ -332,9 +370,21 @@ def _check_sink(sink: torch.Tensor | None, h: int, device: torch.device) -> torc
     return sink.to(device, torch.float32)
 
 
-def _block_step(num_tokens: int, per_token_bytes: int, block_bytes: int) -> int:
-    """Query tokens per block: as many as fit in block_bytes, at least 1."""
-    return max(1, min(num_tokens, block_bytes // max(1, per_token_bytes)))
+def _budget(block_bytes: int | None, device: torch.device) -> int:
+    if block_bytes is not None:
+        return block_bytes
+    return CUDA_BLOCK_BYTES if device.type == "cuda" else BLOCK_BYTES
+
+
+def _bytes_per_query(width: int, h: int, d_qk: int, d_v: int, staged_bytes_per_key: int) -> int:
+    """Working set of one query: its fp32 keys and their staging (table rows, raw rows), its
+    logits, index temporaries, q and out (the block's and its copy)."""
+    return width * (4 * d_qk + staged_bytes_per_key + 4 * h + 48) + 4 * h * (d_qk + 2 * d_v)
+
+
+def _block_step(num_tokens: int, per_query_bytes: int, budget: int) -> int:
+    """Query tokens per block: as many as fit in the budget, at least 1."""
+    return max(1, min(num_tokens, budget // max(1, per_query_bytes)))
 
 
 @contextlib.contextmanager

@@ -238,27 +238,45 @@ def test_decode_scale_rounding_matches_slow_reference(scale_rounding: str) -> No
     assert not torch.equal(out, exact)
 
 
-def test_decode_reads_only_used_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_reads_each_used_token_once_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
     args, kwargs = build_decode(DECODE_CASES["v4-sink-extra"])
-    requested: list[int] = []
+    requested: list[tuple[int, list[int]]] = []
     real = attention.gather_tokens
 
-    def counting(cache: torch.Tensor, slots: torch.Tensor, **kw: object) -> torch.Tensor:
-        requested.append(slots.numel())
+    def recording(cache: torch.Tensor, slots: torch.Tensor, **kw: object) -> torch.Tensor:
+        requested.append((cache.data_ptr(), slots.tolist()))
         return real(cache, slots, **kw)
 
-    monkeypatch.setattr(attention, "gather_tokens", counting)
-    sparse_mla_decode(*args, **kwargs)
-    indices = args[2]
-    used = sum(
-        int((indices[r, :, :n] != -1).sum()) for r, n in enumerate(kwargs["topk_length"].tolist())
-    )
-    extra = kwargs["extra_indices"]
-    used += sum(
-        int((extra[r, :, :n] != -1).sum())
-        for r, n in enumerate(kwargs["extra_topk_length"].tolist())
-    )
-    assert sum(requested) == used
+    monkeypatch.setattr(attention, "gather_tokens", recording)
+    sets = [
+        (args[1], args[2], kwargs["topk_length"]),
+        (kwargs["extra_k_cache"], kwargs["extra_indices"], kwargs["extra_topk_length"]),
+    ]
+    # Per query token: the slots it uses, for each cache.
+    used = {
+        cache.data_ptr(): [
+            {s for s in idx[r, i, : int(lengths[r])].tolist() if s != -1}
+            for r in range(idx.shape[0])
+            for i in range(idx.shape[1])
+        ]
+        for cache, idx, lengths in sets
+    }
+
+    def reads() -> dict[int, list[int]]:
+        got: dict[int, list[int]] = {ptr: [] for ptr in used}
+        for ptr, slots in requested:
+            got[ptr] += slots
+        return {ptr: sorted(slots) for ptr, slots in got.items()}
+
+    sparse_mla_decode(*args, **kwargs)  # one block: every used token once, nothing else
+    assert reads() == {ptr: sorted(set().union(*per_query)) for ptr, per_query in used.items()}
+    duplicates = sum(len(q) for q in used[args[1].data_ptr()]) - len(reads()[args[1].data_ptr()])
+    assert duplicates > 0  # the queries share tokens, so reading once per block saves reads
+    requested.clear()
+    sparse_mla_decode(*args, **kwargs, block_bytes=1)  # one query per block
+    assert reads() == {
+        ptr: sorted(s for q in per_query for s in q) for ptr, per_query in used.items()
+    }
 
 
 def test_decode_non_contiguous_q_and_block_size() -> None:
