@@ -278,6 +278,11 @@ def _decode_v32(records: torch.Tensor, scale_rounding: str | None) -> torch.Tens
     scale_bytes = records[:, V32_D_NOPE : V32_D_NOPE + 4 * num_tiles]
     scale = _round_scale(scale_bytes.view(torch.float32), scale_rounding)
     latent = _e4m3_tiles(records[:, :V32_D_NOPE], V32_TILE) * scale.unsqueeze(-1)
+    if scale_rounding == "bf16":
+        # sm90 FlashMLA also forms the product in bf16 (e4m3 -> bf16, times the bf16 scale).
+        # The fp32 product of 4 and 8 significant bits is exact, so rounding it once to bf16
+        # is that product.
+        latent = latent.to(torch.bfloat16).float()
     rope = records[:, V32_D_NOPE + 4 * num_tiles :].view(torch.bfloat16).float()
     return torch.cat([latent.flatten(-2), rope], dim=-1)
 
@@ -303,8 +308,9 @@ def quantize_v32(kv: torch.Tensor, block_size: int, *, scale: str = "pow2") -> t
 def dequantize_v32(cache: torch.Tensor, *, scale_rounding: str | None = None) -> torch.Tensor:
     """V3.2 cache -> float32 [num_blocks * block_size, 576].
 
-    scale_rounding emulates how a kernel reads the fp32 scale: None exactly, "bf16" rounded
-    to nearest even (sm90 FlashMLA), "e8m0" truncated to a power of two (sm100 FlashMLA).
+    scale_rounding emulates how a kernel reads the fp32 scale: None exactly; "bf16" as sm90
+    FlashMLA does, the scale and then the value times the scale rounded to bf16 (nearest
+    even); "e8m0" truncated to a power of two (sm100 FlashMLA).
     """
     _check_layout(cache, "v32", "dequantize_v32")
     return gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)

@@ -84,6 +84,8 @@ class Fp8Cache:
         else:
             assert self.scale_rounding is None, self.scale_rounding
         latent = [e4m3_value(raw[i]) * scales[i // 128] for i in range(512)]
+        if self.scale_rounding == "bf16":  # sm90 FlashMLA multiplies in bf16 too
+            latent = [bf16_round(x) for x in latent]
         rope = [bf16_value(raw[528 + 2 * i], raw[529 + 2 * i]) for i in range(64)]
         return latent + rope
 

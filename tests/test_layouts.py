@@ -185,11 +185,22 @@ def v32_token_spec(k: int) -> tuple[list[int], list[int], list[float]]:
     return latent, cases, rope
 
 
+def bf16_nearest_even(x: float) -> float:
+    """x (exact in float32) rounded to bfloat16, ties to even, on the bits."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
 def v32_token_value(k: int, rounding: int) -> list[float]:
-    """rounding: 0 exact fp32 scale, 1 bf16, 2 e8m0 (columns of SCALE_CASES)."""
+    """rounding: 0 exact fp32 scale, 1 bf16, 2 e8m0 (columns of SCALE_CASES). bf16 is sm90's
+    reading: the product of the e4m3 value and the bf16 scale is rounded to bf16 as well."""
     latent, cases, rope = v32_token_spec(k)
     scale = [float(np.float32(SCALE_CASES[c][rounding])) for c in cases]
-    return [E4M3[b] * scale[i // 128] for i, b in enumerate(latent)] + rope
+    values = [E4M3[b] * scale[i // 128] for i, b in enumerate(latent)]
+    if rounding == 1:
+        values = [bf16_nearest_even(x) for x in values]
+    return values + rope
 
 
 def build_v32(num_blocks: int, block_size: int, block_stride: int, offset: int) -> torch.Tensor:
@@ -233,6 +244,18 @@ def test_v32_scale_rounding_differs_for_non_power_of_two_scale() -> None:
     assert x["bf16"] == E4M3[code] * 0.30078125
     assert x["e8m0"] == E4M3[code] * 0.25
     assert len(set(x.values())) == 3
+
+
+def test_v32_bf16_reading_rounds_the_product() -> None:
+    """sm90 reads 7 * 2^-9 (e4m3 0x07) times scale 0.3 as bf16(7 * 2^-9 * bf16(0.3)): the exact
+    product 539 * 2^-17 has 10 significant bits, bf16 keeps 8."""
+    cache = build_v32(1, 1, 656, 0)  # token 0: element 4 is 0x07 in tile 0, scale 0.3
+    assert cache[0, 0, 0, 4].item() == 0x07
+    value = dequantize_v32(cache, scale_rounding="bf16")[0, 4].item()
+    product = E4M3[0x07] * 0.30078125
+    assert product == 539 * 2.0**-17
+    assert value == bf16_nearest_even(product) == 540 * 2.0**-17
+    assert value != product
 
 
 # ---- writers: round trips and scale conventions ------------------------------------------
