@@ -69,8 +69,9 @@ def attend(
     n, h, _ = q.shape
     if keys.shape[1] == 0:
         return q.new_zeros(n, h, d_v), q.new_full((n, h), math.inf), q.new_full((n, h), -math.inf)
-    logits = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # (n, h, k)
-    logits.masked_fill_(~valid[:, None, :], -math.inf)
+    # logits = scale * q . k, -inf where invalid: one matmul that adds a 0 / -inf mask.
+    mask = torch.zeros_like(valid, dtype=q.dtype).masked_fill_(~valid, -math.inf)
+    logits = torch.baddbmm(mask[:, None, :], q, keys.transpose(1, 2), alpha=scale)  # (n, h, k)
     max_logits = logits.amax(dim=-1)
     # lse = log sum exp(logits), shifted by the row max; a row without a valid key (max -inf)
     # shifts by 0 and gets lse = -inf.

@@ -22,8 +22,8 @@ KNOWN = {"torch", "flashmla", "flashinfer", "flashinfer-e4m3", "triton", "deepge
 # long the sweep takes, so it should be deliberate.
 SHIPPED = {
     "smoke.yaml": (20, 20, 0),
-    "sm90/decode_batch.yaml": (39, 45, 0),
-    "sm90/prefill_chunk.yaml": (24, 24, 1),
+    "sm90/decode_batch.yaml": (39, 48, 0),
+    "sm90/prefill_chunk.yaml": (24, 29, 1),
     "sm90/head_padding.yaml": (20, 20, 0),
     "sm90/layouts.yaml": (10, 10, 0),
     "compare/backends_sm90.yaml": (40, 160, 0),
@@ -106,9 +106,25 @@ def test_prefill_limit_search_matches_the_sglang_question():
 def test_decode_batch_oracle_subset():
     sc = scenarios.load(ROOT / "scenarios/sm90/decode_batch.yaml", known_backends=KNOWN)
     with_torch = [c for c in sc.cases if "torch" in sc.backends_for(c)]
-    assert len(with_torch) == 6
+    assert len(with_torch) == 9
     assert all("oracle-timing" in c.tags for c in with_torch)
-    assert {c.batch_size for c in with_torch} == {1, 64}
+    assert {c.batch_size for c in with_torch} == {1, 64, 256}
+
+
+def test_prefill_chunk_oracle_subset():
+    """The oracle is timed on throughput chunks (>= 4096) and V4-Flash's 32K x h64 x top-640."""
+    sc = scenarios.load(ROOT / "scenarios/sm90/prefill_chunk.yaml", known_backends=KNOWN)
+    with_torch = [c for c in sc.cases if "torch" in sc.backends_for(c)]
+    assert all("oracle-timing" in c.tags and c.route == "sparse-prefill" for c in with_torch)
+    assert sorted((c.model, c.tokens) for c in with_torch) == [
+        ("v3.2", 4096),
+        ("v3.2", 8192),
+        ("v4-flash", 4096),
+        ("v4-flash", 8192),
+        ("v4-flash", 32768),
+    ]
+    whole = next(c for c in with_torch if c.tokens == 32768)
+    assert (whole.num_heads, whole.topk + whole.extra_topk) == (64, 640)
 
 
 def test_doc_example_loads():
