@@ -25,12 +25,13 @@ Decisions:
 - Invalid keys contribute exactly nothing, even when the rows they name hold NaN.
 
 All math is fp32 (TF32 is switched off for the duration of a call on CUDA). ``attend`` is
-the math for one block of queries, written as ref.py writes it (gather -> logits -> mask ->
-lse -> weights -> sink -> empty rows); the two entry points only validate, block and gather.
-Queries are processed in blocks whose working set stays within ``block_bytes``, so peak
-extra memory does not grow with the number of tokens. Each block reads each distinct cache
-token it uses once (a request's queries share tokens; a prefill chunk's queries share most
-of them) and copies the rows to every query that lists them.
+the math for one block of queries over their gathered keys, as ref.py writes it (logits ->
+mask -> lse -> weights -> sink -> empty rows); the two entry points validate, block and
+gather. Queries are processed in blocks whose working set stays within ``block_bytes``, so
+peak extra memory does not grow with the number of tokens. Decode dequantizes each distinct
+cache token a block uses once (queries of a request, and of a chunk through the decode
+route, share tokens) and copies the rows to every query that lists them; prefill converts
+kv to fp32 once per call when that fits in half the budget.
 """
 
 from __future__ import annotations
