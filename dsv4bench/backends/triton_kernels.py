@@ -397,18 +397,24 @@ def _case_reason(case: Case) -> str | None:
 class TritonKernels(Backend):
     name = "triton"
     description = (
-        "the project's Triton kernels: FP8 cache -> bf16 dequant (V4, V3.2), index remap, "
+        "the project's Triton kernels: sparse MLA decode from the FP8 caches and sparse prefill "
+        "(triton_attention), FP8 cache -> bf16 dequant (V4, V3.2), index remap, "
         "the lightning indexer's FP8 logits"
     )
     archs = ("sm90", "sm100", "sm120")
-    ops = ("dequant", "remap", "indexer")
+    ops = ("dequant", "remap", "indexer", "decode", "prefill")
 
     def provider(self) -> Provider:
         t = _load()
         return Provider("triton", t.__version__, __name__)
 
     def supports(self, case: Case, arch: str) -> str | None:
-        return super().supports(case, arch) or _case_reason(case)
+        reason = super().supports(case, arch) or _case_reason(case)
+        if reason or case.op not in ("decode", "prefill"):
+            return reason
+        from dsv4bench.backends import triton_attention
+
+        return triton_attention.case_reason(case)
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         """Checks and allocates here; run() only launches. poison() returns what it filled."""
@@ -417,6 +423,10 @@ class TritonKernels(Backend):
             from dsv4bench.backends import triton_indexer
 
             return triton_indexer.prepare(case, inputs, device)
+        if case.op in ("decode", "prefill"):
+            from dsv4bench.backends import triton_attention
+
+            return triton_attention.prepare(case, inputs, device)
         reason = _case_reason(case) if case.op in self.ops else f"no {case.op} kernel"
         if reason:
             raise Unsupported(reason)
