@@ -243,7 +243,7 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("params", GPU_CASES, ids=lambda p: f"{p['op']}-{p['model']}-h{p['num_heads']}")
+@pytest.mark.parametrize("params", GPU_CASES, ids=lambda p: "-".join(map(str, p.values()))[:40])
 def test_compiled_on_cuda(params):
     case = Case(scenario="gpu", d_v=512, **params)
     x = case_inputs.make_inputs(case, "cuda")

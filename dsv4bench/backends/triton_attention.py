@@ -52,11 +52,13 @@ class Config:
 
 
 def config_for(heads: int, op: str) -> Config:
-    """BLOCK_H = 64 (wgmma's M) from 64 heads up, else the next power of two >= 16."""
+    """BLOCK_H = 64 (wgmma's M) from 64 heads up, else the next power of two >= 16 (mma.sync).
+    Picked by compiling for sm90 and reading ptxas' register and spill counts; see the sweep
+    (tools/triton_attention_sweep.py) for measured alternatives."""
     block_h = 64 if heads >= 64 else max(16, 1 << (heads - 1).bit_length())
     if block_h == 64:
-        return Config(64, 32, 8, 2) if op == "decode" else Config(64, 64, 8, 2)
-    return Config(block_h, 64, 4, 2)
+        return Config(64, 32, 8, 2)
+    return Config(block_h, 32, 4, 2)
 
 
 def _load():
@@ -112,7 +114,6 @@ def _attn_kernel(
     blocks_per_split,
     LAYOUT: tl.constexpr,
     P: tl.constexpr,  # tokens per page (LAYOUT 1, 2)
-    X_P: tl.constexpr,
     HAS_TAIL: tl.constexpr,  # d_qk 576: 64 K-only rope columns after the 512
     NPARTS: tl.constexpr,
     HAS_LENS: tl.constexpr,
@@ -123,6 +124,7 @@ def _attn_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EXACT: tl.constexpr,  # interpreter: fp32 tiles and integer bf16 rounding
+    WIDE: tl.constexpr,
 ):
     hb = tl.program_id(0)
     split = tl.program_id(1)
@@ -157,80 +159,90 @@ def _attn_kernel(
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
     acc = tl.full([BLOCK_H, 512], 0.0, tl.float32)
 
-    start = split * blocks_per_split
-    stop = start + blocks_per_split
-    first_block = 0
-    for part in tl.static_range(NPARTS):
-        if part == 0:
-            base, base16, base32, idx_base = kv_ptr, kv16_ptr, kv32_ptr, idx_ptr
-            wid, slots, s0, s1 = width, num_slots, kv_s0, kv_s1
-            PP = P
-            if HAS_LENS:
-                length = tl.minimum(tl.load(lens_ptr + t // LENS_DIV), wid)
-            else:
-                length = wid
+    # the key blocks of both caches form one list (main first); blocks past a topk_length are
+    # left out, and split `split` takes list entries [start, stop). One loop with per-block
+    # scalar selects: two loops (one per cache) double the live state and spill.
+    if HAS_LENS:
+        length = tl.minimum(tl.load(lens_ptr + t // LENS_DIV), width)
+    else:
+        length = width
+    main_blocks = (length + BLOCK_N - 1) // BLOCK_N
+    total = main_blocks
+    if NPARTS == 2:
+        if HAS_X_LENS:
+            x_length = tl.minimum(tl.load(x_lens_ptr + t // LENS_DIV), x_width)
         else:
-            base, base16, base32, idx_base = x_kv_ptr, x_kv16_ptr, x_kv32_ptr, x_idx_ptr
-            wid, slots, s0, s1 = x_width, x_num_slots, x_kv_s0, x_kv_s1
-            PP = X_P
-            if HAS_X_LENS:
-                length = tl.minimum(tl.load(x_lens_ptr + t // LENS_DIV), wid)
-            else:
-                length = wid
-        nblocks = (wid + BLOCK_N - 1) // BLOCK_N
-        lo = tl.maximum(start - first_block, 0)
-        hi = tl.minimum(stop - first_block, (length + BLOCK_N - 1) // BLOCK_N)
-        for blk in range(lo, hi):
-            kk = blk * BLOCK_N + n
-            idx = tl.load(idx_base + t * wid + kk, mask=kk < length, other=-1).to(tl.int64)
-            valid = (idx >= 0) & (idx < slots)
-            slot = tl.where(valid, idx, 0)
-            v3 = valid[:, None, None]
+            x_length = x_width
+        total += (x_length + BLOCK_N - 1) // BLOCK_N
+    start = split * blocks_per_split
+    stop = tl.minimum(start + blocks_per_split, total)
+    for i in range(start, stop):
+        if NPARTS == 2:
+            is_x = i >= main_blocks
+            blk = tl.where(is_x, i - main_blocks, i)
+            base = tl.where(is_x, x_kv_ptr, kv_ptr)
+            base16 = tl.where(is_x, x_kv16_ptr, kv16_ptr)
+            base32 = tl.where(is_x, x_kv32_ptr, kv32_ptr)
+            idx_row = tl.where(is_x, x_idx_ptr + t * x_width, idx_ptr + t * width)
+            len_i = tl.where(is_x, x_length, length)
+            slots = tl.where(is_x, x_num_slots, num_slots)
+            s0 = tl.where(is_x, x_kv_s0, kv_s0)
+            s1 = tl.where(is_x, x_kv_s1, kv_s1)
+        else:
+            blk = i
+            base, base16, base32 = kv_ptr, kv16_ptr, kv32_ptr
+            idx_row = idx_ptr + t * width
+            len_i, slots, s0, s1 = length, num_slots, kv_s0, kv_s1
+        PP = P
+        kk = blk * BLOCK_N + n
+        idx = tl.load(idx_row + kk, mask=kk < len_i, other=-1)
+        if WIDE:  # caches of 2 GiB or more: 64-bit byte offsets
+            idx = idx.to(tl.int64)
+        valid = (idx >= 0) & (idx < slots)
+        slot = tl.where(valid, idx, 0)
+        v3 = valid[:, None, None]
+        if LAYOUT == 0:
+            row = slot * s0
+            kt = tl.load(base + row[:, None, None] + col3, mask=v3, other=0.0).to(tl.float32)
+        elif LAYOUT == 1:
+            rec = (slot // PP) * s0 + (slot % PP) * s1
+            b8 = tl.load(base + rec[:, None, None] + col3, mask=v3, other=0)
+            sc = tl.load(base32 + (rec[:, None] + 512) // 4 + g[None, :], mask=valid[:, None])
+            kt = b8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+        else:
+            data = (slot // PP) * s0 + (slot % PP) * 576
+            scl = (slot // PP) * s0 + PP * 576 + (slot % PP) * 8
+            # all 512 data bytes and all 8 scale bytes: bytes 448.. (rope) and the pad
+            # byte are read as e4m3/ue8m0 too, then replaced by the rope (masks by row only)
+            b8 = tl.load(base + data[:, None, None] + col3, mask=v3, other=0)
+            sb = tl.load(base + scl[:, None] + g[None, :], mask=valid[:, None], other=127)
+            sb = sb.to(tl.uint32)
+            # 2^(b - 127): b = 0 is the subnormal 2^-127
+            sc = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
+            rope_at = (data[:, None, None] + 448) // 2 + j[None, None, :]
+            rb = tl.load(base16 + rope_at, mask=v3, other=0)  # [BLOCK_N, 1, 64]
+            rope = rb.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+            deq = b8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+            kt = tl.where(g3 < 7, deq, rope)
+        if HAS_TAIL:
             if LAYOUT == 0:
-                row = slot * s0
-                kt = tl.load(base + row[:, None, None] + col3, mask=v3, other=0.0).to(tl.float32)
-            elif LAYOUT == 1:
-                rec = (slot // PP) * s0 + (slot % PP) * s1
-                b8 = tl.load(base + rec[:, None, None] + col3, mask=v3, other=0)
-                sc = tl.load(base32 + (rec[:, None] + 512) // 4 + g[None, :], mask=valid[:, None])
-                kt = b8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+                tail = tl.load(base + row[:, None] + 512 + r[None, :], mask=valid[:, None])
+                tail = tail.to(KDT)
             else:
-                data = (slot // PP) * s0 + (slot % PP) * 576
-                scl = (slot // PP) * s0 + PP * 576 + (slot % PP) * 8
-                nope = v3 & (g3 < 7)
-                b8 = tl.load(base + data[:, None, None] + col3, mask=nope, other=0)
-                sb = tl.load(
-                    base + scl[:, None] + g[None, :], mask=valid[:, None] & (g < 7)[None, :]
-                )
-                sb = sb.to(tl.uint32)
-                # 2^(b - 127): b = 0 is the subnormal 2^-127
-                sc = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
-                rope_at = (data[:, None, None] + 448) // 2 + j[None, None, :]
-                rb = tl.load(base16 + rope_at, mask=v3 & (g3 == 7), other=0)
-                rope = rb.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-                deq = b8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
-                kt = tl.where(g3 < 7, deq, rope)
-            k = tl.reshape(kt, [BLOCK_N, 512]).to(KDT)
-            s = tl.dot(q, tl.trans(k))
-            if HAS_TAIL:
-                if LAYOUT == 0:
-                    tail = tl.load(base + row[:, None] + 512 + r[None, :], mask=valid[:, None])
-                    tail = tail.to(KDT)
-                else:
-                    tb = tl.load(
-                        base16 + (rec[:, None] + 528) // 2 + r[None, :], mask=valid[:, None]
-                    )
-                    tail = tb.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(KDT)
-                s += tl.dot(q_tail, tl.trans(tail))
-            s = tl.where(valid[None, :], s * scale2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(KDT), k)
-            m_i = m_new
-        first_block += nblocks
+                tb = tl.load(base16 + (rec[:, None] + 528) // 2 + r[None, :], mask=valid[:, None])
+                tail = tb.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(KDT)
+        k = tl.reshape(kt, [BLOCK_N, 512]).to(KDT)
+        s = tl.dot(q, tl.trans(k))
+        if HAS_TAIL:
+            s = tl.dot(q_tail, tl.trans(tail), s)
+        s = tl.where(valid[None, :], s * scale2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(KDT), k)
+        m_i = m_new
 
     has_key = l_i > 0.0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]
@@ -401,6 +413,13 @@ def _as_dtype(u8, dtype):
     return flat.view(dtype)
 
 
+def _span(t) -> int:
+    """Elements from a tensor's first to one past its last element."""
+    return (
+        1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+    )
+
+
 @dataclass
 class Launch:
     """A prepared call: run() launches the kernels into preallocated outputs."""
@@ -487,13 +506,14 @@ def attention_launcher(
     blocks = _cdiv(width, cfg.block_n)
     nparts = 1
     x_args = [None] * 3 + [None, 0, None, 0, 0, 0]
-    x_p = 1
     if extra_kv is not None:
         if extra_indices is None:
             raise ValueError("extra_kv needs extra_indices")
         x_layout, xu8, x16, x32, x_p, xs0, xs1 = _cache_views(extra_kv)
         if x_layout != layout:
             raise ValueError(f"extra cache is {x_layout}, the main cache {layout}")
+        if x_p != kv.shape[1]:
+            raise ValueError(f"extra cache pages hold {x_p} tokens, the main cache's {kv.shape[1]}")
         x_idx = extra_indices.reshape(tokens, -1).to(dev, torch.int32).contiguous()
         x_args = [xu8, x16, x32, x_idx, x_idx.shape[1], None, extra_kv.shape[0] * x_p, xs0, xs1]
         blocks += _cdiv(x_idx.shape[1], cfg.block_n)
@@ -543,7 +563,7 @@ def attention_launcher(
     meta = dict(
         LAYOUT=LAYOUT_IDS[layout],
         P=page,
-        X_P=x_p,
+        WIDE=_span(main[0]) >= 2**31 - 1 or (nparts == 2 and _span(x_args[0]) >= 2**31 - 1),
         HAS_TAIL=d_qk == 576,
         NPARTS=nparts,
         HAS_LENS=lens is not None,
