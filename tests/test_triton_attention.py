@@ -70,16 +70,19 @@ def _poison_unused(cache: torch.Tensor, *index_sets: torch.Tensor) -> None:
 # ---- decode -------------------------------------------------------------------------------
 
 
+PREFETCH_32 = ta.Config(16, 32, 4, 2, prefetch=True)  # software-pipelined gathers, 32-key blocks
+
+
 @pytest.mark.parametrize(
-    "layout,page_size,heads,topk,splits",
+    "layout,page_size,heads,topk,splits,config",
     [
-        ("v32", 64, 3, 40, 1),  # 3 heads, topk not a multiple of the key block, one split
-        ("v32", 64, 1, 72, 3),  # 1 head, split-KV + combine
-        ("v4", 64, 3, 40, None),  # the planned split count (interpreter SM count)
-        ("v4", 256, 1, 24, 2),
+        ("v32", 64, 3, 40, 1, None),  # 3 heads, topk not a multiple of the key block, one split
+        ("v32", 64, 1, 72, 3, PREFETCH_32),  # 1 head, split-KV + combine
+        ("v4", 64, 3, 40, None, PREFETCH_32),  # the planned split count (interpreter SM count)
+        ("v4", 256, 1, 24, 2, None),
     ],
 )
-def test_decode_matches_oracle(layout, page_size, heads, topk, splits):
+def test_decode_matches_oracle(layout, page_size, heads, topk, splits, config):
     b, s_q = 2, 2
     d = 576 if layout == "v32" else 512
     cache = _cache(layout, 2 * page_size, page_size, seed=topk)
@@ -103,7 +106,7 @@ def test_decode_matches_oracle(layout, page_size, heads, topk, splits):
     scale = d**-0.5
     out, lse = attention.sparse_mla_decode(q, cache, idx, scale, **kw)
     tri_kw = {("extra_kv" if k == "extra_k_cache" else k): v for k, v in kw.items()}
-    t_out, t_lse = ta.sparse_decode(q, cache, idx, scale, splits=splits, **tri_kw)
+    t_out, t_lse = ta.sparse_decode(q, cache, idx, scale, splits=splits, config=config, **tri_kw)
     assert t_out.dtype == torch.bfloat16 and t_out.shape == (b, s_q, heads, 512)
     assert t_lse.dtype == torch.float32 and t_lse.shape == (b, heads, s_q)
     _assert_close(Output(out, lse), Output(t_out, t_lse), DECODE_TOL)
@@ -147,7 +150,9 @@ def test_prefill_matches_oracle(d_qk, heads):
     out, max_logits, lse = attention.sparse_mla_prefill(
         q, kv, idx, 0.07, attn_sink=sink, topk_length=lengths
     )
-    t_out, t_max, t_lse = ta.sparse_prefill(q, kv, idx, 0.07, topk_length=lengths, attn_sink=sink)
+    t_out, t_max, t_lse = ta.sparse_prefill(
+        q, kv, idx, 0.07, topk_length=lengths, attn_sink=sink, config=PREFETCH_32
+    )
     assert t_out.shape == (s_q, heads, 512) and t_lse.shape == t_max.shape == (s_q, heads)
     _assert_close(Output(out, lse), Output(t_out, t_lse), PREFILL_TOL)
     finite = torch.isfinite(max_logits)

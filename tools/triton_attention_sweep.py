@@ -27,15 +27,41 @@ DEFAULT_CASES = [
 ]
 
 
-def _configs(heads: int):
-    from dsv4bench.backends.triton_attention import Config
+def _configs(heads: int, layout: str):
+    """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
+    from dsv4bench.backends.triton_attention import Config, config_for
 
     if heads >= 64:
-        return [Config(64, 16, 8, 2), Config(64, 32, 8, 2), Config(64, 32, 8, 3),
-                Config(64, 64, 8, 2)]  # fmt: skip
-    bh = max(16, 1 << (heads - 1).bit_length())
-    return [Config(bh, 32, 4, 2), Config(bh, 64, 4, 2), Config(bh, 32, 8, 2),
-            Config(bh, 64, 8, 3)]  # fmt: skip
+        c = [
+            Config(64, 32, 8, 2, True),
+            Config(64, 64, 8, 2, True),
+            Config(64, 32, 8, 2, False),
+            Config(64, 64, 8, 2, False),
+            Config(64, 64, 8, 1, False),
+            Config(64, 32, 8, 3, True),
+        ]
+        out = [(x, None) for x in c]
+    else:
+        bh = max(16, 1 << (heads - 1).bit_length())
+        c = [
+            Config(bh, 32, 4, 2, True),
+            Config(bh, 64, 4, 2, True),
+            Config(bh, 64, 4, 2, False),
+            Config(bh, 64, 8, 3, False),
+            Config(bh, 32, 4, 2, False),
+        ]
+        out = [(x, None) for x in c] + [
+            (Config(bh, 64, 4, 2, False), 2),
+            (Config(bh, 32, 4, 2, True), 2),
+        ]
+    default = config_for(heads, layout)
+    return [(default, None)] + [x for x in out if x != (default, None)]
+
+
+def _layout(case) -> str:
+    from dsv4bench.backends.triton_attention import uses_decode_kernel
+
+    return case.layout if uses_decode_kernel(case) else "bf16"
 
 
 def _cases(prefixes):
@@ -46,7 +72,7 @@ def _cases(prefixes):
     return [next(c for c in scenario.cases if c.case_id.startswith(p)) for p in prefixes]
 
 
-def _launch(case, x, cfg):
+def _launch(case, x, cfg, splits=None):
     from dsv4bench.backends import triton_attention as ta
 
     decode = ta.uses_decode_kernel(case)
@@ -61,6 +87,7 @@ def _launch(case, x, cfg):
         extra_indices=x.get("extra_indices"),
         op="decode" if decode else "prefill",
         config=cfg,
+        splits=splits,
     )
 
 
@@ -72,9 +99,9 @@ def _compile(args):
 
     case = _cases([prefix])[0]
     x = inputs.make_inputs(case, "cuda")
-    cfg = _configs(case.num_heads)[index]
+    cfg, splits = _configs(case.num_heads, _layout(case))[index]
     try:
-        _launch(case, x, cfg).run()
+        _launch(case, x, cfg, splits).run()
         torch.cuda.synchronize()
         return ""
     except Exception as e:  # a shape that does not compile or fit: reported, not fatal
@@ -85,7 +112,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("prefixes", nargs="*", default=DEFAULT_CASES)
     ap.add_argument("--flashmla-lib")
-    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=12)
     a = ap.parse_args()
     import torch
 
@@ -93,7 +120,8 @@ def main() -> int:
 
     backends.setup(flashmla_lib=a.flashmla_lib)
     cases = _cases(a.prefixes)
-    work = [(p, i) for p, c in zip(a.prefixes, cases, strict=False) for i in range(4)]
+    work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
+            for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
     with mp.get_context("spawn").Pool(a.jobs) as pool:
         for err in pool.imap_unordered(_compile, work):
             if err:
@@ -109,18 +137,17 @@ def main() -> int:
             print(f"{case.case_id:58s} flashmla {ref_ms:8.4f} ms", flush=True)
         except Exception as e:
             print(f"{case.case_id:58s} flashmla failed: {type(e).__name__}: {e}", flush=True)
-        for cfg in _configs(case.num_heads):
+        for cfg, splits in _configs(case.num_heads, _layout(case)):
             try:
-                launch = _launch(case, x, cfg)
+                launch = _launch(case, x, cfg, splits)
                 ms = timing.measure(launch.run, **kw)["median_ms"]
             except Exception as e:
                 print(f"{'':58s} {cfg}: failed {type(e).__name__}: {str(e)[:150]}", flush=True)
                 continue
             ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
-            splits = launch.info["splits"]
             print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
-                  f"s{cfg.num_stages} splits{splits} {ms:8.4f} ms  flashmla/triton {ratio}",
-                  flush=True)  # fmt: skip
+                  f"s{cfg.num_stages} pf{int(cfg.prefetch)} splits{launch.info['splits']} "
+                  f"{ms:8.4f} ms  flashmla/triton {ratio}", flush=True)  # fmt: skip
         del x
         torch.cuda.empty_cache()
     return 0

@@ -39,6 +39,8 @@ CACHE_WIDTH = {"v32": 656, "v4": 584}
 D_V = 512
 CPU_SMS = 4  # the interpreter's "SM count": few programs, yet small cases still split
 MAX_SPLITS = 64
+CTAS_SMALL = 3  # CTAs per SM the split planner counts on below BLOCK_H 64
+MIN_SPLIT_BLOCKS = 2
 
 
 @dataclass(frozen=True)
@@ -49,16 +51,18 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
+    prefetch: bool = True  # gather the next key block into registers during this one's math
 
 
-def config_for(heads: int, op: str) -> Config:
-    """BLOCK_H = 64 (wgmma's M) from 64 heads up, else the next power of two >= 16 (mma.sync).
-    Picked by compiling for sm90 and reading ptxas' register and spill counts; see the sweep
-    (tools/triton_attention_sweep.py) for measured alternatives."""
+def config_for(heads: int, layout: str) -> Config:
+    """BLOCK_H = 64 (wgmma's M) from 64 heads up, else the next power of two >= 16 (mma.sync);
+    the rest from the H100 sweep (tools/triton_attention_sweep.py, results/sm90/triton-*)."""
     block_h = 64 if heads >= 64 else max(16, 1 << (heads - 1).bit_length())
     if block_h == 64:
-        return Config(64, 32, 8, 2)
-    return Config(block_h, 32, 4, 2)
+        return Config(64, 64, 8, 2, False)
+    if layout == "v32":
+        return Config(block_h, 64, 8, 3, False)
+    return Config(block_h, 64, 4, 2, False)
 
 
 def _load():
@@ -66,8 +70,11 @@ def _load():
     triton = tk._load()
     if tl is None:
         import triton.language as _tl
+        from triton.runtime.jit import JITFunction
 
         tl = _tl
+        for name, fn in _HELPERS.items():
+            globals()[name] = JITFunction(fn)
     return triton
 
 
@@ -124,7 +131,8 @@ def _attn_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EXACT: tl.constexpr,  # interpreter: fp32 tiles and integer bf16 rounding
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr,  # 64-bit cache offsets
+    PREFETCH: tl.constexpr,  # gather block i + 1 while block i computes
 ):
     hb = tl.program_id(0)
     split = tl.program_id(1)
@@ -143,25 +151,13 @@ def _attn_kernel(
     if HAS_TAIL:
         q_tail = tl.load(q_row + 512 + r[None, :], mask=hmask[:, None], other=0.0).to(KDT)
 
-    # the tile as [BLOCK_N, G, 512 // G]: G scale groups (bf16 rows: 8 plain groups)
-    if LAYOUT == 1:
-        G: tl.constexpr = 4
-    else:
-        G: tl.constexpr = 8
-    GS: tl.constexpr = 512 // G
-    g = tl.arange(0, G)
-    j = tl.arange(0, GS)
-    g3 = g[None, :, None]
-    col3 = g3 * GS + j[None, None, :]
-    n = tl.arange(0, BLOCK_N)
-
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
     acc = tl.full([BLOCK_H, 512], 0.0, tl.float32)
 
     # the key blocks of both caches form one list (main first); blocks past a topk_length are
-    # left out, and split `split` takes list entries [start, stop). One loop with per-block
-    # scalar selects: two loops (one per cache) double the live state and spill.
+    # left out, and split `split` takes list entries [start, stop). One loop over both caches
+    # (two loops double the live state and spill).
     if HAS_LENS:
         length = tl.minimum(tl.load(lens_ptr + t // LENS_DIV), width)
     else:
@@ -174,64 +170,26 @@ def _attn_kernel(
         else:
             x_length = x_width
         total += (x_length + BLOCK_N - 1) // BLOCK_N
+    else:
+        x_length = 0
     start = split * blocks_per_split
     stop = tl.minimum(start + blocks_per_split, total)
+    cache = (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, width, length, num_slots, kv_s0, kv_s1)
+    x_cache = (x_kv_ptr, x_kv16_ptr, x_kv32_ptr, x_idx_ptr, x_width, x_length, x_num_slots,
+               x_kv_s0, x_kv_s1)  # fmt: skip
+    if PREFETCH:  # software pipelining: block i + 1's bytes are in flight while i computes
+        nxt = _gather_block(start, stop, t, main_blocks, cache, x_cache, LAYOUT, P, NPARTS,
+                            HAS_TAIL, BLOCK_N, WIDE)  # fmt: skip
     for i in range(start, stop):
-        if NPARTS == 2:
-            is_x = i >= main_blocks
-            blk = tl.where(is_x, i - main_blocks, i)
-            base = tl.where(is_x, x_kv_ptr, kv_ptr)
-            base16 = tl.where(is_x, x_kv16_ptr, kv16_ptr)
-            base32 = tl.where(is_x, x_kv32_ptr, kv32_ptr)
-            idx_row = tl.where(is_x, x_idx_ptr + t * x_width, idx_ptr + t * width)
-            len_i = tl.where(is_x, x_length, length)
-            slots = tl.where(is_x, x_num_slots, num_slots)
-            s0 = tl.where(is_x, x_kv_s0, kv_s0)
-            s1 = tl.where(is_x, x_kv_s1, kv_s1)
+        if PREFETCH:
+            valid, raw, raw_scale, raw_tail = nxt
+            nxt = _gather_block(i + 1, stop, t, main_blocks, cache, x_cache, LAYOUT, P, NPARTS,
+                                HAS_TAIL, BLOCK_N, WIDE)  # fmt: skip
         else:
-            blk = i
-            base, base16, base32 = kv_ptr, kv16_ptr, kv32_ptr
-            idx_row = idx_ptr + t * width
-            len_i, slots, s0, s1 = length, num_slots, kv_s0, kv_s1
-        PP = P
-        kk = blk * BLOCK_N + n
-        idx = tl.load(idx_row + kk, mask=kk < len_i, other=-1)
-        if WIDE:  # caches of 2 GiB or more: 64-bit byte offsets
-            idx = idx.to(tl.int64)
-        valid = (idx >= 0) & (idx < slots)
-        slot = tl.where(valid, idx, 0)
-        v3 = valid[:, None, None]
-        if LAYOUT == 0:
-            row = slot * s0
-            kt = tl.load(base + row[:, None, None] + col3, mask=v3, other=0.0).to(tl.float32)
-        elif LAYOUT == 1:
-            rec = (slot // PP) * s0 + (slot % PP) * s1
-            b8 = tl.load(base + rec[:, None, None] + col3, mask=v3, other=0)
-            sc = tl.load(base32 + (rec[:, None] + 512) // 4 + g[None, :], mask=valid[:, None])
-            kt = b8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
-        else:
-            data = (slot // PP) * s0 + (slot % PP) * 576
-            scl = (slot // PP) * s0 + PP * 576 + (slot % PP) * 8
-            # all 512 data bytes and all 8 scale bytes: bytes 448.. (rope) and the pad
-            # byte are read as e4m3/ue8m0 too, then replaced by the rope (masks by row only)
-            b8 = tl.load(base + data[:, None, None] + col3, mask=v3, other=0)
-            sb = tl.load(base + scl[:, None] + g[None, :], mask=valid[:, None], other=127)
-            sb = sb.to(tl.uint32)
-            # 2^(b - 127): b = 0 is the subnormal 2^-127
-            sc = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
-            rope_at = (data[:, None, None] + 448) // 2 + j[None, None, :]
-            rb = tl.load(base16 + rope_at, mask=v3, other=0)  # [BLOCK_N, 1, 64]
-            rope = rb.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-            deq = b8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
-            kt = tl.where(g3 < 7, deq, rope)
-        if HAS_TAIL:
-            if LAYOUT == 0:
-                tail = tl.load(base + row[:, None] + 512 + r[None, :], mask=valid[:, None])
-                tail = tail.to(KDT)
-            else:
-                tb = tl.load(base16 + (rec[:, None] + 528) // 2 + r[None, :], mask=valid[:, None])
-                tail = tb.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(KDT)
-        k = tl.reshape(kt, [BLOCK_N, 512]).to(KDT)
+            valid, raw, raw_scale, raw_tail = _gather_block(
+                i, stop, t, main_blocks, cache, x_cache, LAYOUT, P, NPARTS, HAS_TAIL, BLOCK_N, WIDE
+            )
+        k, tail = _dequant_block(raw, raw_scale, raw_tail, LAYOUT, HAS_TAIL, BLOCK_N, KDT)
         s = tl.dot(q, tl.trans(k))
         if HAS_TAIL:
             s = tl.dot(q_tail, tl.trans(tail), s)
@@ -267,6 +225,88 @@ def _attn_kernel(
         tl.store(lse_ptr + lse_at, lse, mask=hmask)
         if HAS_MAXL:
             tl.store(maxl_ptr + t * H + heads, m_i * 0.6931471805599453, mask=hmask)
+
+
+def _gather_block(i, stop, t, main_blocks, cache, x_cache, LAYOUT: tl.constexpr, P: tl.constexpr,
+                  NPARTS: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_N: tl.constexpr,
+                  WIDE: tl.constexpr):  # fmt: skip
+    """Entry i of the joined key-block list, as loaded bytes: (valid [BLOCK_N], main tile, its
+    scales, rope tail). Masked rows (invalid, past the length, or i >= stop) read nothing."""
+    base, base16, base32, idx_ptr, width, length, slots, s0, s1 = cache
+    blk = i
+    if NPARTS == 2:
+        x_base, x_base16, x_base32, x_idx_ptr, x_width, x_length, x_slots, x_s0, x_s1 = x_cache
+        is_x = i >= main_blocks
+        blk = tl.where(is_x, i - main_blocks, i)
+        base = tl.where(is_x, x_base, base)
+        base16 = tl.where(is_x, x_base16, base16)
+        base32 = tl.where(is_x, x_base32, base32)
+        idx_row = tl.where(is_x, x_idx_ptr + t * x_width, idx_ptr + t * width)
+        length = tl.where(is_x, x_length, length)
+        slots = tl.where(is_x, x_slots, slots)
+        s0 = tl.where(is_x, x_s0, s0)
+        s1 = tl.where(is_x, x_s1, s1)
+    else:
+        idx_row = idx_ptr + t * width
+    n = tl.arange(0, BLOCK_N)
+    kk = blk * BLOCK_N + n
+    idx = tl.load(idx_row + kk, mask=(kk < length) & (i < stop), other=-1)
+    if WIDE:  # caches of 2 GiB or more: 64-bit byte offsets
+        idx = idx.to(tl.int64)
+    valid = (idx >= 0) & (idx < slots)
+    slot = tl.where(valid, idx, 0)
+    r = tl.arange(0, 64)
+    if LAYOUT == 0:  # bf16 rows: plain 2-D loads (the dot's operand as it is stored)
+        c = tl.arange(0, 512)
+        row = slot * s0
+        raw = tl.load(base + row[:, None] + c[None, :], mask=valid[:, None], other=0.0)
+        raw_scale = valid
+        if HAS_TAIL:
+            raw_tail = tl.load(base + row[:, None] + 512 + r[None, :], mask=valid[:, None])
+        else:
+            raw_tail = valid
+    elif LAYOUT == 1:  # V3.2: 4 x 128 e4m3, 4 fp32 scales, 64 bf16 rope
+        g = tl.arange(0, 4)
+        col3 = g[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+        rec = (slot // P) * s0 + (slot % P) * s1
+        raw = tl.load(base + rec[:, None, None] + col3, mask=valid[:, None, None], other=0)
+        raw_scale = tl.load(base32 + (rec[:, None] + 512) // 4 + g[None, :], mask=valid[:, None])
+        raw_tail = tl.load(base16 + (rec[:, None] + 528) // 2 + r[None, :], mask=valid[:, None])
+    else:  # V4: all 512 data bytes (448 e4m3 + the rope's first 64 bytes) and all 8 scale
+        # bytes (7 + pad); the rope is read again as 64 bf16 and replaces tile 7
+        g = tl.arange(0, 8)
+        col3 = g[None, :, None] * 64 + tl.arange(0, 64)[None, None, :]
+        data = (slot // P) * s0 + (slot % P) * 576
+        scl = (slot // P) * s0 + P * 576 + (slot % P) * 8
+        raw = tl.load(base + data[:, None, None] + col3, mask=valid[:, None, None], other=0)
+        raw_scale = tl.load(base + scl[:, None] + g[None, :], mask=valid[:, None], other=127)
+        rope_at = (data[:, None, None] + 448) // 2 + r[None, None, :]
+        raw_tail = tl.load(base16 + rope_at, mask=valid[:, None, None], other=0)  # [N, 1, 64]
+    return valid, raw, raw_scale, raw_tail
+
+
+def _dequant_block(raw, raw_scale, raw_tail, LAYOUT: tl.constexpr, HAS_TAIL: tl.constexpr,
+                   BLOCK_N: tl.constexpr, KDT: tl.constexpr):  # fmt: skip
+    """(k [BLOCK_N, 512], rope tail [BLOCK_N, 64] or k) in KDT from _gather_block's bytes."""
+    if LAYOUT == 0:
+        k = raw.to(KDT)
+        tail = k
+        if HAS_TAIL:
+            tail = raw_tail.to(KDT)
+    elif LAYOUT == 1:
+        x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * raw_scale[:, :, None]
+        k = tl.reshape(x, [BLOCK_N, 512]).to(KDT)
+        tail = raw_tail.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(KDT)
+    else:
+        sb = raw_scale.to(tl.uint32)
+        # 2^(b - 127): b = 0 is the subnormal 2^-127
+        sc = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)
+        deq = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+        rope = raw_tail.to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        g3 = tl.arange(0, 8)[None, :, None]
+        k = tl.reshape(tl.where(g3 < 7, deq, rope), [BLOCK_N, 512]).to(KDT)
+        tail = k
+    return k, tail
 
 
 def _combine_kernel(
@@ -316,6 +356,9 @@ def _combine_kernel(
 
 
 _SOURCES = {"attn": _attn_kernel, "combine": _combine_kernel}
+# Device functions the kernels call by their module-global names: JITFunctions once Triton is
+# loaded (compiled kernels), InterpretedFunctions for the length of an interpreted launch.
+_HELPERS = {"_gather_block": _gather_block, "_dequant_block": _dequant_block}
 _KERNELS: dict[tuple[str, bool], Any] = {}
 
 
@@ -341,6 +384,7 @@ def _interpreted_stdlib(interpret: bool):
     - tl.max / tl.sum are @jit functions, callable inside an interpreted kernel only when Triton
       was imported with TRITON_INTERPRET=1: they are swapped for interpreted copies, so the
       environment variable (which would leak into other tests) is never needed;
+    - the device functions (_HELPERS) become interpreted functions;
     - a loop `range(lo, hi)` over scalars converts them with int(), which numpy >= 2.3 refuses
       for the interpreter's 1-element arrays: __index__ is made to take the element.
     Both are restored afterwards."""
@@ -350,6 +394,7 @@ def _interpreted_stdlib(interpret: bool):
     import triton.runtime.interpreter as interp
 
     saved = {name: getattr(tl, name) for name in ("max", "sum")}
+    compiled = {name: globals()[name] for name in _HELPERS}
     patch_tensor = interp._patch_lang_tensor
 
     def patch_tensor_index(tensor, scope):
@@ -359,10 +404,13 @@ def _interpreted_stdlib(interpret: bool):
     try:
         for name, fn in saved.items():
             setattr(tl, name, interp.InterpretedFunction(fn.fn))
+        for name, fn in _HELPERS.items():
+            globals()[name] = interp.InterpretedFunction(fn)
         interp._patch_lang_tensor = patch_tensor_index
         yield
     finally:
         interp._patch_lang_tensor = patch_tensor
+        globals().update(compiled)
         for name, fn in saved.items():
             setattr(tl, name, fn)
 
@@ -432,12 +480,14 @@ class Launch:
 
 
 def _plan(tokens: int, heads: int, blocks: int, cfg: Config, device, splits: int | None):
+    """(head blocks, splits, key blocks per split). Without a given split count: enough
+    programs to fill every SM with the CTAs that fit (1 at BLOCK_H 64, whose tiles take most
+    of the shared memory, else CTAS_SMALL), each split keeping at least MIN_SPLIT_BLOCKS."""
     head_blocks = _cdiv(heads, cfg.block_h)
     if splits is None:
         programs = tokens * head_blocks
-        splits = 1
-        if programs < _sm_count(device):
-            splits = min(_sm_count(device) // max(1, programs), MAX_SPLITS, max(1, blocks))
+        target = _sm_count(device) * (1 if cfg.block_h >= 64 else CTAS_SMALL)
+        splits = max(1, min(target // max(1, programs), blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
     splits = max(1, min(splits, max(1, blocks)))
     per_split = _cdiv(max(1, blocks), splits)
     splits = _cdiv(max(1, blocks), per_split)
@@ -502,7 +552,7 @@ def attention_launcher(
         raise ValueError(f"d_qk must be 512 or 576, got {d_qk}")
     idx = indices.reshape(tokens, -1).to(dev, torch.int32).contiguous()
     width = idx.shape[1]
-    cfg = config or config_for(h, op)
+    cfg = config or config_for(h, layout)
     blocks = _cdiv(width, cfg.block_n)
     nparts = 1
     x_args = [None] * 3 + [None, 0, None, 0, 0, 0]
@@ -574,6 +624,7 @@ def attention_launcher(
         BLOCK_H=cfg.block_h,
         BLOCK_N=cfg.block_n,
         EXACT=exact,
+        PREFETCH=cfg.prefetch,
     )
     attn = _kernel("attn", dev)
     grid = (head_blocks, splits, tokens)
@@ -604,6 +655,7 @@ def attention_launcher(
         "block_n": cfg.block_n,
         "num_warps": cfg.num_warps,
         "num_stages": cfg.num_stages,
+        "prefetch": cfg.prefetch,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
