@@ -208,14 +208,14 @@ REMAP = _case("remap", batch_size=2, s_q=3, topk=64, context_len=200, page_size=
 
 def test_provider_and_supports():
     b = tk.TritonKernels()
-    ops = ("dequant", "remap", "indexer")
+    ops = ("dequant", "remap", "indexer", "decode", "prefill")
     assert (b.name, b.archs, b.ops) == ("triton", ("sm90", "sm100", "sm120"), ops)
     assert b.provider() == Provider("triton", triton.__version__, tk.__name__)
     assert b.supports(V4_DEQUANT, "sm90") is None
     assert b.supports(V32_DEQUANT, "sm100") is None
     assert b.supports(REMAP, "sm120") is None
     assert "not cpu" in b.supports(V4_DEQUANT, "cpu")
-    assert "no decode kernel" in b.supports(_case("decode", layout="v4"), "sm90")
+    assert b.supports(_case("decode", layout="v4"), "sm90") is None  # triton_attention
     assert "not layout bf16" in b.supports(_case("dequant", layout="bf16"), "sm90")
     assert "not 576" in b.supports(_case("dequant", layout="v4", d_qk=576), "sm90")
     assert b.v32_scale_reading("sm90") is None  # fp32 scales read exactly
@@ -252,8 +252,8 @@ def test_prepare_rejects():
     b = tk.TritonKernels()
     with pytest.raises(Unsupported, match="not layout bf16"):
         b.prepare(_case("dequant", layout="bf16"), {}, "cpu")
-    with pytest.raises(Unsupported, match="no decode kernel"):
-        b.prepare(_case("decode", layout="v4"), {}, "cpu")
+    with pytest.raises(Unsupported, match="triton decode reads the v32 cache"):
+        b.prepare(_case("decode", layout="bf16"), {}, "cpu")
     x = case_inputs.make_inputs(V4_DEQUANT, "cpu")
     with pytest.raises(ValueError, match="not a v32 cache"):
         b.prepare(V32_DEQUANT, x, "cpu")

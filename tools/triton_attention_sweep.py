@@ -20,10 +20,13 @@ DEFAULT_CASES = [
     "decode-v4-flash-v4-h64-b64-",
     "decode-v4-pro-v4-h128-b64-",
     "decode-v4-flash-v4-h8-b64-",
+    "decode-v4-flash-v4-h32-b64-",
     "decode-v3.2-v32-h16-b64-",
+    "decode-v3.2-v32-h32-b64-",
     "prefill-v4-flash-v4-h64-t4096-",
     "prefill-v3.2-v32-h128-t4096-",
-    "prefill-v4-flash-v4-h8-t4096-",
+    "prefill-v4-flash-v4-h32-t4096-",
+    "prefill-v3.2-v32-h16-t4096-",
 ]
 
 
@@ -31,31 +34,16 @@ def _configs(heads: int, layout: str):
     """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
     from dsv4bench.backends.triton_attention import Config, config_for
 
+    small = max(16, 1 << (heads - 1).bit_length())
     if heads >= 64:
-        c = [
-            Config(64, 32, 8, 2, True),
-            Config(64, 64, 8, 2, True),
-            Config(64, 32, 8, 2, False),
-            Config(64, 64, 8, 2, False),
-            Config(64, 64, 8, 1, False),
-            Config(64, 32, 8, 3, True),
-        ]
-        out = [(x, None) for x in c]
+        c = [Config(64, 64, 8, 1, False), Config(64, 64, 8, 2, False), Config(64, 32, 8, 2, True)]
     else:
-        bh = max(16, 1 << (heads - 1).bit_length())
-        c = [
-            Config(bh, 32, 4, 2, True),
-            Config(bh, 64, 4, 2, True),
-            Config(bh, 64, 4, 2, False),
-            Config(bh, 64, 8, 3, False),
-            Config(bh, 32, 4, 2, False),
-        ]
-        out = [(x, None) for x in c] + [
-            (Config(bh, 64, 4, 2, False), 2),
-            (Config(bh, 32, 4, 2, True), 2),
-        ]
+        c = [Config(small, 64, 4, 2, False), Config(small, 32, 4, 2, True),
+             Config(64, 64, 8, 1, False), Config(64, 64, 8, 2, False)]  # fmt: skip
+        if small == 32:
+            c += [Config(32, 32, 8, 2, True), Config(32, 64, 8, 2, False)]
     default = config_for(heads, layout)
-    return [(default, None)] + [x for x in out if x != (default, None)]
+    return [(default, None)] + [(x, None) for x in c if x != default]
 
 
 def _layout(case) -> str:

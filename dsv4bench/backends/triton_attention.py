@@ -40,7 +40,7 @@ D_V = 512
 CPU_SMS = 4  # the interpreter's "SM count": few programs, yet small cases still split
 MAX_SPLITS = 64
 CTAS_SMALL = 3  # CTAs per SM the split planner counts on below BLOCK_H 64
-MIN_SPLIT_BLOCKS = 2
+MIN_SPLIT_BLOCKS = 4  # a split's key blocks (the partial output costs a write and a read)
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,17 @@ class Config:
 
 
 def config_for(heads: int, layout: str) -> Config:
-    """BLOCK_H = 64 (wgmma's M) from 64 heads up, else the next power of two >= 16 (mma.sync);
-    the rest from the H100 sweep (tools/triton_attention_sweep.py, results/sm90/triton-*)."""
-    block_h = 64 if heads >= 64 else max(16, 1 << (heads - 1).bit_length())
-    if block_h == 64:
-        return Config(64, 64, 8, 2, False)
+    """The launch shape, from the H100 sweeps (tools/triton_attention_sweep.py; sweep.txt in
+    results/sm90/triton-*). BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H
+    16/32) by enough that padding a few heads to 64 pays off where the keys cost most to read:
+    the V3.2 cache at any head count and the V4 cache above 16 heads. The bf16 rows of sparse
+    prefill take BLOCK_H 16/32 up to 32 heads."""
+    small = max(16, 1 << (heads - 1).bit_length())
     if layout == "v32":
-        return Config(block_h, 64, 8, 3, False)
-    return Config(block_h, 64, 4, 2, False)
+        return Config(64, 64, 8, 1, False)
+    if heads > 32 or (layout == "v4" and heads > 16):
+        return Config(64, 64, 8, 2, False)
+    return Config(small, 64, 4, 2, False)
 
 
 def _load():
