@@ -22,14 +22,15 @@ KNOWN = {"torch", "flashmla", "flashinfer", "flashinfer-e4m3", "triton", "deepge
 # long the sweep takes, so it should be deliberate.
 SHIPPED = {
     "smoke.yaml": (20, 20, 0),
-    "sm90/decode_batch.yaml": (39, 48, 0),
-    "sm90/prefill_chunk.yaml": (24, 29, 1),
-    "sm90/head_padding.yaml": (20, 20, 0),
-    "sm90/layouts.yaml": (10, 10, 0),
+    "sm90/decode_batch.yaml": (39, 87, 0),
+    "sm90/prefill_chunk.yaml": (24, 53, 1),
+    "sm90/head_padding.yaml": (20, 40, 0),
+    "sm90/layouts.yaml": (10, 20, 0),
+    "sm90/triton_vs_flashmla.yaml": (32, 64, 0),
     "compare/backends_sm90.yaml": (40, 160, 0),
     "measure/sm90.yaml": (15, 45, 0),  # opt-in: not part of `make bench`
-    "sm100/decode_batch.yaml": (15, 30, 0),
-    "sm120/decode_batch.yaml": (8, 16, 0),
+    "sm100/decode_batch.yaml": (15, 45, 0),
+    "sm120/decode_batch.yaml": (8, 24, 0),
     "indexer/sm90.yaml": (55, 114, 0),  # opt-in: not part of `make bench`
     "indexer/limits_sm90.yaml": (0, 0, 4),
 }
@@ -91,7 +92,9 @@ def test_smoke_covers_every_op_on_the_cpu():
 
 def test_sm90_set_stays_small():
     jobs = sum(SHIPPED[rel][1] for rel in SHIPPED if rel.startswith("sm90/"))
-    assert jobs <= 120  # about a second each plus one bisection: under 8 minutes on an H100
+    # under a second each plus one bisection: 64 jobs of triton_vs_flashmla.yaml (Triton
+    # compiles included) ran in 25 s on an H100 (results/sm90/triton-h100/run-log.txt)
+    assert jobs <= 260
 
 
 def test_prefill_limit_search_matches_the_sglang_question():
