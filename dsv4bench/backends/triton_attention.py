@@ -485,12 +485,16 @@ class Launch:
 def _plan(tokens: int, heads: int, blocks: int, cfg: Config, device, splits: int | None):
     """(head blocks, splits, key blocks per split). Without a given split count: enough
     programs to fill every SM with the CTAs that fit (1 at BLOCK_H 64, whose tiles take most
-    of the shared memory, else CTAS_SMALL), each split keeping at least MIN_SPLIT_BLOCKS."""
+    of the shared memory, else CTAS_SMALL). A split keeps at least MIN_SPLIT_BLOCKS key blocks
+    (its partial output costs a write and a read) unless the batch is so small that fewer than
+    a quarter of the SMs would have a program: then latency rules and one block is enough."""
     head_blocks = _cdiv(heads, cfg.block_h)
     if splits is None:
         programs = tokens * head_blocks
-        target = _sm_count(device) * (1 if cfg.block_h >= 64 else CTAS_SMALL)
-        splits = max(1, min(target // max(1, programs), blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
+        sms = _sm_count(device)
+        target = sms * (1 if cfg.block_h >= 64 else CTAS_SMALL)
+        min_blocks = 1 if 4 * programs < sms else MIN_SPLIT_BLOCKS
+        splits = max(1, min(target // max(1, programs), blocks // min_blocks, MAX_SPLITS))
     splits = max(1, min(splits, max(1, blocks)))
     per_split = _cdiv(max(1, blocks), splits)
     splits = _cdiv(max(1, blocks), per_split)
