@@ -213,7 +213,7 @@ def test_backend_prepare_run_finish(name):
 
 def test_backend_supports_reasons():
     b = tk.TritonKernels()
-    assert b.ops == ("dequant", "remap", "decode", "prefill")
+    assert {"decode", "prefill"} <= set(b.ops)
     assert b.supports(_case("decode", num_heads=1), "sm120") is None
     assert "not cpu" in b.supports(_case("decode"), "cpu")
     assert "d_v 512" in b.supports(_case("decode", d_v=448), "sm90")
