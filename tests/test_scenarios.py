@@ -94,7 +94,7 @@ def test_sm90_set_stays_small():
     jobs = sum(SHIPPED[rel][1] for rel in SHIPPED if rel.startswith("sm90/"))
     # under a second each plus one bisection: 64 jobs of triton_vs_flashmla.yaml (Triton
     # compiles included) ran in 25 s on an H100 (results/sm90/triton-h100/run-log.txt)
-    assert jobs <= 260
+    assert jobs <= 270
 
 
 def test_prefill_limit_search_matches_the_sglang_question():
