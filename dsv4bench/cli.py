@@ -147,6 +147,8 @@ def _run(args, paths: list[str]) -> int:
         progress=not args.quiet,
     )
     writer = runner.writer
+    if writer.torn:
+        print(f"{writer.path}: torn last line moved to {writer.torn}", file=sys.stderr)
     rows = runner.run(jobs, limits, resume=args.resume)
     if specs:
         print(f"serving: {_serving_rows(specs, writer)} TTFT/TPOT points", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
@@ -33,11 +34,42 @@ def empty_row(case: dict, backend: str) -> dict:
 
 
 class ResultWriter:
-    """Appends rows to RUN_DIR/results.jsonl, one line per row, flushed to disk each time."""
+    """Appends rows to RUN_DIR/results.jsonl, one line per row, flushed to disk each time.
+
+    A writer killed mid-row leaves a torn last line; appending after it would glue the next row
+    onto the fragment. So a writer opening an existing file first repairs its tail: a fragment
+    that is a whole row only lacks its newline; anything else moves to results.jsonl.torn."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / RESULTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.torn: Path | None = None  # the side file, if this writer moved a fragment there
+        self._repair_tail()
+
+    def _repair_tail(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return
+            start = data.rfind(b"\n") + 1
+            fragment = data[start:]
+            try:
+                whole = isinstance(json.loads(fragment), dict)
+            except ValueError:
+                whole = False
+            if whole:
+                f.write(b"\n")
+            else:
+                self.torn = self.path.with_name(RESULTS_FILE + ".torn")
+                with open(self.torn, "ab") as side:
+                    side.write(fragment + b"\n")
+                    side.flush()
+                    os.fsync(side.fileno())
+                f.truncate(start)
+            f.flush()
+            os.fsync(f.fileno())
 
     def append(self, row: dict) -> None:
         line = json.dumps(row, sort_keys=True, default=str)
@@ -51,20 +83,36 @@ class ResultWriter:
         return {(r["case_id"], r["backend"]) for r in read_rows(self.path)}
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a results.jsonl (or of RUN_DIR); a torn last line (killed writer) is skipped."""
+class Rows(list):
+    """Rows read from a results file; `unreadable` holds the line numbers that were not rows."""
+
+    unreadable: tuple[int, ...] = ()
+
+
+def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
+    """Rows of a results.jsonl (or of RUN_DIR). Lines that are not JSON objects (a torn line
+    of a killed writer, a hand edit) are counted in `.unreadable` and reported on stderr unless `quiet`."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
+    rows = Rows()
     if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
+        return rows
+    bad = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad.append(number)
+    rows.unreadable = tuple(bad)
+    if bad and not quiet:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        print(f"dsv4bench: {path}: {len(bad)} unreadable line(s) skipped (line {shown})", file=sys.stderr)
     return rows

@@ -77,8 +77,15 @@ def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path):
     assert len(first.splitlines()) == 2
     p = cli("run", quick, "--out", out, check=2)
     assert "--resume" in p.stderr and (out / "results.jsonl").read_text() == first
+    (out / "results.jsonl").write_text(first[:-30])  # killed while writing the last row
+    p = cli("run", quick, "--out", out, "--resume", "--quiet", check=0)
+    assert "torn last line moved to" in p.stderr and (out / "results.jsonl.torn").exists()
+    again = (out / "results.jsonl").read_text()
+    assert [json.loads(line)["case_id"] for line in again.splitlines()] == [
+        json.loads(line)["case_id"] for line in first.splitlines()
+    ]  # the torn row ran again, whole
     p = cli("run", quick, "--out", out, "--resume", check=0)
-    assert (out / "results.jsonl").read_text() == first  # nothing left to do
+    assert (out / "results.jsonl").read_text() == again  # nothing left to do
     cli("run", quick, "--out", out, "--force", "--quiet", check=0)
     assert list(out.glob("results.jsonl.*.bak"))  # the earlier rows are kept aside
 
