@@ -91,7 +91,8 @@ class Rows(list):
 
 def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
     """Rows of a results.jsonl (or of RUN_DIR). Lines that are not JSON objects (a torn line
-    of a killed writer, a hand edit) are counted in `.unreadable` and reported on stderr unless `quiet`."""
+    of a killed writer, a hand edit) are counted in `.unreadable` and reported on stderr
+    unless `quiet`."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
@@ -114,5 +115,6 @@ def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
     rows.unreadable = tuple(bad)
     if bad and not quiet:
         shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-        print(f"dsv4bench: {path}: {len(bad)} unreadable line(s) skipped (line {shown})", file=sys.stderr)
+        what = f"{len(bad)} unreadable line(s) skipped (line {shown})"
+        print(f"dsv4bench: {path}: {what}", file=sys.stderr)
     return rows

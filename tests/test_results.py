@@ -41,7 +41,7 @@ def test_a_whole_row_missing_only_its_newline_is_kept(tmp_path):
 
 def test_readers_count_and_report_unreadable_lines(tmp_path, capsys):
     path = tmp_path / "results.jsonl"
-    path.write_text(json.dumps(row(0)) + "\n{not json\n[1, 2]\n" + json.dumps(row(1)) + "\n{\"c")
+    path.write_text(json.dumps(row(0)) + "\n{not json\n[1, 2]\n" + json.dumps(row(1)) + '\n{"c')
     rows = read_rows(path)
     assert [r["case_id"] for r in rows] == ["c0", "c1"]
     assert rows.unreadable == (2, 3, 5)
