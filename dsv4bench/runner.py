@@ -39,9 +39,12 @@ class Job:
     backend: str
 
 
-def _tail(path: Path, lines: int = 15, chars: int = 2000) -> str:
+def _tail(path: Path, start: int = 0, lines: int = 15, chars: int = 2000) -> str:
+    """The last lines of the log from byte `start` on (where the current job's output begins)."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
     return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
@@ -74,6 +77,7 @@ class Worker:
             env={**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # a kill takes the worker's children too
         )
+        self.job_start = 0  # where the current job's stderr begins: messages quote only it
         self.answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.send({"arch": arch, "plugins": plugins, "flashmla_lib": flashmla_lib})
@@ -94,6 +98,8 @@ class Worker:
         self.answers.put(None)  # end of stream: the process is gone
 
     def send(self, msg: dict) -> None:
+        self._stderr.flush()
+        self.job_start = self.stderr_path.stat().st_size
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
 
@@ -109,8 +115,11 @@ class Worker:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             rc = None
-        tail = _tail(self.stderr_path)
+        tail = self.stderr_tail()
         return f"worker {_exit_text(rc)}" + (f": {tail}" if tail else "")
+
+    def stderr_tail(self) -> str:
+        return _tail(self.stderr_path, self.job_start)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -194,7 +203,7 @@ class Runner:
         try:
             answer = worker.receive(job.case.timing.timeout_s)
         except TimeoutError:
-            tail = _tail(worker.stderr_path)
+            tail = worker.stderr_tail()
             worker.stop()
             msg = f"no answer after {job.case.timing.timeout_s:g} s"
             return {"status": "timeout", "message": msg + (f"; stderr: {tail}" if tail else "")}
