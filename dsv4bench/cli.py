@@ -21,6 +21,14 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+class Terminated(Exception):
+    """SIGTERM: unwinds like Ctrl-C, so that workers are stopped and written rows stay."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def _setup_backends(args) -> None:
     from dsv4bench import backends
 
@@ -294,6 +302,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `dsv4bench plan ... | head` ends quietly
+    signal.signal(signal.SIGTERM, _terminate)
     args = parser().parse_args(argv)
     try:
         return args.func(args)
@@ -305,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # rows written so far stay; --resume goes on from them
         print("\ndsv4bench: interrupted (results written so far are kept)", file=sys.stderr)
         return 130
+    except Terminated:
+        print("\ndsv4bench: terminated (results written so far are kept)", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

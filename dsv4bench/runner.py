@@ -26,7 +26,7 @@ from dsv4bench import backends, env
 from dsv4bench.case import Case
 from dsv4bench.results import ResultWriter, empty_row
 from dsv4bench.scenarios import LimitSearch
-from dsv4bench.worker import MARK
+from dsv4bench.worker import MARK, PARENT_ENV
 
 STARTUP_TIMEOUT_S = 180.0
 FAILED = ("crash", "timeout", "oom", "error")
@@ -39,13 +39,12 @@ class Job:
     backend: str
 
 
-def _tail(path: Path, start: int = 0, lines: int = 15, chars: int = 2000) -> str:
-    """The last lines of the log from byte `start` on (where the current job's output begins)."""
+def _tail(log, start: int = 0, lines: int = 15, chars: int = 2000) -> str:
+    """The last lines of the open log file from byte `start` on (the current job's output)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            text = f.read().decode(errors="replace")
-    except OSError:
+        size = os.fstat(log.fileno()).st_size
+        text = os.pread(log.fileno(), max(0, size - start), start).decode(errors="replace")
+    except (OSError, ValueError):  # ValueError: the log is closed
         return ""
     return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
 
@@ -65,8 +64,8 @@ class Worker:
     """One `python -m dsv4bench.worker` process with a line reader on its stdout."""
 
     def __init__(self, arch: str, plugins: list[str], flashmla_lib: str | None):
-        self.stderr_path = Path(tempfile.mkstemp(prefix="dsv4bench-worker-", suffix=".log")[1])
-        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 (lives as long as the worker)
+        # An unnamed file (unlinked at once): no log is left behind, however the runner ends.
+        self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
         pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dsv4bench.worker"],
@@ -74,7 +73,12 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            env={**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                "PYTHONPATH": pythonpath,
+                "PYTHONUNBUFFERED": "1",
+                PARENT_ENV: str(os.getpid()),  # the worker dies when this process does
+            },
             start_new_session=True,  # a kill takes the worker's children too
         )
         self.job_start = 0  # where the current job's stderr begins: messages quote only it
@@ -98,8 +102,7 @@ class Worker:
         self.answers.put(None)  # end of stream: the process is gone
 
     def send(self, msg: dict) -> None:
-        self._stderr.flush()
-        self.job_start = self.stderr_path.stat().st_size
+        self.job_start = os.fstat(self._stderr.fileno()).st_size
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
 
@@ -119,7 +122,7 @@ class Worker:
         return f"worker {_exit_text(rc)}" + (f": {tail}" if tail else "")
 
     def stderr_tail(self) -> str:
-        return _tail(self.stderr_path, self.job_start)
+        return _tail(self._stderr, self.job_start)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -130,7 +133,6 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._stderr.close()
-        self.stderr_path.unlink(missing_ok=True)
 
 
 class Progress:

@@ -6,11 +6,39 @@ may print to stdout too). stderr goes to a file the runner reads when this proce
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 MARK = "@@dsv4bench@@ "
+PARENT_ENV = "DSV4BENCH_RUNNER_PID"  # the runner's pid: a worker never outlives it
+PARENT_POLL_S = 0.5
+
+
+def die_with_parent() -> None:
+    """End this process when the runner ends, however it ends (SIGKILL included): Linux's
+    parent-death signal, and a thread that watches the parent pid where that is missing (other
+    systems) or came too late (the runner died before this process asked for it)."""
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
 
 class Cache:
@@ -139,6 +167,7 @@ def _classify(exc: BaseException) -> str:
 def main() -> int:
     from dsv4bench import backends
 
+    die_with_parent()
     setup = json.loads(sys.stdin.readline())
     backends.setup(setup.get("plugins", []), setup.get("flashmla_lib"))
     print(MARK + json.dumps({"ready": True}), flush=True)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +17,10 @@ from dsv4bench import backends
 from dsv4bench.case import Case, Timing
 from dsv4bench.results import ResultWriter, read_rows
 from dsv4bench.runner import Job, LimitSearch, Runner
+from dsv4bench.worker import PARENT_ENV
 
 PLUGIN = "tests.plugins.misbehaving"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny(batch_size: int, **kw) -> Case:
@@ -102,3 +110,53 @@ def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tm
     assert raw_row["info"]["v32_scale_reading"] == "bf16"
     assert raw_row["info"]["vs_exact_scales"]["cos_diff"] > 0  # bf16 scales do move it
     assert pow2_row["info"]["vs_exact_scales"]["cos_diff"] == 0  # powers of two survive
+
+
+def _workers_of(runner_pid: int) -> list[int]:
+    """Live processes started as workers of `runner_pid` (they carry its pid in their env)."""
+    mark = f"{PARENT_ENV}={runner_pid}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_die_with_their_runner_and_leave_no_log(tmp_path, sig):
+    scenario = tmp_path / "hang.yaml"
+    scenario.write_text(
+        "name: hang\nop: decode\nbackends: [crashy]\nseed: 3\ntiming: {timeout_s: 600}\n"
+        "defaults: {model: v3.2, num_heads: 4, topk: 64, context_len: 128}\n"
+        "cases: [{batch_size: 1}]\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    hanging = str(tmp_path / "hanging")
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "dsv4bench.cli", "run", scenario, "--plugin", PLUGIN]
+        + ["--out", tmp_path / "run", "--quiet"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "CRASHY_HANGING": hanging},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(hanging) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(runner.pid), runner.stderr.read()
+    runner.send_signal(sig)
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _workers_of(runner.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers_of(runner.pid) == []
+    assert list(tmp.iterdir()) == []  # no worker log left behind
+    if sig == signal.SIGTERM:
+        assert runner.returncode == 128 + signal.SIGTERM
+        assert b"terminated" in runner.stderr.read()

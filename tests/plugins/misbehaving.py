@@ -31,6 +31,8 @@ class Crashy(_Oracle):
             print(f"crashy: fatal error at batch {case.batch_size}", file=os.sys.stderr, flush=True)
             os._exit(1)
         if case.seed == 3:
+            if os.environ.get("CRASHY_HANGING"):  # tells a test that the hang has begun
+                open(os.environ["CRASHY_HANGING"], "w").close()
             time.sleep(3600)
         if case.seed == 2:
             raise RuntimeError("crashy refuses seed 2")
