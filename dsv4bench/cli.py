@@ -102,6 +102,8 @@ def _arch(wanted: str | None, flag: str) -> str:
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     from dsv4bench.results import RESULTS_FILE
 
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file, not a run directory")
     results = out / RESULTS_FILE
     if results.exists() and not (resume or force):
         raise UsageError(f"{out}: already holds results; pass --resume to continue or --force")
@@ -314,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # rows written so far stay; --resume goes on from them
         print("\ndsv4bench: interrupted (results written so far are kept)", file=sys.stderr)
         return 130
+    except OSError as e:  # a disk that is full or read-only, a path that is a file
+        if getattr(args, "debug", False):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"dsv4bench: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
     except Terminated:
         print("\ndsv4bench: terminated (results written so far are kept)", file=sys.stderr)
         return 128 + signal.SIGTERM

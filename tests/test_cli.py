@@ -190,3 +190,36 @@ def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
     assert f"results: {out / 'results.jsonl'}" in p.stdout
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["scenario"] for r in rows} == {"smoke"} and all(r["status"] == "ok" for r in rows)
+
+
+def test_io_errors_are_one_line_exit_2_and_keep_what_was_written(tmp_path, capsys, monkeypatch):
+    from dsv4bench import cli as dsv4cli
+    from dsv4bench.results import ResultWriter, read_rows
+
+    quick = decode_only(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("not a run directory\n")
+    assert dsv4cli.main(["run", str(quick), "--out", str(afile)]) == 2
+    assert capsys.readouterr().err == f"dsv4bench: --out {afile}: is a file, not a run directory\n"
+    assert afile.read_text() == "not a run directory\n"
+
+    # compare into a directory that cannot be made (a real I/O error, even for root)
+    base = ROOT / "results" / "cpu" / "smoke"
+    assert dsv4cli.main(["compare", str(base), str(base), "--out", str(afile / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"dsv4bench: {afile / 'cmp'}: ")
+
+    # the disk refuses the second row of a run: the first stays, one line, exit 2
+    out = tmp_path / "run"
+    append = ResultWriter.append
+
+    def refuse_second(self, row):
+        if read_rows(self.path, quiet=True):
+            raise OSError(30, "Read-only file system", str(self.path))
+        append(self, row)
+
+    monkeypatch.setattr(ResultWriter, "append", refuse_second)
+    assert dsv4cli.main(["run", str(quick), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"dsv4bench: {out / 'results.jsonl'}: Read-only file system"
+    assert len(read_rows(out)) == 1
