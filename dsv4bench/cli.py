@@ -139,8 +139,8 @@ def cmd_plan(args) -> int:
 
 
 def _run(args, paths: list[str]) -> int:
-    from dsv4bench.results import ResultWriter
-    from dsv4bench.runner import Runner
+    from dsv4bench.results import ResultWriter, read_rows
+    from dsv4bench.runner import Runner, unexpected_failures
 
     _setup_backends(args)
     jobs, limits, specs = _load(paths, args.backend)
@@ -167,6 +167,16 @@ def _run(args, paths: list[str]) -> int:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to do"
     print(f"results: {out / 'results.jsonl'} ({summary})")
+    failed = unexpected_failures(read_rows(writer.path))
+    if failed:
+        kinds = sorted({r["status"] for r in failed})
+        first = failed[0]
+        print(
+            f"dsv4bench: {len(failed)} case(s) failed ({', '.join(kinds)}), e.g. "
+            f"{first['case_id']} {first['backend']}: {first['status']}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -265,20 +275,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+EXIT_STATUS = """exit status:
+  0  done; run/bench: every case ok, unsupported, or failed where a failure is the result
+     (limit-search probes, cases tagged expect-failure)
+  1  run/bench: a case was incorrect or errored, or crashed, timed out or ran out of memory
+     unexpectedly (all rows are still written); compare: a regression
+  2  bad input (scenario, flags, paths) or an I/O error; nothing written is lost
+  130, 143  interrupted (Ctrl-C, SIGTERM): rows written so far are kept; --resume goes on"""
+
+
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="dsv4bench", description=__doc__)
+    top = _Parser(
+        prog="dsv4bench",
+        description=__doc__,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
     p.add_argument("scenario", nargs="+")
     p.add_argument("--arch", choices=["cpu", "sm90", "sm100", "sm120"])
     _common(p)
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("run", help="run scenarios into RUN_DIR/results.jsonl")
+    p = sub.add_parser(
+        "run",
+        help="run scenarios into RUN_DIR/results.jsonl",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("scenario", nargs="+")
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("bench", help="the present GPU's scenario set (smoke.yaml on a CPU)")
+    p = sub.add_parser(
+        "bench",
+        help="the present GPU's scenario set (smoke.yaml on a CPU)",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_bench)
@@ -290,7 +324,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="where to write (default: the first RUN_DIR)")
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("compare", help="regression report BASE -> NEW; exit 1 on a regression")
+    p = sub.add_parser(
+        "compare",
+        help="regression report BASE -> NEW; exit 1 on a regression",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("base")
     p.add_argument("new")
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")

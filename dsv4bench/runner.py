@@ -329,6 +329,23 @@ class Runner:
         return row
 
 
+EXPECT_FAILURE = "expect-failure"  # a case tag: crashing, hanging or running out is its result
+
+
+def unexpected_failures(rows: list[dict]) -> list[dict]:
+    """Case rows that make a run fail (exit 1): `incorrect` or `error` anywhere; `crash`,
+    `timeout` or `oom` unless the case is a limit-search probe or tagged expect-failure."""
+    bad = []
+    for r in rows:
+        if r.get("kind") != "case":
+            continue
+        tags = r.get("tags") or []
+        expected = "limit-probe" in tags or EXPECT_FAILURE in tags
+        if r["status"] in ("incorrect", "error") or (r["status"] in FAILED and not expected):
+            bad.append(r)
+    return bad
+
+
 def _probes_estimate(s: LimitSearch) -> int:
     return 2 + max(0, (s.hi - s.lo).bit_length())
 

@@ -90,20 +90,22 @@ def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path):
     assert list(out.glob("results.jsonl.*.bak"))  # the earlier rows are kept aside
 
 
-def test_plugin_crashes_become_rows_while_other_cases_run(tmp_path):
+def test_crashes_become_rows_while_other_cases_run_and_unexpected_ones_fail_the_run(tmp_path):
     text = """
 name: crash-test
 op: decode
 backends: [crashy, torch]
 timing: {warmup: 0, iters: 2, timeout_s: 60}
 defaults: {model: v3.2, num_heads: 4, topk: 64, context_len: 128, page_size: 64}
-sweep:
-  batch_size: [1, 4, 5]
+cases:
+  - batch_size: [1, 5]
+  - batch_size: 4
+    tags: [expect-failure]
 """
     path = tmp_path / "crash.yaml"
     path.write_text(text)
     out = tmp_path / "run"
-    cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out, "--quiet", check=0)
+    p = cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out, "--quiet", check=1)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     status = {(r["params"]["batch_size"], r["backend"]): r["status"] for r in rows}
     assert status == {
@@ -114,6 +116,11 @@ sweep:
         (5, "crashy"): "crash",
         (5, "torch"): "ok",
     }
+    # batch 4 was expected to crash: only batch 5 fails the run
+    (b5,) = [
+        r["case_id"] for r in rows if r["params"]["batch_size"] == 5 and r["backend"] == "torch"
+    ]
+    assert f"1 case(s) failed (crash), e.g. {b5} crashy: crash" in p.stderr
 
 
 def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
@@ -125,7 +132,8 @@ def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
         new = tmp_path / mode
         env = {"DSV4BENCH_REGRESSION": mode}
         plugin = ("--plugin", "tests.plugins.regressed")
-        cli("run", quick, *plugin, "--out", new, "--quiet", env=env, check=0)
+        # a wrong build's rows are `incorrect`: run itself fails; a slow one passes
+        cli("run", quick, *plugin, "--out", new, "--quiet", env=env, check=int(mode == "wrong"))
         p = cli("compare", base, new, "--out", tmp_path / f"cmp-{mode}", check=1)
         assert "regress" in p.stdout.lower()
         assert (tmp_path / f"cmp-{mode}" / "compare.md").exists()
