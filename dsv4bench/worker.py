@@ -136,6 +136,8 @@ def run_job(job: dict, cache: Cache) -> dict:
 
     case = Case.from_dict(job["case"])
     arch = job["arch"]
+    if arch == "cpu":
+        _one_cpu_thread()
     row, prepared = check(case, backends.get(job["backend"]), arch, cache)
     if prepared is None:
         return row
@@ -153,6 +155,17 @@ def run_job(job: dict, cache: Cache) -> dict:
     padded = row["info"].get("padded_heads")
     row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device), padded)
     return row
+
+
+def _one_cpu_thread() -> None:
+    """CPU timings use one thread: on a small shared machine (CI's 2 cores) a busy neighbour
+    stalls every barrier of a multi-threaded op, turning 1 ms into 100 ms; one thread only ever
+    waits its turn, so contention slows a case by about the load, which compare's noise model
+    can bound."""
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def _classify(exc: BaseException) -> str:

@@ -28,6 +28,21 @@ def cli(*args, env=None, check=None) -> subprocess.CompletedProcess:
     return p
 
 
+def ci_compare(out: Path) -> subprocess.CompletedProcess:
+    """.ci/run's compare command, verbatim, with its `$out` set to `out` (holding smoke/)."""
+    script = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
+    (line,) = [x for x in script.splitlines() if x.startswith("python3 -m dsv4bench.cli compare")]
+    python_dir = str(Path(sys.executable).parent)
+    return subprocess.run(
+        ["bash", "-c", f'set -euo pipefail; out="{out}"; {line}'],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PATH": python_dir + os.pathsep + os.environ["PATH"]},
+        timeout=600,
+    )
+
+
 def decode_only(tmp_path: Path) -> Path:
     """A quick scenario: the smoke file's decode points only."""
     text = """
@@ -139,6 +154,17 @@ def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
         assert (tmp_path / f"cmp-{mode}" / "compare.md").exists()
 
 
+def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path):
+    out = tmp_path / "ci"
+    env = {"DSV4BENCH_REGRESSION": "slow", "DSV4BENCH_REGRESSION_DELAY_S": "0.05"}
+    plugin = ("--plugin", "tests/plugins/regressed.py")
+    cli("run", SMOKE, *plugin, "--out", out / "smoke", "--quiet", env=env, check=0)
+    p = ci_compare(out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "compare: REGRESSION" in p.stdout and " 0 time" not in p.stdout
+    assert (out / "compare" / "compare.md").exists()
+
+
 def test_report_from_a_run(tmp_path):
     out = tmp_path / "run"
     cli("run", decode_only(tmp_path), "--out", out, "--quiet", check=0)
@@ -193,11 +219,14 @@ def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")
-    out = tmp_path / "r"
+    out = tmp_path / "ci" / "smoke"
     p = cli("bench", "--out", out, "--quiet", check=0)
     assert f"results: {out / 'results.jsonl'}" in p.stdout
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["scenario"] for r in rows} == {"smoke"} and all(r["status"] == "ok" for r in rows)
+    # CI's time gate passes an unchanged build on this (shared, busy) machine
+    p = ci_compare(tmp_path / "ci")
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 def test_io_errors_are_one_line_exit_2_and_keep_what_was_written(tmp_path, capsys, monkeypatch):
