@@ -215,7 +215,8 @@ def cmd_backends(args) -> int:
 def cmd_report(args) -> int:
     from dsv4bench.report import ReportInputError, build_report
 
-    out = Path(args.out) if args.out else Path(args.run_dir[0])
+    first = Path(args.run_dir[0])
+    out = Path(args.out) if args.out else (first.parent if first.is_file() else first)
     try:
         files = build_report([Path(p) for p in args.run_dir], out)
     except ReportInputError as e:
@@ -321,7 +322,9 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_backends)
     p = sub.add_parser("report", help="report.md, report.html and plots from run directories")
     p.add_argument("run_dir", nargs="+", help="run directories, results.jsonl or benchmark JSON")
-    p.add_argument("--out", metavar="DIR", help="where to write (default: the first RUN_DIR)")
+    p.add_argument(
+        "--out", metavar="DIR", help="where to write (default: the first RUN_DIR, or its folder)"
+    )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser(

@@ -260,3 +260,17 @@ def test_io_errors_are_one_line_exit_2_and_keep_what_was_written(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"dsv4bench: {out / 'results.jsonl'}: Read-only file system"
     assert len(read_rows(out)) == 1
+
+
+@pytest.mark.parametrize("name", ["results.jsonl", "bench.json"])
+def test_report_of_a_file_writes_beside_it(tmp_path, capsys, name):
+    from dsv4bench import cli as dsv4cli
+
+    source = ROOT / "results" / "cpu" / "smoke" / "results.jsonl"
+    if name == "bench.json":
+        source = ROOT / "results" / "sm90" / "h200-pytest-benchmark.json"
+    path = tmp_path / name
+    path.write_bytes(source.read_bytes())
+    assert dsv4cli.main(["report", str(path)]) == 0
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
+    assert str(tmp_path / "report.md") in capsys.readouterr().out
