@@ -38,8 +38,9 @@ def _setup_backends(args) -> None:
         raise UsageError(str(e)) from None
 
 
-def _load(paths: list[str], only_backends: list[str] | None):
-    """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs."""
+def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None = None):
+    """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs.
+    `archs`, if given, gets each scenario's `arch` list by scenario name."""
     from dsv4bench import backends, scenarios, serving
     from dsv4bench.runner import Job
 
@@ -56,11 +57,15 @@ def _load(paths: list[str], only_backends: list[str] | None):
             if serving.is_serving_file(Path(path).read_text()):
                 spec = serving.load_spec(path, known_backends=known)
                 specs.append(spec)
+                if archs is not None:  # serving files name no arch: every one
+                    archs[spec.scenario] = list(scenarios.ARCHS)
                 jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
                 continue
             sc = scenarios.load(path, known_backends=known)
         except scenarios.ScenarioError as e:
             raise UsageError(str(e)) from None
+        if archs is not None:
+            archs[sc.name] = list(sc.arch)
         jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
         limits += [lim for lim in sc.limits if wanted(lim.backend)]
     return jobs, limits, specs
@@ -118,23 +123,42 @@ def _default_out(runs: str, arch: str) -> Path:
     return Path(runs) / f"{time.strftime('%Y%m%d-%H%M%S')}-{arch}"
 
 
+def _plan_archs(wanted: str | None, scenario_archs: list[str]) -> tuple[list[str], str]:
+    """The architectures to plan for and why: --arch, else this machine's GPU, else (no GPU)
+    the architectures the scenario names."""
+    from dsv4bench import hardware
+
+    if wanted:
+        return [wanted], "--arch"
+    present = hardware.arch_of(0)
+    if present != "cpu":
+        return [present], "this machine's GPU"
+    return scenario_archs, "the scenario's arch; this machine has no GPU"
+
+
 def cmd_plan(args) -> int:
     from dsv4bench import backends
 
     _setup_backends(args)
-    jobs, limits, _specs = _load(args.scenario, args.backend)
-    arch = args.arch or "sm90"
-    counts: dict[str, int] = {}
+    archs_of: dict[str, list[str]] = {}
+    jobs, limits, _specs = _load(args.scenario, args.backend, archs_of)
+    counts: dict[tuple[str, str], int] = {}
+    why_of: dict[str, str] = {}
     for job in jobs:
-        reason = backends.get(job.backend).supports(job.case, arch)
-        verdict = "unsupported" if reason else "supported"
-        counts[verdict] = counts.get(verdict, 0) + 1
-        line = f"{job.case.case_id:<60} {job.backend:<10} {verdict}"
-        print(line + (f": {reason}" if reason else ""))
+        archs, why_of[job.case.scenario] = _plan_archs(args.arch, archs_of[job.case.scenario])
+        for arch in archs:
+            reason = backends.get(job.backend).supports(job.case, arch)
+            verdict = "unsupported" if reason else "supported"
+            counts[(arch, verdict)] = counts.get((arch, verdict), 0) + 1
+            line = f"{job.case.case_id:<60} {job.backend:<10} {arch:<6} {verdict}"
+            print(line + (f": {reason}" if reason else ""))
     for lim in limits:
         print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}) {lim.backend}: {lim.base.case_id}")
-    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    print(f"{len(jobs)} jobs on {arch} ({summary}), {len(limits)} limit searches")
+    for arch in dict.fromkeys(a for a, _ in counts):
+        summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
+        print(f"on {arch}: {summary}")
+    whys = "; ".join(f"{name}: {why}" for name, why in why_of.items())
+    print(f"{len(jobs)} jobs, {len(limits)} limit searches; planned for {whys or 'nothing'}")
     return 0
 
 

@@ -274,3 +274,21 @@ def test_report_of_a_file_writes_beside_it(tmp_path, capsys, name):
     assert dsv4cli.main(["report", str(path)]) == 0
     assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
     assert str(tmp_path / "report.md") in capsys.readouterr().out
+
+
+def test_plan_without_a_gpu_is_for_the_scenarios_archs_and_says_so(capsys):
+    import torch
+
+    from dsv4bench import cli as dsv4cli
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    assert dsv4cli.main(["plan", str(ROOT / "scenarios" / "sm100" / "decode_batch.yaml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    jobs = [line.split() for line in out if line.startswith("decode-")]
+    assert jobs and {j[2] for j in jobs} == {"sm100"}
+    assert {j[3].rstrip(":") for j in jobs if j[1] == "flashinfer"} == {"supported"}
+    assert out[-1].endswith("sm100-decode-batch: the scenario's arch; this machine has no GPU")
+    assert dsv4cli.main(["plan", str(SMOKE), "--arch", "sm90"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "on sm90: 17 supported" in out and out[-1].endswith("smoke: --arch")
