@@ -39,7 +39,14 @@ def _load_builtin() -> None:
     if _loaded_builtin:
         return
     _loaded_builtin = True
-    from dsv4bench.backends import deepgemm, flashinfer, flashmla, torch_ref, triton_kernels
+    from dsv4bench.backends import (
+        deepgemm,
+        flashinfer,
+        flashmla,
+        reference_f64,
+        torch_ref,
+        triton_kernels,
+    )
 
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
@@ -51,6 +58,7 @@ def _load_builtin() -> None:
     register(e4m3)
     register(triton_kernels.TritonKernels())
     register(deepgemm.DeepGEMM())
+    register(reference_f64.ReferenceF64())
 
 
 def _as_backends(obj, origin: str) -> list[Backend]:

@@ -18,6 +18,8 @@ DELAY_S = float(os.environ.get("DSV4BENCH_REGRESSION_DELAY_S", "0.25"))
 
 
 class RegressedTorch(TorchReference):
+    is_oracle = False  # a changed build: its answers are under test
+
     def prepare(self, case, inputs, device):
         call = oracle_call(case, inputs)
         if MODE == "wrong":
