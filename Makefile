@@ -15,8 +15,9 @@ install:
 ensure:
 	@PYTHONPATH=. $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
 
+# benchmarks/ runs once per case as a test (--benchmark-disable: no timing table)
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -rs --benchmark-disable
 
 gpu-test: ensure
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu

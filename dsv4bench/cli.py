@@ -113,10 +113,24 @@ def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     if results.exists() and not (resume or force):
         raise UsageError(f"{out}: already holds results; pass --resume to continue or --force")
     if results.exists() and force and not resume:
-        kept = results.with_name(f"{RESULTS_FILE}.{int(time.time())}.bak")
-        shutil.move(results, kept)
-        print(f"--force: earlier results moved to {kept}", file=sys.stderr)
+        # the whole earlier run (rows, reports, plots) goes aside: no old plot beside new rows
+        kept = out / f"{EARLIER}{time.strftime('%Y%m%d-%H%M%S')}"
+        kept.mkdir()
+        for item in sorted(out.iterdir()):
+            if not item.name.startswith(EARLIER):
+                shutil.move(item, kept / item.name)
+        print(f"--force: the earlier run moved to {kept}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
+
+
+EARLIER = "earlier-"  # --force's folder for a run directory's previous contents
+
+
+def _record_command(out: Path, resume: bool) -> None:
+    """command.txt: the command that made the run; a --resume adds its own line."""
+    line = " ".join(["dsv4bench", *sys.argv[1:]]) + "\n"
+    with open(out / "command.txt", "a" if resume else "w") as f:
+        f.write(line)
 
 
 def _default_out(runs: str, arch: str) -> Path:
@@ -166,12 +180,14 @@ def _run(args, paths: list[str]) -> int:
     from dsv4bench.results import ResultWriter, read_rows
     from dsv4bench.runner import Runner, unexpected_failures
 
+    if args.retry_failed and not args.resume:
+        raise UsageError("--retry-failed goes with --resume")
     _setup_backends(args)
     jobs, limits, specs = _load(paths, args.backend)
     arch = _arch(args.arch, f"--arch {args.arch}")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
-    (out / "command.txt").write_text(" ".join(["dsv4bench", *sys.argv[1:]]) + "\n")
+    _record_command(out, args.resume)
     print(f"{len(jobs)} jobs, {len(limits)} limit searches on {arch} -> {out}", file=sys.stderr)
     runner = Runner(
         ResultWriter(out),
@@ -183,7 +199,7 @@ def _run(args, paths: list[str]) -> int:
     writer = runner.writer
     if writer.torn:
         print(f"{writer.path}: torn last line moved to {writer.torn}", file=sys.stderr)
-    rows = runner.run(jobs, limits, resume=args.resume)
+    rows = runner.run(jobs, limits, resume=args.resume, retry_failed=args.retry_failed)
     if specs:
         print(f"serving: {_serving_rows(specs, writer)} TTFT/TPOT points", file=sys.stderr)
     counts: dict[str, int] = {}
@@ -291,6 +307,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="RUN_DIR")
     p.add_argument("--runs", default="runs", help="parent of default run directories")
     p.add_argument("--resume", action="store_true", help="skip jobs RUN_DIR already has")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="with --resume: run again the cases whose last row failed (incorrect, crash, ...)",
+    )
     p.add_argument("--force", action="store_true", help="start over in an existing RUN_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
 RESULTS_FILE = "results.jsonl"
+RETRIED = ("incorrect", "crash", "timeout", "oom", "error")  # what --retry-failed runs again
 
 
 def empty_row(case: dict, backend: str) -> dict:
@@ -78,9 +79,20 @@ class ResultWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def finished(self) -> set[tuple[str, str]]:
-        """(case_id, backend) pairs already written, for --resume; limit rows count by id."""
-        return {(r["case_id"], r["backend"]) for r in read_rows(self.path)}
+    def finished(self, *, retry_failed: bool = False) -> set[tuple[str, str]]:
+        """(case_id, backend) pairs already written, for --resume; limit rows count by id.
+        With `retry_failed`, a case whose last row failed (not a limit probe) counts as not done."""
+        last = {(r["case_id"], r["backend"]): r for r in read_rows(self.path)}
+        return {
+            key
+            for key, r in last.items()
+            if not (
+                retry_failed
+                and r.get("kind") == "case"
+                and r.get("status") in RETRIED
+                and "limit-probe" not in (r.get("tags") or [])
+            )
+        }
 
 
 class Rows(list):

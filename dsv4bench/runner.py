@@ -29,6 +29,7 @@ from dsv4bench.scenarios import LimitSearch
 from dsv4bench.worker import MARK, PARENT_ENV
 
 STARTUP_TIMEOUT_S = 180.0
+LARGE_RUN = 3600  # jobs: at about a second each, an hour or more
 FAILED = ("crash", "timeout", "oom", "error")
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,8 +161,9 @@ class Progress:
 
 
 def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    return f"{m:02d}:{s:02d}"
+    h, rest = divmod(int(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 class Runner:
@@ -212,6 +214,8 @@ class Runner:
         if answer is None:
             msg = worker.failure()
             status = "oom" if "out of memory" in msg.lower() else "crash"
+            if worker.proc.returncode == -signal.SIGKILL:  # nothing here sends it: the OOM killer
+                status, msg = "oom", f"{msg} (the host's out-of-memory killer, most likely)"
             return {"status": status, "message": msg}
         if not worker.alive() or answer.get("status") == "crash":
             time.sleep(0.2)
@@ -256,14 +260,27 @@ class Runner:
 
     # ---- sweeps --------------------------------------------------------------------------
 
-    def run(self, jobs: list[Job], limits: list[LimitSearch] = (), *, resume: bool = False):
-        done = self.writer.finished() if resume else set()
+    def run(
+        self,
+        jobs: list[Job],
+        limits: list[LimitSearch] = (),
+        *,
+        resume: bool = False,
+        retry_failed: bool = False,
+    ):
+        done = self.writer.finished(retry_failed=retry_failed) if resume else set()
         todo = [j for j in jobs if (j.case.case_id, j.backend) not in done]
         searches = [s for s in limits if (s.limit_id, s.backend) not in done]
         skipped = len(jobs) - len(todo) + len(limits) - len(searches)
         progress = Progress(len(todo) + sum(_probes_estimate(s) for s in searches))
         if skipped:
             print(f"resuming: {skipped} finished jobs skipped", file=sys.stderr)
+        if progress.total >= LARGE_RUN:
+            print(
+                f"{progress.total} jobs: a long run (hours at a second each); the ETA follows "
+                "the first jobs, and Ctrl-C then --resume continues",
+                file=sys.stderr,
+            )
         rows = []
         try:
             for job in todo:
@@ -336,7 +353,8 @@ def unexpected_failures(rows: list[dict]) -> list[dict]:
     """Case rows that make a run fail (exit 1): `incorrect` or `error` anywhere; `crash`,
     `timeout` or `oom` unless the case is a limit-search probe or tagged expect-failure."""
     bad = []
-    for r in rows:
+    last = {(r.get("case_id"), r.get("backend")): r for r in rows}  # a retried case's last row
+    for r in last.values():
         if r.get("kind") != "case":
             continue
         tags = r.get("tags") or []

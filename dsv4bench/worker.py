@@ -172,9 +172,14 @@ def _one_cpu_thread() -> None:
         torch.set_num_threads(1)
 
 
+HOST_OOM = ("can't allocate memory", "cannot allocate memory")  # torch's CPU allocator, errno 12
+
+
 def _classify(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
-    if "OutOfMemory" in type(exc).__name__ or "out of memory" in text.lower():
+    if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
+        return "oom"
+    if "out of memory" in text.lower() or any(m in text.lower() for m in HOST_OOM):
         return "oom"
     if "CUDA error" in text or "cudaError" in text or "device-side assert" in text:
         return "crash"

@@ -101,8 +101,15 @@ def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path):
     ]  # the torn row ran again, whole
     p = cli("run", quick, "--out", out, "--resume", check=0)
     assert (out / "results.jsonl").read_text() == again  # nothing left to do
+    commands = (out / "command.txt").read_text().splitlines()
+    assert len(commands) == 3 and "--resume" not in commands[0] and "--resume" in commands[2]
+    (out / "report.md").write_text("an old report\n")
+    (out / "old.png").write_bytes(b"")
     cli("run", quick, "--out", out, "--force", "--quiet", check=0)
-    assert list(out.glob("results.jsonl.*.bak"))  # the earlier rows are kept aside
+    (earlier,) = out.glob("earlier-*")  # the earlier run, reports and plots too, kept aside
+    assert (earlier / "results.jsonl").read_text() == again
+    assert (earlier / "report.md").exists() and (earlier / "old.png").exists()
+    assert not (out / "report.md").exists() and not (out / "old.png").exists()
 
 
 def test_crashes_become_rows_while_other_cases_run_and_unexpected_ones_fail_the_run(tmp_path):
@@ -292,3 +299,46 @@ def test_plan_without_a_gpu_is_for_the_scenarios_archs_and_says_so(capsys):
     assert dsv4cli.main(["plan", str(SMOKE), "--arch", "sm90"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "on sm90: 17 supported" in out and out[-1].endswith("smoke: --arch")
+
+
+def test_retry_failed_needs_resume(tmp_path, capsys):
+    from dsv4bench import cli as dsv4cli
+
+    out = tmp_path / "r"
+    assert dsv4cli.main(["run", str(SMOKE), "--out", str(out), "--retry-failed"]) == 2
+    assert "--retry-failed goes with --resume" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_dotted_plugin_loads_from_the_current_directory_as_in_the_readme(monkeypatch):
+    from dsv4bench import backends
+
+    monkeypatch.chdir(ROOT)
+    # a console script's sys.path: no current directory, no checkout
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT), ".")])
+    for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert "crashy" in backends.load_plugin("tests.plugins.misbehaving")
+
+
+def pytest_run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def test_pytest_output_stays_short(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
+    p = pytest_run("benchmarks", "--benchmark-only", "--scenario", bad)
+    assert p.returncode == 4 and "Traceback" not in p.stdout + p.stderr
+    assert f"--scenario: {bad}:5: sweep.batch_size[1]" in p.stderr
+    p = pytest_run("--benchmark-only", "-q", "tests/test_results.py")
+    assert p.returncode == 0 and "SKIPPED" not in p.stdout  # no line per skipped unit test
+    make_test = (ROOT / "Makefile").read_text().split("\ntest:")[1].splitlines()[1]
+    flags = make_test.split("pytest", 1)[1].split()
+    p = pytest_run(*flags, "benchmarks", "--scenario", decode_only(tmp_path))
+    assert p.returncode == 0 and "Name (time in" not in p.stdout  # no benchmark table

@@ -49,3 +49,16 @@ def test_readers_count_and_report_unreadable_lines(tmp_path, capsys):
     assert f"{path}: 3 unreadable line(s) skipped (line 2, 3, 5)" in err
     assert read_rows(path, quiet=True).unreadable == (2, 3, 5)
     assert capsys.readouterr().err == ""
+
+
+def test_retry_failed_leaves_failed_cases_to_run_again(tmp_path):
+    w = ResultWriter(tmp_path)
+    w.append({**row(0), "status": "crash"})
+    w.append({**row(1), "status": "incorrect"})
+    w.append({**row(2), "status": "crash", "tags": ["limit-probe"]})
+    w.append({**row(3), "kind": "limit", "status": "crash"})
+    w.append({**row(4), "status": "crash"})
+    w.append(row(4))  # retried once already: its last row is ok
+    everything = {(f"c{i}", "torch") for i in range(5)}
+    assert w.finished() == everything
+    assert w.finished(retry_failed=True) == everything - {("c0", "torch"), ("c1", "torch")}

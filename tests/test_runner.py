@@ -49,12 +49,13 @@ def plugin():
 
 def test_crash_hang_and_error_become_rows_and_the_sweep_goes_on(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
-    seeds_batches = [(0, 1), (2, 1), (0, 4), (3, 1), (7, 1)]
+    seeds_batches = [(0, 1), (2, 1), (0, 4), (3, 1), (0, 6), (7, 1)]
     jobs = [Job(tiny(b, seed=s), "crashy") for s, b in seeds_batches]
     jobs[3] = Job(replace(jobs[3].case, timing=Timing(warmup=0, iters=2, timeout_s=4)), "crashy")
     rows = runner.run(jobs)
     status = [r["status"] for r in rows]
-    assert status == ["ok", "error", "crash", "timeout", "ok"]
+    assert status == ["ok", "error", "crash", "timeout", "oom", "ok"]
+    assert "out-of-memory killer" in rows[4]["message"]
     assert "refuses seed 2" in rows[1]["message"]
     crash = rows[2]
     assert "exited with code 1" in crash["message"]
@@ -160,3 +161,23 @@ def test_workers_die_with_their_runner_and_leave_no_log(tmp_path, sig):
     if sig == signal.SIGTERM:
         assert runner.returncode == 128 + signal.SIGTERM
         assert b"terminated" in runner.stderr.read()
+
+
+def test_host_memory_errors_are_oom_and_long_runs_show_hours():
+    from dsv4bench.runner import _clock
+    from dsv4bench.worker import _classify
+
+    assert _classify(MemoryError()) == "oom"
+    cpu = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 99 bytes"
+    assert _classify(RuntimeError(cpu)) == "oom"
+    assert _classify(RuntimeError("shape mismatch")) == "error"
+    assert _clock(9002 * 60 + 50) == "150:02:50" and _clock(65) == "01:05"
+
+
+def test_a_long_run_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
+    import dsv4bench.runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "LARGE_RUN", 2)
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    runner.run([Job(replace(tiny(1), op="remap"), "crashy")] * 2)  # unsupported: no worker
+    assert "2 jobs: a long run" in capsys.readouterr().err
