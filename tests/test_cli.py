@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +66,15 @@ cases:
     return path
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> Path:
+    """One run of decode_only's scenario, shared (copy it before changing it)."""
+    tmp = tmp_path_factory.mktemp("quick")
+    out = tmp / "run"
+    cli("run", decode_only(tmp), "--out", out, "--quiet", check=0)
+    return out
+
+
 def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
@@ -84,10 +95,10 @@ def test_bad_flags_exit_2(tmp_path):
     assert "cannot import" in p.stderr and not (tmp_path / "r").exists()
 
 
-def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path):
+def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path, quick_run):
     quick = decode_only(tmp_path)
     out = tmp_path / "run"
-    cli("run", quick, "--out", out, "--quiet", check=0)
+    shutil.copytree(quick_run, out)
     first = (out / "results.jsonl").read_text()
     assert len(first.splitlines()) == 2
     p = cli("run", quick, "--out", out, check=2)
@@ -145,10 +156,9 @@ cases:
     assert f"1 case(s) failed (crash), e.g. {b5} crashy: crash" in p.stderr
 
 
-def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
+def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path, quick_run):
     quick = decode_only(tmp_path)
-    base = tmp_path / "base"
-    cli("run", quick, "--out", base, "--quiet", check=0)
+    base = quick_run
     cli("compare", base, base, "--out", tmp_path / "same", check=0)
     for mode in ("slow", "wrong"):
         new = tmp_path / mode
@@ -164,7 +174,7 @@ def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
 def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path):
     out = tmp_path / "ci"
     env = {"DSV4BENCH_REGRESSION": "slow", "DSV4BENCH_REGRESSION_DELAY_S": "0.05"}
-    plugin = ("--plugin", "tests/plugins/regressed.py")
+    plugin = ("--plugin", "tests/plugins/regressed.py", "--backend", "torch")
     cli("run", SMOKE, *plugin, "--out", out / "smoke", "--quiet", env=env, check=0)
     p = ci_compare(out)
     assert p.returncode == 1, p.stdout + p.stderr
@@ -172,9 +182,9 @@ def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path):
     assert (out / "compare" / "compare.md").exists()
 
 
-def test_report_from_a_run(tmp_path):
+def test_report_from_a_run(tmp_path, quick_run):
     out = tmp_path / "run"
-    cli("run", decode_only(tmp_path), "--out", out, "--quiet", check=0)
+    shutil.copytree(quick_run, out)
     cli("report", out, check=0)
     assert (out / "report.html").exists() and list(out.glob("*.png"))
 
@@ -339,6 +349,6 @@ def test_pytest_output_stays_short(tmp_path):
     p = pytest_run("--benchmark-only", "-q", "tests/test_results.py")
     assert p.returncode == 0 and "SKIPPED" not in p.stdout  # no line per skipped unit test
     make_test = (ROOT / "Makefile").read_text().split("\ntest:")[1].splitlines()[1]
-    flags = make_test.split("pytest", 1)[1].split()
+    flags = shlex.split(make_test.split("pytest", 1)[1])
     p = pytest_run(*flags, "benchmarks", "--scenario", decode_only(tmp_path))
     assert p.returncode == 0 and "Name (time in" not in p.stdout  # no benchmark table
