@@ -253,13 +253,17 @@ def test_bench_for_a_gpu_this_machine_lacks_is_refused(tmp_path):
 def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
     import torch
 
+    from dsv4bench.backends.reference_f64 import ReferenceF64
+
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")
     out = tmp_path / "ci" / "smoke"
     p = cli("bench", "--out", out, "--quiet", check=0)
     assert f"results: {out / 'results.jsonl'}" in p.stdout
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["scenario"] for r in rows} == {"smoke"} and all(r["status"] == "ok" for r in rows)
+    assert {r["scenario"] for r in rows} == {"smoke"}
+    assert all(r["status"] == "ok" for r in rows if r["op"] in ReferenceF64.ops)
+    assert {r["status"] for r in rows} <= {"ok", "unsupported"}
     # CI's time gate passes an unchanged build on this (shared, busy) machine
     p = ci_compare(tmp_path / "ci")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -327,7 +331,8 @@ def test_plan_without_a_gpu_is_for_the_scenarios_archs_and_says_so(capsys):
     assert out[-1].endswith("sm100-decode-batch: the scenario's arch; this machine has no GPU")
     assert dsv4cli.main(["plan", str(SMOKE), "--arch", "sm90"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "on sm90: 17 supported, 17 unsupported" in out and out[-1].endswith("smoke: --arch")
+    jobs = [line.split() for line in out if line.split()[0].startswith(("decode-", "remap-"))]
+    assert jobs and {j[2] for j in jobs} == {"sm90"} and out[-1].endswith("smoke: --arch")
 
 
 def test_retry_failed_needs_resume(tmp_path, capsys):
