@@ -1,6 +1,4 @@
 """The slow float64 reference now ships as dsv4bench/backends/slow_f64.py (the reference-f64
-backend uses it); the oracle's tests import it from here."""
+backend uses it); tests import it from here under its old name."""
 
-from dsv4bench.backends.slow_f64 import slow_decode, slow_prefill
-
-__all__ = ["slow_decode", "slow_prefill"]
+from dsv4bench.backends.slow_f64 import *  # noqa: F403
