@@ -48,6 +48,10 @@ def _jobs(config):
 
 
 def pytest_configure(config):
+    import torch
+
+    if not torch.cuda.is_available():  # as the runner's CPU workers time: one thread
+        torch.set_num_threads(1)
     # a bad --scenario is the user's input: one line (pytest's usage error), before collection
     if config.getoption("scenario", None):
         config._dsv4bench_jobs = _jobs(config)

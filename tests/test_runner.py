@@ -88,8 +88,8 @@ def test_resume_skips_finished_jobs(tmp_path):
 
 def test_limit_search_finds_the_last_working_batch(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
-    # crashy dies from batch 4 on, each probe in a fresh process
-    search = LimitSearch("batch_size", 1, 9, "crashy", tiny(1))
+    # crashy dies from batch 4 on, each probe in a fresh process: probes 3, 5, then 4
+    search = LimitSearch("batch_size", 3, 5, "crashy", tiny(3))
     row = runner.find_limit(search)
     assert row["kind"] == "limit"
     assert (row["last_ok"], row["first_fail"]) == (3, 4)
@@ -97,7 +97,7 @@ def test_limit_search_finds_the_last_working_batch(tmp_path):
     assert "fatal error at batch 4" in row["message"]
     probes = [r for r in read_rows(tmp_path) if r["kind"] == "case"]
     assert all("limit-probe" in r["tags"] for r in probes)
-    assert json.loads(json.dumps(row))["probes"]["9"] == "crash"
+    assert json.loads(json.dumps(row))["probes"] == {"3": "ok", "4": "crash", "5": "crash"}
 
 
 def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tmp_path):
