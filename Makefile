@@ -4,7 +4,7 @@ ARCH ?=
 OUT ?=
 RUNS ?= runs
 
-.PHONY: install ensure test bench report lint gpu-test
+.PHONY: install ensure test test-slow bench report lint gpu-test
 
 # A CPU-only machine gets the CPU build of torch first, so pip never pulls CUDA wheels.
 install:
@@ -15,8 +15,14 @@ install:
 ensure:
 	@PYTHONPATH=. $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
 
+# benchmarks/ runs once per case as a test (--benchmark-disable: no timing table). Target: under
+# 3 minutes on 2 quiet cores. The `slow` tests (full-size shapes) are `make test-slow`, which CI
+# runs too (about 2 minutes more).
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -rs --benchmark-disable -m "not slow and not gpu"
+
+test-slow: install
+	$(PYTHON) -m pytest -q -rs -m slow
 
 gpu-test: ensure
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,13 +39,26 @@ def _jobs(config):
     only = config.getoption("bench_backend")
     jobs = []
     for path in paths:
-        sc = scenarios.load(path, known_backends=backends.names())
+        try:
+            sc = scenarios.load(path, known_backends=backends.names())
+        except (scenarios.ScenarioError, OSError) as e:  # one line, as from the CLI
+            raise pytest.UsageError(f"--scenario: {e}") from None
         jobs += [(c, b) for c in sc.cases for b in only] if only else sc.jobs()
     return jobs
 
 
+def pytest_configure(config):
+    import torch
+
+    if not torch.cuda.is_available():  # as the runner's CPU workers time: one thread
+        torch.set_num_threads(1)
+    # a bad --scenario is the user's input: one line (pytest's usage error), before collection
+    if config.getoption("scenario", None):
+        config._dsv4bench_jobs = _jobs(config)
+
+
 def pytest_generate_tests(metafunc):
     if "scenario_job" in metafunc.fixturenames:
-        jobs = _jobs(metafunc.config)
+        jobs = getattr(metafunc.config, "_dsv4bench_jobs", None) or _jobs(metafunc.config)
         ids = [f"{case.case_id}-{backend}" for case, backend in jobs]
         metafunc.parametrize("scenario_job", jobs, ids=ids)

@@ -21,6 +21,14 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+class Terminated(Exception):
+    """SIGTERM: unwinds like Ctrl-C, so that workers are stopped and written rows stay."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def _setup_backends(args) -> None:
     from dsv4bench import backends
 
@@ -30,8 +38,9 @@ def _setup_backends(args) -> None:
         raise UsageError(str(e)) from None
 
 
-def _load(paths: list[str], only_backends: list[str] | None):
-    """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs."""
+def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None = None):
+    """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs.
+    `archs`, if given, gets each scenario's `arch` list by scenario name."""
     from dsv4bench import backends, scenarios, serving
     from dsv4bench.runner import Job
 
@@ -48,11 +57,15 @@ def _load(paths: list[str], only_backends: list[str] | None):
             if serving.is_serving_file(Path(path).read_text()):
                 spec = serving.load_spec(path, known_backends=known)
                 specs.append(spec)
+                if archs is not None:  # serving files name no arch: every one
+                    archs[spec.scenario] = list(scenarios.ARCHS)
                 jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
                 continue
             sc = scenarios.load(path, known_backends=known)
         except scenarios.ScenarioError as e:
             raise UsageError(str(e)) from None
+        if archs is not None:
+            archs[sc.name] = list(sc.arch)
         jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
         limits += [lim for lim in sc.limits if wanted(lim.backend)]
     return jobs, limits, specs
@@ -94,50 +107,87 @@ def _arch(wanted: str | None, flag: str) -> str:
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     from dsv4bench.results import RESULTS_FILE
 
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file, not a run directory")
     results = out / RESULTS_FILE
     if results.exists() and not (resume or force):
         raise UsageError(f"{out}: already holds results; pass --resume to continue or --force")
     if results.exists() and force and not resume:
-        kept = results.with_name(f"{RESULTS_FILE}.{int(time.time())}.bak")
-        shutil.move(results, kept)
-        print(f"--force: earlier results moved to {kept}", file=sys.stderr)
+        # the whole earlier run (rows, reports, plots) goes aside: no old plot beside new rows
+        kept = out / f"{EARLIER}{time.strftime('%Y%m%d-%H%M%S')}"
+        kept.mkdir()
+        for item in sorted(out.iterdir()):
+            if not item.name.startswith(EARLIER):
+                shutil.move(item, kept / item.name)
+        print(f"--force: the earlier run moved to {kept}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
+
+
+EARLIER = "earlier-"  # --force's folder for a run directory's previous contents
+
+
+def _record_command(out: Path, resume: bool) -> None:
+    """command.txt: the command that made the run; a --resume adds its own line."""
+    line = " ".join(["dsv4bench", *sys.argv[1:]]) + "\n"
+    with open(out / "command.txt", "a" if resume else "w") as f:
+        f.write(line)
 
 
 def _default_out(runs: str, arch: str) -> Path:
     return Path(runs) / f"{time.strftime('%Y%m%d-%H%M%S')}-{arch}"
 
 
+def _plan_archs(wanted: str | None, scenario_archs: list[str]) -> tuple[list[str], str]:
+    """The architectures to plan for and why: --arch, else this machine's GPU, else (no GPU)
+    the architectures the scenario names."""
+    from dsv4bench import hardware
+
+    if wanted:
+        return [wanted], "--arch"
+    present = hardware.arch_of(0)
+    if present != "cpu":
+        return [present], "this machine's GPU"
+    return scenario_archs, "the scenario's arch; this machine has no GPU"
+
+
 def cmd_plan(args) -> int:
     from dsv4bench import backends
 
     _setup_backends(args)
-    jobs, limits, _specs = _load(args.scenario, args.backend)
-    arch = args.arch or "sm90"
-    counts: dict[str, int] = {}
+    archs_of: dict[str, list[str]] = {}
+    jobs, limits, _specs = _load(args.scenario, args.backend, archs_of)
+    counts: dict[tuple[str, str], int] = {}
+    why_of: dict[str, str] = {}
     for job in jobs:
-        reason = backends.get(job.backend).supports(job.case, arch)
-        verdict = "unsupported" if reason else "supported"
-        counts[verdict] = counts.get(verdict, 0) + 1
-        line = f"{job.case.case_id:<60} {job.backend:<10} {verdict}"
-        print(line + (f": {reason}" if reason else ""))
+        archs, why_of[job.case.scenario] = _plan_archs(args.arch, archs_of[job.case.scenario])
+        for arch in archs:
+            reason = backends.get(job.backend).supports(job.case, arch)
+            verdict = "unsupported" if reason else "supported"
+            counts[(arch, verdict)] = counts.get((arch, verdict), 0) + 1
+            line = f"{job.case.case_id:<60} {job.backend:<10} {arch:<6} {verdict}"
+            print(line + (f": {reason}" if reason else ""))
     for lim in limits:
         print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}) {lim.backend}: {lim.base.case_id}")
-    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    print(f"{len(jobs)} jobs on {arch} ({summary}), {len(limits)} limit searches")
+    for arch in dict.fromkeys(a for a, _ in counts):
+        summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
+        print(f"on {arch}: {summary}")
+    whys = "; ".join(f"{name}: {why}" for name, why in why_of.items())
+    print(f"{len(jobs)} jobs, {len(limits)} limit searches; planned for {whys or 'nothing'}")
     return 0
 
 
 def _run(args, paths: list[str]) -> int:
-    from dsv4bench.results import ResultWriter
-    from dsv4bench.runner import Runner
+    from dsv4bench.results import ResultWriter, read_rows
+    from dsv4bench.runner import Runner, unexpected_failures
 
+    if args.retry_failed and not args.resume:
+        raise UsageError("--retry-failed goes with --resume")
     _setup_backends(args)
     jobs, limits, specs = _load(paths, args.backend)
     arch = _arch(args.arch, f"--arch {args.arch}")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
-    (out / "command.txt").write_text(" ".join(["dsv4bench", *sys.argv[1:]]) + "\n")
+    _record_command(out, args.resume)
     print(f"{len(jobs)} jobs, {len(limits)} limit searches on {arch} -> {out}", file=sys.stderr)
     runner = Runner(
         ResultWriter(out),
@@ -147,7 +197,9 @@ def _run(args, paths: list[str]) -> int:
         progress=not args.quiet,
     )
     writer = runner.writer
-    rows = runner.run(jobs, limits, resume=args.resume)
+    if writer.torn:
+        print(f"{writer.path}: torn last line moved to {writer.torn}", file=sys.stderr)
+    rows = runner.run(jobs, limits, resume=args.resume, retry_failed=args.retry_failed)
     if specs:
         print(f"serving: {_serving_rows(specs, writer)} TTFT/TPOT points", file=sys.stderr)
     counts: dict[str, int] = {}
@@ -155,6 +207,16 @@ def _run(args, paths: list[str]) -> int:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to do"
     print(f"results: {out / 'results.jsonl'} ({summary})")
+    failed = unexpected_failures(read_rows(writer.path))
+    if failed:
+        kinds = sorted({r["status"] for r in failed})
+        first = failed[0]
+        print(
+            f"dsv4bench: {len(failed)} case(s) failed ({', '.join(kinds)}), e.g. "
+            f"{first['case_id']} {first['backend']}: {first['status']}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -193,7 +255,8 @@ def cmd_backends(args) -> int:
 def cmd_report(args) -> int:
     from dsv4bench.report import ReportInputError, build_report
 
-    out = Path(args.out) if args.out else Path(args.run_dir[0])
+    first = Path(args.run_dir[0])
+    out = Path(args.out) if args.out else (first.parent if first.is_file() else first)
     try:
         files = build_report([Path(p) for p in args.run_dir], out)
     except ReportInputError as e:
@@ -244,6 +307,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="RUN_DIR")
     p.add_argument("--runs", default="runs", help="parent of default run directories")
     p.add_argument("--resume", action="store_true", help="skip jobs RUN_DIR already has")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="with --resume: run again the cases whose last row failed (incorrect, crash, ...)",
+    )
     p.add_argument("--force", action="store_true", help="start over in an existing RUN_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -253,20 +321,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+EXIT_STATUS = """exit status:
+  0  done; run/bench: every case ok, unsupported, or failed where a failure is the result
+     (limit-search probes, cases tagged expect-failure)
+  1  run/bench: a case was incorrect or errored, or crashed, timed out or ran out of memory
+     unexpectedly (all rows are still written); compare: a regression
+  2  bad input (scenario, flags, paths) or an I/O error; nothing written is lost
+  130, 143  interrupted (Ctrl-C, SIGTERM): rows written so far are kept; --resume goes on"""
+
+
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="dsv4bench", description=__doc__)
+    top = _Parser(
+        prog="dsv4bench",
+        description=__doc__,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
     p.add_argument("scenario", nargs="+")
     p.add_argument("--arch", choices=["cpu", "sm90", "sm100", "sm120"])
     _common(p)
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("run", help="run scenarios into RUN_DIR/results.jsonl")
+    p = sub.add_parser(
+        "run",
+        help="run scenarios into RUN_DIR/results.jsonl",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("scenario", nargs="+")
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("bench", help="the present GPU's scenario set (smoke.yaml on a CPU)")
+    p = sub.add_parser(
+        "bench",
+        help="the present GPU's scenario set (smoke.yaml on a CPU)",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_bench)
@@ -275,10 +367,17 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_backends)
     p = sub.add_parser("report", help="report.md, report.html and plots from run directories")
     p.add_argument("run_dir", nargs="+", help="run directories, results.jsonl or benchmark JSON")
-    p.add_argument("--out", metavar="DIR", help="where to write (default: the first RUN_DIR)")
+    p.add_argument(
+        "--out", metavar="DIR", help="where to write (default: the first RUN_DIR, or its folder)"
+    )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("compare", help="regression report BASE -> NEW; exit 1 on a regression")
+    p = sub.add_parser(
+        "compare",
+        help="regression report BASE -> NEW; exit 1 on a regression",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("base")
     p.add_argument("new")
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
@@ -292,6 +391,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `dsv4bench plan ... | head` ends quietly
+    signal.signal(signal.SIGTERM, _terminate)
     args = parser().parse_args(argv)
     try:
         return args.func(args)
@@ -303,6 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # rows written so far stay; --resume goes on from them
         print("\ndsv4bench: interrupted (results written so far are kept)", file=sys.stderr)
         return 130
+    except OSError as e:  # a disk that is full or read-only, a path that is a file
+        if getattr(args, "debug", False):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"dsv4bench: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except Terminated:
+        print("\ndsv4bench: terminated (results written so far are kept)", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

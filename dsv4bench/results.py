@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
 RESULTS_FILE = "results.jsonl"
+RETRIED = ("incorrect", "crash", "timeout", "oom", "error")  # what --retry-failed runs again
 
 
 def empty_row(case: dict, backend: str) -> dict:
@@ -33,11 +35,42 @@ def empty_row(case: dict, backend: str) -> dict:
 
 
 class ResultWriter:
-    """Appends rows to RUN_DIR/results.jsonl, one line per row, flushed to disk each time."""
+    """Appends rows to RUN_DIR/results.jsonl, one line per row, flushed to disk each time.
+
+    A writer killed mid-row leaves a torn last line; appending after it would glue the next row
+    onto the fragment. So a writer opening an existing file first repairs its tail: a fragment
+    that is a whole row only lacks its newline; anything else moves to results.jsonl.torn."""
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / RESULTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.torn: Path | None = None  # the side file, if this writer moved a fragment there
+        self._repair_tail()
+
+    def _repair_tail(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return
+            start = data.rfind(b"\n") + 1
+            fragment = data[start:]
+            try:
+                whole = isinstance(json.loads(fragment), dict)
+            except ValueError:
+                whole = False
+            if whole:
+                f.write(b"\n")
+            else:
+                self.torn = self.path.with_name(RESULTS_FILE + ".torn")
+                with open(self.torn, "ab") as side:
+                    side.write(fragment + b"\n")
+                    side.flush()
+                    os.fsync(side.fileno())
+                f.truncate(start)
+            f.flush()
+            os.fsync(f.fileno())
 
     def append(self, row: dict) -> None:
         line = json.dumps(row, sort_keys=True, default=str)
@@ -46,25 +79,54 @@ class ResultWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def finished(self) -> set[tuple[str, str]]:
-        """(case_id, backend) pairs already written, for --resume; limit rows count by id."""
-        return {(r["case_id"], r["backend"]) for r in read_rows(self.path)}
+    def finished(self, *, retry_failed: bool = False) -> set[tuple[str, str]]:
+        """(case_id, backend) pairs already written, for --resume; limit rows count by id.
+        With `retry_failed`, a case whose last row failed (not a limit probe) counts as not done."""
+        last = {(r["case_id"], r["backend"]): r for r in read_rows(self.path)}
+        return {
+            key
+            for key, r in last.items()
+            if not (
+                retry_failed
+                and r.get("kind") == "case"
+                and r.get("status") in RETRIED
+                and "limit-probe" not in (r.get("tags") or [])
+            )
+        }
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a results.jsonl (or of RUN_DIR); a torn last line (killed writer) is skipped."""
+class Rows(list):
+    """Rows read from a results file; `unreadable` holds the line numbers that were not rows."""
+
+    unreadable: tuple[int, ...] = ()
+
+
+def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
+    """Rows of a results.jsonl (or of RUN_DIR). Lines that are not JSON objects (a torn line
+    of a killed writer, a hand edit) are counted in `.unreadable` and reported on stderr
+    unless `quiet`."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
+    rows = Rows()
     if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
+        return rows
+    bad = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad.append(number)
+    rows.unreadable = tuple(bad)
+    if bad and not quiet:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        what = f"{len(bad)} unreadable line(s) skipped (line {shown})"
+        print(f"dsv4bench: {path}: {what}", file=sys.stderr)
     return rows

@@ -26,9 +26,10 @@ from dsv4bench import backends, env
 from dsv4bench.case import Case
 from dsv4bench.results import ResultWriter, empty_row
 from dsv4bench.scenarios import LimitSearch
-from dsv4bench.worker import MARK
+from dsv4bench.worker import MARK, PARENT_ENV
 
 STARTUP_TIMEOUT_S = 180.0
+LARGE_RUN = 3600  # jobs: at about a second each, an hour or more
 FAILED = ("crash", "timeout", "oom", "error")
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,10 +40,12 @@ class Job:
     backend: str
 
 
-def _tail(path: Path, lines: int = 15, chars: int = 2000) -> str:
+def _tail(log, start: int = 0, lines: int = 15, chars: int = 2000) -> str:
+    """The last lines of the open log file from byte `start` on (the current job's output)."""
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        size = os.fstat(log.fileno()).st_size
+        text = os.pread(log.fileno(), max(0, size - start), start).decode(errors="replace")
+    except (OSError, ValueError):  # ValueError: the log is closed
         return ""
     return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
 
@@ -62,8 +65,8 @@ class Worker:
     """One `python -m dsv4bench.worker` process with a line reader on its stdout."""
 
     def __init__(self, arch: str, plugins: list[str], flashmla_lib: str | None):
-        self.stderr_path = Path(tempfile.mkstemp(prefix="dsv4bench-worker-", suffix=".log")[1])
-        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 (lives as long as the worker)
+        # An unnamed file (unlinked at once): no log is left behind, however the runner ends.
+        self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
         pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dsv4bench.worker"],
@@ -71,9 +74,15 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            env={**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                "PYTHONPATH": pythonpath,
+                "PYTHONUNBUFFERED": "1",
+                PARENT_ENV: str(os.getpid()),  # the worker dies when this process does
+            },
             start_new_session=True,  # a kill takes the worker's children too
         )
+        self.job_start = 0  # where the current job's stderr begins: messages quote only it
         self.answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.send({"arch": arch, "plugins": plugins, "flashmla_lib": flashmla_lib})
@@ -94,6 +103,7 @@ class Worker:
         self.answers.put(None)  # end of stream: the process is gone
 
     def send(self, msg: dict) -> None:
+        self.job_start = os.fstat(self._stderr.fileno()).st_size
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
 
@@ -109,8 +119,11 @@ class Worker:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             rc = None
-        tail = _tail(self.stderr_path)
+        tail = self.stderr_tail()
         return f"worker {_exit_text(rc)}" + (f": {tail}" if tail else "")
+
+    def stderr_tail(self) -> str:
+        return _tail(self._stderr, self.job_start)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -121,7 +134,6 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._stderr.close()
-        self.stderr_path.unlink(missing_ok=True)
 
 
 class Progress:
@@ -149,8 +161,9 @@ class Progress:
 
 
 def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    return f"{m:02d}:{s:02d}"
+    h, rest = divmod(int(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 class Runner:
@@ -194,13 +207,15 @@ class Runner:
         try:
             answer = worker.receive(job.case.timing.timeout_s)
         except TimeoutError:
-            tail = _tail(worker.stderr_path)
+            tail = worker.stderr_tail()
             worker.stop()
             msg = f"no answer after {job.case.timing.timeout_s:g} s"
             return {"status": "timeout", "message": msg + (f"; stderr: {tail}" if tail else "")}
         if answer is None:
             msg = worker.failure()
             status = "oom" if "out of memory" in msg.lower() else "crash"
+            if worker.proc.returncode == -signal.SIGKILL:  # nothing here sends it: the OOM killer
+                status, msg = "oom", f"{msg} (the host's out-of-memory killer, most likely)"
             return {"status": status, "message": msg}
         if not worker.alive() or answer.get("status") == "crash":
             time.sleep(0.2)
@@ -245,14 +260,27 @@ class Runner:
 
     # ---- sweeps --------------------------------------------------------------------------
 
-    def run(self, jobs: list[Job], limits: list[LimitSearch] = (), *, resume: bool = False):
-        done = self.writer.finished() if resume else set()
+    def run(
+        self,
+        jobs: list[Job],
+        limits: list[LimitSearch] = (),
+        *,
+        resume: bool = False,
+        retry_failed: bool = False,
+    ):
+        done = self.writer.finished(retry_failed=retry_failed) if resume else set()
         todo = [j for j in jobs if (j.case.case_id, j.backend) not in done]
         searches = [s for s in limits if (s.limit_id, s.backend) not in done]
         skipped = len(jobs) - len(todo) + len(limits) - len(searches)
         progress = Progress(len(todo) + sum(_probes_estimate(s) for s in searches))
         if skipped:
             print(f"resuming: {skipped} finished jobs skipped", file=sys.stderr)
+        if progress.total >= LARGE_RUN:
+            print(
+                f"{progress.total} jobs: a long run (hours at a second each); the ETA follows "
+                "the first jobs, and Ctrl-C then --resume continues",
+                file=sys.stderr,
+            )
         rows = []
         try:
             for job in todo:
@@ -316,6 +344,24 @@ class Runner:
             row["info"] = {**(row.get("info") or {}), "logits_bytes": sizes}
         self.writer.append(row)
         return row
+
+
+EXPECT_FAILURE = "expect-failure"  # a case tag: crashing, hanging or running out is its result
+
+
+def unexpected_failures(rows: list[dict]) -> list[dict]:
+    """Case rows that make a run fail (exit 1): `incorrect` or `error` anywhere; `crash`,
+    `timeout` or `oom` unless the case is a limit-search probe or tagged expect-failure."""
+    bad = []
+    last = {(r.get("case_id"), r.get("backend")): r for r in rows}  # a retried case's last row
+    for r in last.values():
+        if r.get("kind") != "case":
+            continue
+        tags = r.get("tags") or []
+        expected = "limit-probe" in tags or EXPECT_FAILURE in tags
+        if r["status"] in ("incorrect", "error") or (r["status"] in FAILED and not expected):
+            bad.append(r)
+    return bad
 
 
 def _probes_estimate(s: LimitSearch) -> int:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +31,36 @@ def cli(*args, env=None, check=None) -> subprocess.CompletedProcess:
     return p
 
 
+def ci_compare(out: Path) -> subprocess.CompletedProcess:
+    """.ci/run's compare command, verbatim, with its `$out` set to `out` (holding smoke/)."""
+    script = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
+    (line,) = [x for x in script.splitlines() if x.startswith("python3 -m dsv4bench.cli compare")]
+    python_dir = str(Path(sys.executable).parent)
+    return subprocess.run(
+        ["bash", "-c", f'set -euo pipefail; out="{out}"; {line}'],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PATH": python_dir + os.pathsep + os.environ["PATH"]},
+        timeout=600,
+    )
+
+
+def here(capsys, *args) -> tuple[int, str, str]:
+    """The CLI in this process (no interpreter start): (exit code, stdout, stderr). For commands
+    that load no plugin, since a plugin's backends would stay registered here."""
+    from dsv4bench import cli as dsv4cli
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGPIPE)}
+    try:
+        code = dsv4cli.main([str(a) for a in args])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def decode_only(tmp_path: Path) -> Path:
     """A quick scenario: the smoke file's decode points only."""
     text = """
@@ -49,54 +82,82 @@ cases:
     return path
 
 
-def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> Path:
+    """One run of decode_only's scenario, shared (copy it before changing it)."""
+    tmp = tmp_path_factory.mktemp("quick")
+    out = tmp / "run"
+    cli("run", decode_only(tmp), "--out", out, "--quiet", check=0)
+    return out
+
+
+def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
     out = tmp_path / "run"
     for cmd in (("plan", bad), ("run", bad, "--out", out)):
-        p = cli(*cmd, check=2)
-        lines = p.stderr.strip().splitlines()
-        assert len(lines) == 1, p.stderr
+        code, _, err = here(capsys, *cmd)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, err
         assert f"{bad}:5: sweep.batch_size[1]" in lines[0]
         assert "positive" in lines[0]
     assert not out.exists()
 
 
-def test_bad_flags_exit_2(tmp_path):
-    assert "unknown backend" in cli("plan", SMOKE, "--backend", "nope", check=2).stderr
-    assert cli("run", SMOKE, "--arch", "sm75", check=2).stderr.count("\n") == 1
+def test_bad_flags_exit_2(tmp_path, capsys):
+    code, _, err = here(capsys, "plan", SMOKE, "--backend", "nope")
+    assert code == 2 and "unknown backend" in err
+    with pytest.raises(SystemExit) as e:  # argparse's own one-line error
+        here(capsys, "run", SMOKE, "--arch", "sm75")
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
     p = cli("run", SMOKE, "--plugin", "no.such.module", "--out", tmp_path / "r", check=2)
     assert "cannot import" in p.stderr and not (tmp_path / "r").exists()
 
 
-def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path):
+def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path, quick_run):
     quick = decode_only(tmp_path)
     out = tmp_path / "run"
-    cli("run", quick, "--out", out, "--quiet", check=0)
+    shutil.copytree(quick_run, out)
     first = (out / "results.jsonl").read_text()
     assert len(first.splitlines()) == 2
     p = cli("run", quick, "--out", out, check=2)
     assert "--resume" in p.stderr and (out / "results.jsonl").read_text() == first
+    (out / "results.jsonl").write_text(first[:-30])  # killed while writing the last row
+    p = cli("run", quick, "--out", out, "--resume", "--quiet", check=0)
+    assert "torn last line moved to" in p.stderr and (out / "results.jsonl.torn").exists()
+    again = (out / "results.jsonl").read_text()
+    assert [json.loads(line)["case_id"] for line in again.splitlines()] == [
+        json.loads(line)["case_id"] for line in first.splitlines()
+    ]  # the torn row ran again, whole
     p = cli("run", quick, "--out", out, "--resume", check=0)
-    assert (out / "results.jsonl").read_text() == first  # nothing left to do
+    assert (out / "results.jsonl").read_text() == again  # nothing left to do
+    commands = (out / "command.txt").read_text().splitlines()
+    assert len(commands) == 3 and "--resume" not in commands[0] and "--resume" in commands[2]
+    (out / "report.md").write_text("an old report\n")
+    (out / "old.png").write_bytes(b"")
     cli("run", quick, "--out", out, "--force", "--quiet", check=0)
-    assert list(out.glob("results.jsonl.*.bak"))  # the earlier rows are kept aside
+    (earlier,) = out.glob("earlier-*")  # the earlier run, reports and plots too, kept aside
+    assert (earlier / "results.jsonl").read_text() == again
+    assert (earlier / "report.md").exists() and (earlier / "old.png").exists()
+    assert not (out / "report.md").exists() and not (out / "old.png").exists()
 
 
-def test_plugin_crashes_become_rows_while_other_cases_run(tmp_path):
+def test_crashes_become_rows_while_other_cases_run_and_unexpected_ones_fail_the_run(tmp_path):
     text = """
 name: crash-test
 op: decode
 backends: [crashy, torch]
 timing: {warmup: 0, iters: 2, timeout_s: 60}
 defaults: {model: v3.2, num_heads: 4, topk: 64, context_len: 128, page_size: 64}
-sweep:
-  batch_size: [1, 4, 5]
+cases:
+  - batch_size: [1, 5]
+  - batch_size: 4
+    tags: [expect-failure]
 """
     path = tmp_path / "crash.yaml"
     path.write_text(text)
     out = tmp_path / "run"
-    cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out, "--quiet", check=0)
+    p = cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out, "--quiet", check=1)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     status = {(r["params"]["batch_size"], r["backend"]): r["status"] for r in rows}
     assert status == {
@@ -107,27 +168,43 @@ sweep:
         (5, "crashy"): "crash",
         (5, "torch"): "ok",
     }
+    # batch 4 was expected to crash: only batch 5 fails the run
+    (b5,) = [
+        r["case_id"] for r in rows if r["params"]["batch_size"] == 5 and r["backend"] == "torch"
+    ]
+    assert f"1 case(s) failed (crash), e.g. {b5} crashy: crash" in p.stderr
 
 
-def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path):
+def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path, quick_run, capsys):
     quick = decode_only(tmp_path)
-    base = tmp_path / "base"
-    cli("run", quick, "--out", base, "--quiet", check=0)
-    cli("compare", base, base, "--out", tmp_path / "same", check=0)
+    base = quick_run
+    assert here(capsys, "compare", base, base, "--out", tmp_path / "same")[0] == 0
     for mode in ("slow", "wrong"):
         new = tmp_path / mode
         env = {"DSV4BENCH_REGRESSION": mode}
         plugin = ("--plugin", "tests.plugins.regressed")
-        cli("run", quick, *plugin, "--out", new, "--quiet", env=env, check=0)
-        p = cli("compare", base, new, "--out", tmp_path / f"cmp-{mode}", check=1)
-        assert "regress" in p.stdout.lower()
+        # a wrong build's rows are `incorrect`: run itself fails; a slow one passes
+        cli("run", quick, *plugin, "--out", new, "--quiet", env=env, check=int(mode == "wrong"))
+        code, out, _ = here(capsys, "compare", base, new, "--out", tmp_path / f"cmp-{mode}")
+        assert code == 1 and "regress" in out.lower()
         assert (tmp_path / f"cmp-{mode}" / "compare.md").exists()
 
 
-def test_report_from_a_run(tmp_path):
+def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path):
+    out = tmp_path / "ci"
+    env = {"DSV4BENCH_REGRESSION": "slow", "DSV4BENCH_REGRESSION_DELAY_S": "0.05"}
+    plugin = ("--plugin", "tests/plugins/regressed.py", "--backend", "torch")
+    cli("run", SMOKE, *plugin, "--out", out / "smoke", "--quiet", env=env, check=0)
+    p = ci_compare(out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "compare: REGRESSION" in p.stdout and " 0 time" not in p.stdout
+    assert (out / "compare" / "compare.md").exists()
+
+
+def test_report_from_a_run(tmp_path, quick_run, capsys):
     out = tmp_path / "run"
-    cli("run", decode_only(tmp_path), "--out", out, "--quiet", check=0)
-    cli("report", out, check=0)
+    shutil.copytree(quick_run, out)
+    assert here(capsys, "report", out)[0] == 0
     assert (out / "report.html").exists() and list(out.glob("*.png"))
 
 
@@ -176,10 +253,126 @@ def test_bench_for_a_gpu_this_machine_lacks_is_refused(tmp_path):
 def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
     import torch
 
+    from dsv4bench.backends.reference_f64 import ReferenceF64
+
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")
-    out = tmp_path / "r"
+    out = tmp_path / "ci" / "smoke"
     p = cli("bench", "--out", out, "--quiet", check=0)
     assert f"results: {out / 'results.jsonl'}" in p.stdout
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["scenario"] for r in rows} == {"smoke"} and all(r["status"] == "ok" for r in rows)
+    assert {r["scenario"] for r in rows} == {"smoke"}
+    assert all(r["status"] == "ok" for r in rows if r["op"] in ReferenceF64.ops)
+    assert {r["status"] for r in rows} <= {"ok", "unsupported"}
+    # CI's time gate passes an unchanged build on this (shared, busy) machine
+    p = ci_compare(tmp_path / "ci")
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_io_errors_are_one_line_exit_2_and_keep_what_was_written(tmp_path, capsys, monkeypatch):
+    from dsv4bench import cli as dsv4cli
+    from dsv4bench.results import ResultWriter, read_rows
+
+    quick = decode_only(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("not a run directory\n")
+    assert dsv4cli.main(["run", str(quick), "--out", str(afile)]) == 2
+    assert capsys.readouterr().err == f"dsv4bench: --out {afile}: is a file, not a run directory\n"
+    assert afile.read_text() == "not a run directory\n"
+
+    # compare into a directory that cannot be made (a real I/O error, even for root)
+    base = ROOT / "results" / "cpu" / "smoke"
+    assert dsv4cli.main(["compare", str(base), str(base), "--out", str(afile / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"dsv4bench: {afile / 'cmp'}: ")
+
+    # the disk refuses the second row of a run: the first stays, one line, exit 2
+    out = tmp_path / "run"
+    append = ResultWriter.append
+
+    def refuse_second(self, row):
+        if read_rows(self.path, quiet=True):
+            raise OSError(30, "Read-only file system", str(self.path))
+        append(self, row)
+
+    monkeypatch.setattr(ResultWriter, "append", refuse_second)
+    assert dsv4cli.main(["run", str(quick), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"dsv4bench: {out / 'results.jsonl'}: Read-only file system"
+    assert len(read_rows(out)) == 1
+
+
+@pytest.mark.parametrize("name", ["results.jsonl", "bench.json"])
+def test_report_of_a_file_writes_beside_it(tmp_path, capsys, name):
+    from dsv4bench import cli as dsv4cli
+
+    source = ROOT / "results" / "cpu" / "smoke" / "results.jsonl"
+    if name == "bench.json":
+        source = ROOT / "results" / "sm90" / "h200-pytest-benchmark.json"
+    path = tmp_path / name
+    path.write_bytes(source.read_bytes())
+    assert dsv4cli.main(["report", str(path)]) == 0
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
+    assert str(tmp_path / "report.md") in capsys.readouterr().out
+
+
+def test_plan_without_a_gpu_is_for_the_scenarios_archs_and_says_so(capsys):
+    import torch
+
+    from dsv4bench import cli as dsv4cli
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a CUDA GPU")
+    assert dsv4cli.main(["plan", str(ROOT / "scenarios" / "sm100" / "decode_batch.yaml")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    jobs = [line.split() for line in out if line.startswith("decode-")]
+    assert jobs and {j[2] for j in jobs} == {"sm100"}
+    assert {j[3].rstrip(":") for j in jobs if j[1] == "flashinfer"} == {"supported"}
+    assert out[-1].endswith("sm100-decode-batch: the scenario's arch; this machine has no GPU")
+    assert dsv4cli.main(["plan", str(SMOKE), "--arch", "sm90"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    jobs = [line.split() for line in out if line.split()[0].startswith(("decode-", "remap-"))]
+    assert jobs and {j[2] for j in jobs} == {"sm90"} and out[-1].endswith("smoke: --arch")
+
+
+def test_retry_failed_needs_resume(tmp_path, capsys):
+    from dsv4bench import cli as dsv4cli
+
+    out = tmp_path / "r"
+    assert dsv4cli.main(["run", str(SMOKE), "--out", str(out), "--retry-failed"]) == 2
+    assert "--retry-failed goes with --resume" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_dotted_plugin_loads_from_the_current_directory_as_in_the_readme(monkeypatch):
+    from dsv4bench import backends
+
+    monkeypatch.chdir(ROOT)
+    # a console script's sys.path: no current directory, no checkout
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT), ".")])
+    for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert "crashy" in backends.load_plugin("tests.plugins.misbehaving")
+
+
+def pytest_run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def test_pytest_output_stays_short(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
+    p = pytest_run("benchmarks", "--benchmark-only", "--scenario", bad)
+    assert p.returncode == 4 and "Traceback" not in p.stdout + p.stderr
+    assert f"--scenario: {bad}:5: sweep.batch_size[1]" in p.stderr
+    p = pytest_run("--benchmark-only", "-q", "tests/test_results.py")
+    assert p.returncode == 0 and "SKIPPED" not in p.stdout  # no line per skipped unit test
+    make_test = (ROOT / "Makefile").read_text().split("\ntest:")[1].splitlines()[1]
+    flags = shlex.split(make_test.split("pytest", 1)[1])
+    p = pytest_run(*flags, "benchmarks", "--scenario", decode_only(tmp_path))
+    assert p.returncode == 0 and "Name (time in" not in p.stdout  # no benchmark table

@@ -124,6 +124,10 @@ def test_torch_backend_row_is_ok_with_topk_figures(name: str) -> None:
     case = _tiny(**CASES[name])
     row, prepared = worker.check(case, TorchReference(), "cpu", worker.Cache())
     assert row["status"] == "ok", row["message"]
+    assert row.get("accuracy") is None and row["info"]["reference_row"]  # the oracle itself
+    judged = TorchReference()
+    judged.is_oracle = False  # the oracle's answer judged as a kernel's: the top-k figures
+    row, _ = worker.check(case, judged, "cpu", worker.Cache())
     assert row["accuracy"]["topk_matched"] == 1.0 and row["accuracy"]["cos_diff"] == 0.0
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +17,10 @@ from dsv4bench import backends
 from dsv4bench.case import Case, Timing
 from dsv4bench.results import ResultWriter, read_rows
 from dsv4bench.runner import Job, LimitSearch, Runner
+from dsv4bench.worker import PARENT_ENV
 
 PLUGIN = "tests.plugins.misbehaving"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny(batch_size: int, **kw) -> Case:
@@ -41,16 +49,20 @@ def plugin():
 
 def test_crash_hang_and_error_become_rows_and_the_sweep_goes_on(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
-    seeds_batches = [(0, 1), (0, 4), (3, 1), (2, 1), (7, 1)]
+    seeds_batches = [(0, 1), (2, 1), (0, 4), (3, 1), (0, 6), (7, 1)]
     jobs = [Job(tiny(b, seed=s), "crashy") for s, b in seeds_batches]
+    jobs[3] = Job(replace(jobs[3].case, timing=Timing(warmup=0, iters=2, timeout_s=4)), "crashy")
     rows = runner.run(jobs)
     status = [r["status"] for r in rows]
-    assert status == ["ok", "crash", "timeout", "error", "ok"]
-    crash = rows[1]
+    assert status == ["ok", "error", "crash", "timeout", "oom", "ok"]
+    assert "out-of-memory killer" in rows[4]["message"]
+    assert "refuses seed 2" in rows[1]["message"]
+    crash = rows[2]
     assert "exited with code 1" in crash["message"]
     assert "fatal error at batch 4" in crash["message"]
-    assert "no answer after 20 s" in rows[2]["message"]
-    assert "refuses seed 2" in rows[3]["message"]
+    # the same worker ran the failing job before: its traceback is not this job's message
+    assert "refuses seed 2" not in crash["message"]
+    assert "no answer after 4 s" in rows[3]["message"]
     written = read_rows(tmp_path)
     assert [r["status"] for r in written] == status
     assert written[0]["accuracy"]["cos_diff"] < 1e-12
@@ -76,8 +88,8 @@ def test_resume_skips_finished_jobs(tmp_path):
 
 def test_limit_search_finds_the_last_working_batch(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
-    # crashy dies from batch 4 on, each probe in a fresh process
-    search = LimitSearch("batch_size", 1, 9, "crashy", tiny(1))
+    # crashy dies from batch 4 on, each probe in a fresh process: probes 3, 5, then 4
+    search = LimitSearch("batch_size", 3, 5, "crashy", tiny(3))
     row = runner.find_limit(search)
     assert row["kind"] == "limit"
     assert (row["last_ok"], row["first_fail"]) == (3, 4)
@@ -85,7 +97,7 @@ def test_limit_search_finds_the_last_working_batch(tmp_path):
     assert "fatal error at batch 4" in row["message"]
     probes = [r for r in read_rows(tmp_path) if r["kind"] == "case"]
     assert all("limit-probe" in r["tags"] for r in probes)
-    assert json.loads(json.dumps(row))["probes"]["9"] == "crash"
+    assert json.loads(json.dumps(row))["probes"] == {"3": "ok", "4": "crash", "5": "crash"}
 
 
 def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tmp_path):
@@ -99,3 +111,73 @@ def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tm
     assert raw_row["info"]["v32_scale_reading"] == "bf16"
     assert raw_row["info"]["vs_exact_scales"]["cos_diff"] > 0  # bf16 scales do move it
     assert pow2_row["info"]["vs_exact_scales"]["cos_diff"] == 0  # powers of two survive
+
+
+def _workers_of(runner_pid: int) -> list[int]:
+    """Live processes started as workers of `runner_pid` (they carry its pid in their env)."""
+    mark = f"{PARENT_ENV}={runner_pid}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_die_with_their_runner_and_leave_no_log(tmp_path, sig):
+    scenario = tmp_path / "hang.yaml"
+    scenario.write_text(
+        "name: hang\nop: decode\nbackends: [crashy]\nseed: 3\ntiming: {timeout_s: 600}\n"
+        "defaults: {model: v3.2, num_heads: 4, topk: 64, context_len: 128}\n"
+        "cases: [{batch_size: 1}]\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    hanging = str(tmp_path / "hanging")
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "dsv4bench.cli", "run", scenario, "--plugin", PLUGIN]
+        + ["--out", tmp_path / "run", "--quiet"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "CRASHY_HANGING": hanging},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(hanging) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(runner.pid), runner.stderr.read()
+    runner.send_signal(sig)
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _workers_of(runner.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers_of(runner.pid) == []
+    assert list(tmp.iterdir()) == []  # no worker log left behind
+    if sig == signal.SIGTERM:
+        assert runner.returncode == 128 + signal.SIGTERM
+        assert b"terminated" in runner.stderr.read()
+
+
+def test_host_memory_errors_are_oom_and_long_runs_show_hours():
+    from dsv4bench.runner import _clock
+    from dsv4bench.worker import _classify
+
+    assert _classify(MemoryError()) == "oom"
+    cpu = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 99 bytes"
+    assert _classify(RuntimeError(cpu)) == "oom"
+    assert _classify(RuntimeError("shape mismatch")) == "error"
+    assert _clock(9002 * 60 + 50) == "150:02:50" and _clock(65) == "01:05"
+
+
+def test_a_long_run_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
+    import dsv4bench.runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "LARGE_RUN", 2)
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    runner.run([Job(replace(tiny(1), op="remap"), "crashy")] * 2)  # unsupported: no worker
+    assert "2 jobs: a long run" in capsys.readouterr().err

@@ -16,12 +16,20 @@ from dsv4bench.case import OPS, Case
 from dsv4bench.scenarios import ScenarioError, load_text, validate_case
 
 ROOT = Path(__file__).resolve().parent.parent
-KNOWN = {"torch", "flashmla", "flashinfer", "flashinfer-e4m3", "triton", "deepgemm"}
+KNOWN = {
+    "torch",
+    "flashmla",
+    "flashinfer",
+    "flashinfer-e4m3",
+    "triton",
+    "deepgemm",
+    "reference-f64",
+}
 
 # Expected (cases, jobs, limit searches) per shipped file: a change here is a change in how
 # long the sweep takes, so it should be deliberate.
 SHIPPED = {
-    "smoke.yaml": (20, 20, 0),
+    "smoke.yaml": (20, 40, 0),
     "sm90/decode_batch.yaml": (39, 87, 0),
     "sm90/prefill_chunk.yaml": (24, 53, 1),
     "sm90/head_padding.yaml": (20, 40, 0),
@@ -82,7 +90,8 @@ def test_shipped_scenario_loads_and_expands(rel):
 
 def test_smoke_covers_every_op_on_the_cpu():
     sc = scenarios.load(ROOT / "scenarios/smoke.yaml", known_backends=KNOWN)
-    assert "cpu" in sc.arch and sc.backends == ["torch"]
+    # the oracle, and an independent implementation that checks it on a CPU
+    assert "cpu" in sc.arch and sc.backends == ["torch", "reference-f64"]
     assert {c.op for c in sc.cases} == set(OPS)
     assert {c.layout for c in sc.cases} == {"v32", "v4"}
     assert {c.route for c in sc.cases if c.op == "prefill"} == {"sparse-prefill", "decode-kernel"}

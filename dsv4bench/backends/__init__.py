@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -39,7 +41,14 @@ def _load_builtin() -> None:
     if _loaded_builtin:
         return
     _loaded_builtin = True
-    from dsv4bench.backends import deepgemm, flashinfer, flashmla, torch_ref, triton_kernels
+    from dsv4bench.backends import (
+        deepgemm,
+        flashinfer,
+        flashmla,
+        reference_f64,
+        torch_ref,
+        triton_kernels,
+    )
 
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
@@ -51,6 +60,7 @@ def _load_builtin() -> None:
     register(e4m3)
     register(triton_kernels.TritonKernels())
     register(deepgemm.DeepGEMM())
+    register(reference_f64.ReferenceF64())
 
 
 def _as_backends(obj, origin: str) -> list[Backend]:
@@ -76,6 +86,10 @@ def load_plugin(module: str) -> list[str]:
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
         else:
+            # a console script's sys.path lacks the current directory that `python -m` has:
+            # `--plugin tests.plugins.x` from a checkout must work from either
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.append(os.getcwd())
             mod = importlib.import_module(module)
     except Exception as e:  # a broken plugin is the user's input: report it in one line
         raise PluginError(f"--plugin {module}: cannot import: {type(e).__name__}: {e}") from e

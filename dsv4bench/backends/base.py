@@ -93,6 +93,9 @@ class Backend:
     description: str = ""
     archs: tuple[str, ...] = ()  # "cpu", "sm90", "sm100", "sm120"
     ops: tuple[str, ...] = ()
+    # Its answers are the oracle's own: its rows are reference rows (a timing baseline), and
+    # an accuracy of the oracle against itself would check nothing.
+    is_oracle: bool = False
 
     def provider(self) -> Provider:
         """Find the kernel library (lazily, on first call); raise Unsupported if it is absent."""

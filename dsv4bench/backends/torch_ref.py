@@ -89,6 +89,7 @@ class TorchReference(Backend):
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
     archs = ("cpu", "sm90", "sm100", "sm120")
     ops = ("decode", "prefill", "dequant", "remap", "indexer")
+    is_oracle = True
 
     def provider(self) -> Provider:
         import torch

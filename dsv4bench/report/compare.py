@@ -28,10 +28,12 @@ from dsv4bench.report.load import (
 MIN_SAMPLES = 5
 RULES = (
     "**time**: median ratio new/base > 1 + threshold, both sides have n >= 5 timed samples, "
-    "and the change is beyond the noise: new p10 > base p90 (the new run's fast tail is slower "
-    "than the base run's slow tail; percentiles from `samples_ms` when a row has >= 5 of them, "
-    "else its `p10_ms`/`p90_ms`, else the quartiles q1/q3 pytest-benchmark reports). A slower "
-    "median with overlapping spreads, too few samples or no known spread is listed, not failed.",
+    "the fast tails moved as much (new p10 / base p10 > 1 + threshold: contention on a shared "
+    "machine inflates medians first), and the change is beyond the noise: new p10 > base p90 "
+    "(the new run's fast tail is slower than the base run's slow tail; percentiles from "
+    "`samples_ms` when a row has >= 5 of them, else its `p10_ms`/`p90_ms`, else the quartiles "
+    "q1/q3 pytest-benchmark reports). A slower median with overlapping spreads, too few samples "
+    "or no known spread is listed, not failed.",
     "**accuracy**: the new row is `incorrect` or beyond its tolerance (cos_diff, lse error, "
     "non-finite values) while the base row was ok and within it.",
     "**status**: the base row was ok and the new one is not (crash, timeout, oom, error, "
@@ -99,8 +101,12 @@ def time_change(base: dict, new: dict, threshold: float) -> tuple[float | None, 
             return ratio, f"slower, too few samples (n {nb}/{nn})", False
         if b_hi is None or n_lo is None:
             return ratio, "slower, spread unknown", False
+        lo_name, hi_name = ("q1", "q3") if how == "q1/q3" else ("p10", "p90")
+        # Neighbours on a shared machine only add time, and to the median first: the fast
+        # tail must be slower by the threshold too, or the slowdown is the machine's.
+        if b_lo > 0 and n_lo / b_lo <= 1 + threshold:
+            return ratio, f"slower median, {lo_name} within threshold (x{n_lo / b_lo:.3g})", False
         if n_lo > b_hi:
-            lo_name, hi_name = ("q1", "q3") if how == "q1/q3" else ("p10", "p90")
             why = f"new {lo_name} {n_lo:.4g} ms > base {hi_name} {b_hi:.4g} ms"
             return ratio, f"slower beyond noise: {why}", True
         return ratio, "slower, within noise", False
@@ -264,8 +270,8 @@ def _document(entries, base: Path, new: Path, threshold: float, png: Path | None
         [
             f"base: `{base}`",
             f"new: `{new}`",
-            f"time threshold: {threshold:g} (ratio > {1 + threshold:g}, n >= {MIN_SAMPLES} on both "
-            "sides, new p10 > base p90)",
+            f"time threshold: {threshold:g} (median and p10 ratios > {1 + threshold:g}, "
+            f"n >= {MIN_SAMPLES} on both sides, new p10 > base p90)",
         ]
     )
     verdict = "**REGRESSION**" if c["regressions"] else "no regression"

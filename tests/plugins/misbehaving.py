@@ -1,6 +1,7 @@
 """Backends that fail on purpose, for the runner, compare and report tests.
 
-crashy: kills its own process on batch_size >= 4 (like FlashMLA's exit(1) on a scheduler error),
+crashy: kills its own process on batch_size >= 4 (like FlashMLA's exit(1) on a scheduler error;
+batch 6: SIGKILL, as the out-of-memory killer),
 hangs when seed == 3, raises when seed == 2; otherwise it is the oracle.
 slowed: the oracle plus a sleep (a deliberately slowed backend).
 wrong: the oracle with its output scaled (a deliberately wrong backend).
@@ -9,6 +10,7 @@ wrong: the oracle with its output scaled (a deliberately wrong backend).
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from dsv4bench.backends import Backend, Output, Prepared, register
@@ -27,10 +29,14 @@ class Crashy(_Oracle):
     name = "crashy"
 
     def prepare(self, case, inputs, device):
+        if case.batch_size == 6:  # as the host's out-of-memory killer would
+            os.kill(os.getpid(), signal.SIGKILL)
         if case.batch_size >= 4:
             print(f"crashy: fatal error at batch {case.batch_size}", file=os.sys.stderr, flush=True)
             os._exit(1)
         if case.seed == 3:
+            if os.environ.get("CRASHY_HANGING"):  # tells a test that the hang has begun
+                open(os.environ["CRASHY_HANGING"], "w").close()
             time.sleep(3600)
         if case.seed == 2:
             raise RuntimeError("crashy refuses seed 2")
