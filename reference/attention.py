@@ -37,6 +37,7 @@ from collections.abc import Iterator
 
 import torch
 
+from reference.layout_table import LAYOUTS
 from reference.layouts import gather_tokens
 
 BLOCK_BYTES = 128 * 2**20
@@ -45,7 +46,7 @@ BLOCK_BYTES = 128 * 2**20
 GATHER_CHUNK = 4096
 """Cache tokens dequantized per gather_tokens call (keeps its temporaries small)."""
 
-_CACHE_D_QK = {656: 576, 584: 512}  # bytes per token -> d_qk of the FP8 cache layouts
+_CACHE_D_QK = {lay.token_bytes: lay.d_qk for lay in LAYOUTS.values() if lay.fp8}
 
 
 def sparse_mla_decode(
