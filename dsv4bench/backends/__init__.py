@@ -156,7 +156,11 @@ def configure(base: str, options: dict, name: str | None = None, origin: str = "
     old = _CONFIGURED.get(name)
     if name != base and old is not None and (old["base"], old["options"]) != (base, values):
         raise OptionError(f"{where}backend {name!r} is already defined with other options")
-    if name != base and old is None and name in _REGISTRY:
+    existing = _REGISTRY.get(name) if name != base and old is None else None
+    # a registered backend of that name is fine only if it is this very instance
+    if existing is not None and not (
+        type(existing) is type(backend) and existing.option_values() == values
+    ):
         raise OptionError(f"{where}backend {name!r} already exists; choose another `as` name")
     _REGISTRY[name] = backend
     _CONFIGURED[name] = {"name": name, "base": base, "options": values}
