@@ -269,9 +269,9 @@ class _Builder:
     @property
     def cfg_model(self):
         """The scenario-side model view indexer_case.defaults reads (heads, ratio, top-k)."""
-        from dsv4bench.scenarios import _Model
+        from dsv4bench.scenarios.rules import ModelSpec
 
-        return _Model.builtin(self.cfg)
+        return ModelSpec.builtin(self.cfg)
 
     def chunk_parts(self, kind: str, chunk: Chunk, route: str) -> list[Part]:
         """The parts one layer of `kind` costs for one chunk on a kernel route."""
