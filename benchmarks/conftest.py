@@ -28,21 +28,32 @@ def pytest_addoption(parser):
         help="run these backends on every case instead of the scenario's (repeatable)",
     )
     group.addoption("--plugin", action="append", default=[], help="backend plugin module")
-    group.addoption("--flashmla-lib", default=None, help="FlashMLA op library path")
+    group.addoption(
+        "--backend-opt",
+        action="append",
+        default=[],
+        help="a backend's option NAME.OPTION=VALUE, e.g. flashmla.lib=PATH (repeatable)",
+    )
+    group.addoption("--flashmla-lib", default=None, help="same as --backend-opt flashmla.lib=PATH")
 
 
 def _jobs(config):
     from dsv4bench import backends, scenarios
 
-    backends.setup(config.getoption("plugin"), config.getoption("flashmla_lib"))
+    backends.setup(config.getoption("plugin"))
+    opts = config.getoption("backend_opt")
+    if config.getoption("flashmla_lib"):
+        opts = [f"flashmla.lib={config.getoption('flashmla_lib')}", *opts]
+    backends.apply_options(opts)
     paths = config.getoption("scenario") or [str(ROOT / "scenarios" / "smoke.yaml")]
     only = config.getoption("bench_backend")
     jobs = []
     for path in paths:
         try:
-            sc = scenarios.load(path, known_backends=backends.names())
+            sc = scenarios.load(path, known_backends=backends.catalog())
         except (scenarios.ScenarioError, OSError) as e:  # one line, as from the CLI
             raise pytest.UsageError(f"--scenario: {e}") from None
+        backends.configure_all(sc.instances)
         jobs += [(c, b) for c in sc.cases for b in only] if only else sc.jobs()
     return jobs
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shutil
 import signal
 import sys
 import time
 from pathlib import Path
+
+from dsv4bench.case import ARCHS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"
@@ -30,10 +31,15 @@ def _terminate(signum, frame):
 
 
 def _setup_backends(args) -> None:
+    """Registered backends, then `--backend-opt NAME.OPTION=VALUE` (and its aliases) on them."""
     from dsv4bench import backends
 
+    opts = list(args.backend_opt or [])
+    if args.flashmla_lib:  # older spelling of --backend-opt flashmla.lib=PATH
+        opts.insert(0, f"flashmla.lib={args.flashmla_lib}")
     try:
-        backends.setup(args.plugin, args.flashmla_lib)
+        backends.setup(args.plugin)
+        backends.apply_options(opts)
     except backends.PluginError as e:
         raise UsageError(str(e)) from None
 
@@ -48,21 +54,23 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
     for name in only_backends or []:
         if name not in known:
             raise UsageError(f"--backend {name}: unknown backend (known: {', '.join(known)})")
-    wanted = lambda b: not only_backends or b in only_backends
+    # --backend NAME takes its instances too (flashmla -> flashmla-0.33)
+    wanted = lambda b: not only_backends or {b, backends.get(b).base} & set(only_backends)
     jobs, limits, specs = [], [], []
     for path in paths:
         if not Path(path).is_file():
             raise UsageError(f"{path}: no such scenario file")
         try:
             if serving.is_serving_file(Path(path).read_text()):
-                spec = serving.load_spec(path, known_backends=known)
+                spec = serving.load_spec(path, known_backends=backends.names())
                 specs.append(spec)
                 if archs is not None:  # serving files name no arch: every one
                     archs[spec.scenario] = list(scenarios.ARCHS)
                 jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
                 continue
-            sc = scenarios.load(path, known_backends=known)
-        except scenarios.ScenarioError as e:
+            sc = scenarios.load(path, known_backends=backends.catalog())
+            backends.configure_all(sc.instances)
+        except (scenarios.ScenarioError, backends.PluginError) as e:
             raise UsageError(str(e)) from None
         if archs is not None:
             archs[sc.name] = list(sc.arch)
@@ -193,7 +201,6 @@ def _run(args, paths: list[str]) -> int:
         ResultWriter(out),
         arch=arch,
         plugins=args.plugin,
-        flashmla_lib=args.flashmla_lib,
         progress=not args.quiet,
     )
     writer = runner.writer
@@ -293,17 +300,22 @@ def cmd_env(args) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
     p.add_argument(
+        "--backend-opt",
+        action="append",
+        metavar="NAME.OPTION=VALUE",
+        help="a backend's own option, e.g. flashmla.lib=PATH or flashinfer.kv_dtype=e4m3",
+    )
+    p.add_argument(
         "--flashmla-lib",
-        default=os.environ.get("DSV4BENCH_FLASHMLA_LIB"),
         metavar="PATH",
-        help="FlashMLA op library (.so or its directory); default $DSV4BENCH_FLASHMLA_LIB",
+        help="same as --backend-opt flashmla.lib=PATH (default: $DSV4BENCH_FLASHMLA_LIB)",
     )
     p.add_argument("--backend", action="append", metavar="NAME", help="only these backends")
     p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", choices=["cpu", "sm90", "sm100", "sm120"])
+    p.add_argument("--arch", choices=ARCHS)
     p.add_argument("--out", metavar="RUN_DIR")
     p.add_argument("--runs", default="runs", help="parent of default run directories")
     p.add_argument("--resume", action="store_true", help="skip jobs RUN_DIR already has")
@@ -340,7 +352,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
     p.add_argument("scenario", nargs="+")
-    p.add_argument("--arch", choices=["cpu", "sm90", "sm100", "sm120"])
+    p.add_argument("--arch", choices=ARCHS)
     _common(p)
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser(

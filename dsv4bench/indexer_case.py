@@ -67,7 +67,7 @@ def bytes_moved(case: Case) -> int:
 
 
 def defaults(model) -> dict:
-    """An indexer case's axis defaults from a scenario model (scenarios._Model)."""
+    """An indexer case's axis defaults from a scenario model (scenarios.rules.ModelSpec)."""
     cfg = INDEXERS.get(model.name)
     c4 = model.compress_ratio == 4
     return {

@@ -31,7 +31,7 @@ import torch
 
 from dsv4bench.case import Case
 from reference import indices as remap
-from reference import layouts
+from reference import layout_table, layouts
 
 _SELECT_BUDGET = 1 << 26  # elements of random keys alive at once while drawing top-k sets
 
@@ -86,12 +86,10 @@ def _cache(case: Case, n_tokens: int, device, g) -> tuple[torch.Tensor, int]:
     num_pages = max(1, _pages(n_tokens, case.page_size))
     kv = torch.randn(num_pages * case.page_size, d, generator=g, device=device)
     kv = kv.to(torch.bfloat16)
-    if case.layout == "v32":
-        cache = layouts.quantize_v32(kv, case.page_size, scale=case.scale_convention)
-    elif case.layout == "v4":
-        cache = layouts.quantize_v4(kv, case.page_size, convention=case.scale_convention)
-    else:
+    layout = layout_table.layout(case.layout)
+    if not layout.fp8:
         raise ValueError(f"no FP8 cache for layout {case.layout!r}")
+    cache = layout.writer()(kv, case.page_size, case.scale_convention)
     return cache, num_pages * case.page_size
 
 

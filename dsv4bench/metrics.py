@@ -8,10 +8,12 @@ needs its 8 GiB float64 copy at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dsv4bench.case import Case, Tolerance
+from dsv4bench.case import DEFAULT_COS_DIFF_OTHER, Case, Tolerance
+from reference.layout_table import LAYOUTS
 
 CHUNK = 1 << 22  # elements per reduction step: 32 MiB per float64 operand
 
@@ -20,8 +22,6 @@ CHUNK = 1 << 22  # elements per reduction step: 32 MiB per float64 operand
 # absolute error it is rather than as an unbounded ratio.
 REL_FLOOR = 0.1
 
-# Bytes one KV token occupies in each cache layout (KERNEL_FACTS §2); bf16 is 2 * d_qk.
-TOKEN_BYTES = {"v32": 656, "v4": 584}
 BF16, FP32, INT32 = 2, 4, 4
 
 
@@ -127,18 +127,34 @@ def _chunk_pairs(expected, actual) -> Iterator[tuple[Any, Any]]:
         )
 
 
-def within_tolerance(acc: dict, tolerance: Tolerance) -> tuple[bool, str]:
-    """(True, "") when acc is within tolerance, else (False, the first reason, one line)."""
-    if acc["nonfinite"]:
-        return False, f"{acc['nonfinite']} non-finite or mismatched non-finite output values"
+def beyond_tolerance(acc: dict, tolerance: Tolerance | dict) -> list[tuple[str, str]]:
+    """(what, why) for each accuracy number outside tolerance, the most telling first.
+
+    The one tolerance check: the worker judges rows with it, the report and compare re-read
+    them with it (and the row's own tolerance). what: nonfinite, lse_mismatch, cos_diff, lse."""
+    tol = tolerance if isinstance(tolerance, dict) else asdict(tolerance)
+    cos_tol = tol.get("cos_diff")
+    cos_tol = DEFAULT_COS_DIFF_OTHER if cos_tol is None else cos_tol
+    found = []
+    if acc.get("nonfinite"):
+        why = f"{acc['nonfinite']} non-finite or mismatched non-finite output values"
+        found.append(("nonfinite", why))
     if acc.get("lse_mismatch"):
-        return False, f"{acc['lse_mismatch']} lse values differ in finiteness (+inf: no key)"
-    if not acc["cos_diff"] <= tolerance.cos_diff:
-        return False, f"cos_diff {acc['cos_diff']:.3g} > {tolerance.cos_diff:.3g}"
+        why = f"{acc['lse_mismatch']} lse values differ in finiteness (+inf: no key)"
+        found.append(("lse_mismatch", why))
+    cos = acc.get("cos_diff")
+    if isinstance(cos, (int, float)) and not cos <= cos_tol:
+        found.append(("cos_diff", f"cos_diff {cos:.3g} > {cos_tol:.3g}"))
     lse = acc.get("lse_max_abs")
-    if lse is not None and not lse <= tolerance.lse_abs:
-        return False, f"lse_max_abs {lse:.3g} > {tolerance.lse_abs:.3g}"
-    return True, ""
+    if isinstance(lse, (int, float)) and not lse <= tol["lse_abs"]:
+        found.append(("lse", f"lse_max_abs {lse:.3g} > {tol['lse_abs']:.3g}"))
+    return found
+
+
+def within_tolerance(acc: dict, tolerance: Tolerance | dict) -> tuple[bool, str]:
+    """(True, "") when acc is within tolerance, else (False, the first reason, one line)."""
+    found = beyond_tolerance(acc, tolerance)
+    return (False, found[0][1]) if found else (True, "")
 
 
 # ----------------------------------------------------------------------------- throughput
@@ -171,7 +187,7 @@ def kv_token_bytes(case: Case) -> int:
     the cache itself."""
     if case.op == "prefill" and case.route == "sparse-prefill":
         return BF16 * case.d_qk
-    return TOKEN_BYTES.get(case.layout, BF16 * case.d_qk)
+    return LAYOUTS[case.layout].bytes_per_token(case.d_qk)  # KERNEL_FACTS §2
 
 
 def attention_bytes(case: Case, *, unique: bool = False) -> int:
@@ -184,7 +200,7 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
     """
     if case.op == "dequant":
         tokens = case.context_len * case.batch_size
-        return tokens * (TOKEN_BYTES.get(case.layout, BF16 * case.d_qk) + BF16 * case.d_qk)
+        return tokens * (LAYOUTS[case.layout].bytes_per_token(case.d_qk) + BF16 * case.d_qk)
     if case.op == "remap":
         return case.batch_size * case.s_q * topk_total(case) * 2 * INT32
     if case.op == "indexer":
@@ -218,36 +234,108 @@ def _distinct_keys(case: Case) -> int:
     return min(case.topk, case.context_len) + min(case.extra_topk, extra_len)
 
 
-def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:
-    """Throughput of one timed case against the GPU's peaks (hw: hardware.GpuSpec).
+# ----------------------------------------------------------------------------- the registry
 
-    GB/s and the memory roof use the bytes a kernel must move at least (`bytes_unique`): with
-    the no-reuse estimate (`bytes`), a prefill chunk, whose queries share most keys, would
-    appear to beat the memory bandwidth."""
-    flops = attention_flops(case)
-    nbytes = attention_bytes(case, unique=True)
+
+@dataclass
+class MetricInput:
+    """What a derived metric is computed from; `found` holds the metrics registered before it."""
+
+    case: Case
+    ms: float | None  # the median time, None when there is none
+    hw: Any  # hardware.GpuSpec (peak_bf16, peak_bw) or None
+    padded_heads: int | None
+    found: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    compute: Callable[[MetricInput], Any]
+    column: str = ""  # the report's kernel-table column; "" keeps it out of the report
+    show: Callable[[Any], str] = lambda v: "" if v is None else f"{v:.4g}"
+    timed: bool = True  # needs a time: None without one
+
+
+DERIVED: dict[str, Metric] = {}
+
+
+def register_metric(name: str, *, column: str = "", show=None, timed: bool = True):
+    """Register `fn(MetricInput) -> value` as the derived number `name` (in registration
+    order: a metric may use those before it via input.found). The worker writes every
+    registered metric into a row's `derived`; the report's kernel table shows those with a
+    `column` (tritonbench's register_metric)."""
+
+    def add(fn):
+        kw = {"show": show} if show else {}
+        DERIVED[name] = Metric(name, fn, column, timed=timed, **kw)
+        return fn
+
+    return add
+
+
+@register_metric("flops", timed=False)
+def _flops(x: MetricInput) -> int:
+    return attention_flops(x.case)
+
+
+@register_metric("flops_padded", timed=False)
+def _flops_padded(x: MetricInput) -> int | None:
+    """The work a kernel does on zero-padded heads too."""
+    return None if x.padded_heads is None else attention_flops(x.case, heads=x.padded_heads)
+
+
+@register_metric("bytes", timed=False)
+def _bytes(x: MetricInput) -> int:
+    return attention_bytes(x.case)
+
+
+@register_metric("bytes_unique", timed=False)
+def _bytes_unique(x: MetricInput) -> int:
+    return attention_bytes(x.case, unique=True)
+
+
+@register_metric("tflops", column="TFLOP/s")
+def _tflops(x: MetricInput) -> float:
+    return x.found["flops"] / (x.ms * 1e-3) / 1e12
+
+
+@register_metric("gbps", column="GB/s")
+def _gbps(x: MetricInput) -> float:
+    """GB/s and the memory roof use the bytes a kernel must move at least (`bytes_unique`):
+    with the no-reuse estimate (`bytes`), a prefill chunk, whose queries share most keys,
+    would appear to beat the memory bandwidth."""
+    return x.found["bytes_unique"] / (x.ms * 1e-3) / 1e9
+
+
+def _roofs(x: MetricInput) -> tuple[float, float] | None:
+    """(fraction of peak compute, fraction of peak bandwidth), None without both peaks."""
+    # the indexer's logits are an FP8 GEMM; attention runs in bf16
+    peak_flops = getattr(x.hw, "peak_fp8" if x.case.op == "indexer" else "peak_bf16", None)
+    peak_bw = getattr(x.hw, "peak_bw", None)
+    if not (peak_flops and peak_bw):
+        return None
+    seconds = x.ms * 1e-3
+    return x.found["flops"] / seconds / peak_flops, x.found["bytes_unique"] / seconds / peak_bw
+
+
+@register_metric("peak_fraction", column="peak", show=lambda v: "" if v is None else f"{v:.1%}")
+def _peak_fraction(x: MetricInput) -> float | None:
+    roofs = _roofs(x)
+    return None if roofs is None else max(roofs)
+
+
+@register_metric("bound", column="bound", show=lambda v: v or "")
+def _bound(x: MetricInput) -> str | None:
+    roofs = _roofs(x)
+    return None if roofs is None else ("compute" if roofs[0] >= roofs[1] else "memory")
+
+
+def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:
+    """Every registered metric of one timed case (hw: hardware.GpuSpec)."""
     ms = (timing or {}).get("median_ms")
-    result: dict = {
-        "flops": flops,
-        "bytes": attention_bytes(case),
-        "bytes_unique": nbytes,
-        "tflops": None,
-        "gbps": None,
-        "peak_fraction": None,
-        "bound": None,
-    }
-    if padded_heads is not None:
-        result["flops_padded"] = attention_flops(case, heads=padded_heads)
-    if not ms or not math.isfinite(ms) or ms <= 0:
-        return result
-    seconds = ms * 1e-3
-    result["tflops"] = flops / seconds / 1e12
-    result["gbps"] = nbytes / seconds / 1e9
-    peak_flops = getattr(hw, "peak_fp8" if case.op == "indexer" else "peak_bf16", None)
-    peak_bw = getattr(hw, "peak_bw", None)
-    if peak_flops and peak_bw:
-        compute = flops / seconds / peak_flops
-        memory = nbytes / seconds / peak_bw
-        result["peak_fraction"] = max(compute, memory)
-        result["bound"] = "compute" if compute >= memory else "memory"
-    return result
+    timed = bool(ms) and math.isfinite(ms) and ms > 0
+    x = MetricInput(case, ms if timed else None, hw, padded_heads)
+    for m in DERIVED.values():
+        x.found[m.name] = m.compute(x) if timed or not m.timed else None
+    return dict(x.found)

@@ -7,31 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
+from dsv4bench import rows
+
 RESULTS_FILE = "results.jsonl"
 RETRIED = ("incorrect", "crash", "timeout", "oom", "error")  # what --retry-failed runs again
-
-
-def empty_row(case: dict, backend: str) -> dict:
-    """A row with every field present; the runner fills what it learns."""
-    return {
-        "kind": "case",
-        "scenario": case["scenario"],
-        "case_id": case["case_id"],
-        "op": case["op"],
-        "params": case["params"],
-        "tags": list(case.get("tags", [])),
-        "backend": backend,
-        "provider": None,
-        "status": "error",
-        "message": "",
-        "accuracy": None,  # cos_diff, max_abs, max_rel, lse_max_abs, nonfinite
-        "timing": None,  # median_ms, p10_ms, p90_ms, n, method, samples_ms, (profiler_ms)
-        "derived": None,  # flops, bytes, tflops, gbps, peak_fraction
-        "info": {},
-        "env": None,
-        "input_fingerprint": None,
-    }
 
 
 class ResultWriter:
@@ -73,7 +52,9 @@ class ResultWriter:
             os.fsync(f.fileno())
 
     def append(self, row: dict) -> None:
-        line = json.dumps(row, sort_keys=True, default=str)
+        """Write a row (a dict or a dsv4bench.rows record) after checking its kind's invariants."""
+        record = row if isinstance(row, rows.Row) else rows.from_dict(row)
+        line = json.dumps(record.checked(), sort_keys=True, default=str)
         with open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()

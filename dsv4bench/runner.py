@@ -24,7 +24,8 @@ from pathlib import Path
 
 from dsv4bench import backends, env
 from dsv4bench.case import Case
-from dsv4bench.results import ResultWriter, empty_row
+from dsv4bench.results import ResultWriter
+from dsv4bench.rows import CaseRow
 from dsv4bench.scenarios import LimitSearch
 from dsv4bench.worker import MARK, PARENT_ENV
 
@@ -64,7 +65,7 @@ def _exit_text(rc: int | None) -> str:
 class Worker:
     """One `python -m dsv4bench.worker` process with a line reader on its stdout."""
 
-    def __init__(self, arch: str, plugins: list[str], flashmla_lib: str | None):
+    def __init__(self, arch: str, plugins: list[str]):
         # An unnamed file (unlinked at once): no log is left behind, however the runner ends.
         self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
         pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -85,7 +86,8 @@ class Worker:
         self.job_start = 0  # where the current job's stderr begins: messages quote only it
         self.answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        self.send({"arch": arch, "plugins": plugins, "flashmla_lib": flashmla_lib})
+        # the worker builds the same backend instances (options) as this process
+        self.send({"arch": arch, "plugins": plugins, "instances": backends.configured()})
         try:
             ready = self.receive(STARTUP_TIMEOUT_S)
         except TimeoutError:
@@ -173,13 +175,11 @@ class Runner:
         *,
         arch: str,
         plugins: Iterable[str] = (),
-        flashmla_lib: str | None = None,
         progress: bool = True,
     ):
         self.writer = writer
         self.arch = arch
         self.plugins = list(plugins)
-        self.flashmla_lib = flashmla_lib
         self.show_progress = progress
         self._worker: Worker | None = None
         self._env = None
@@ -193,8 +193,17 @@ class Runner:
 
     def _row(self, job: Job, answer: dict) -> dict:
         case = job.case
-        info = {"scenario": case.scenario, "case_id": case.case_id, "op": case.op}
-        row = empty_row({**info, "params": case.params(), "tags": case.tags}, job.backend)
+        backend = backends.get(job.backend)
+        row = CaseRow(
+            scenario=case.scenario,
+            case_id=case.case_id,
+            op=case.op,
+            params=case.params(),
+            tags=list(case.tags),
+            backend=job.backend,
+            backend_base=backend.base,
+            backend_options=backend.option_values(),
+        ).to_dict()
         row.update(answer)
         row["env"] = row.get("env") or self._env_info()
         return row
@@ -231,7 +240,7 @@ class Runner:
         else:
             try:
                 if fresh:
-                    worker = Worker(self.arch, self.plugins, self.flashmla_lib)
+                    worker = Worker(self.arch, self.plugins)
                 else:
                     worker = self._ensure_worker()
                 answer = self._run_in(worker, job)
@@ -250,7 +259,7 @@ class Runner:
         if self._worker is None or not self._worker.alive():
             if self._worker is not None:
                 self._worker.stop()
-            self._worker = Worker(self.arch, self.plugins, self.flashmla_lib)
+            self._worker = Worker(self.arch, self.plugins)
         return self._worker
 
     def close(self) -> None:

@@ -31,8 +31,9 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from dsv4bench.case import TIMERS
+
 RANGE = "dsv4bench::run"
-TIMERS = ("events", "profiler", "both")
 DEFAULT_L2_BYTES = 256 * 2**20  # when torch does not report the L2 size
 AGREEMENT = 0.05  # events and profiler medians "agree" within this fraction
 SPIN_CYCLES = 400_000  # GPU spin before each start event: ~0.2 ms, longer than a launch

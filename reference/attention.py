@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from reference.layout_table import LAYOUTS
 from reference.layouts import gather_tokens
 
 BLOCK_BYTES = 128 * 2**20
@@ -50,7 +51,7 @@ BLOCK_BYTES = 128 * 2**20
 CUDA_BLOCK_BYTES = 2**30
 """Default budget on a GPU: larger blocks mean fewer, larger matmuls and launches."""
 
-_CACHE_D_QK = {656: 576, 584: 512}  # bytes per token -> d_qk of the FP8 cache layouts
+_CACHE_D_QK = {lay.token_bytes: lay.d_qk for lay in LAYOUTS.values() if lay.fp8}
 
 
 def attend(

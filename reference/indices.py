@@ -72,11 +72,17 @@ def pad_width(idx: torch.Tensor, multiple: int, fill: int = -1) -> torch.Tensor:
     """Pad the last dim with ``fill`` up to a multiple of ``multiple`` (4, 64, 128...)."""
     if multiple <= 0:
         raise ValueError(f"multiple must be positive, got {multiple}")
-    width = idx.shape[-1]
-    target = -(-width // multiple) * multiple
-    if target == width:
+    return pad_to(idx, -(-idx.shape[-1] // multiple) * multiple, fill)
+
+
+def pad_to(idx: torch.Tensor, width: int, fill: int = -1) -> torch.Tensor:
+    """Pad the last dim with ``fill`` up to exactly ``width`` (at least its width)."""
+    have = idx.shape[-1]
+    if width < have:
+        raise ValueError(f"cannot pad index width {have} down to {width}")
+    if width == have:
         return idx
-    pad = idx.new_full((*idx.shape[:-1], target - width), fill)
+    pad = idx.new_full((*idx.shape[:-1], width - have), fill)
     return torch.cat([idx, pad], dim=-1)
 
 

@@ -24,19 +24,26 @@ from typing import Literal
 
 import torch
 
+from reference.layout_table import LAYOUTS, of_width
+
 E4M3_MAX = 448.0
 FLT_MIN = torch.finfo(torch.float32).tiny
 D_ROPE = 64
 
-V32_TOKEN_BYTES, V32_D_QK, V32_D_NOPE, V32_TILE = 656, 576, 512, 128
-V4_TOKEN_BYTES, V4_D_QK, V4_D_NOPE, V4_TILE = 584, 512, 448, 64
+_V32, _V4 = LAYOUTS["v32"], LAYOUTS["v4"]
+V32_TOKEN_BYTES, V32_D_QK, V32_D_NOPE, V32_TILE = (
+    _V32.token_bytes,
+    _V32.d_qk,
+    _V32.d_nope,
+    _V32.tile,
+)
+V4_TOKEN_BYTES, V4_D_QK, V4_D_NOPE, V4_TILE = _V4.token_bytes, _V4.d_qk, _V4.d_nope, _V4.tile
 V4_DATA_BYTES, V4_SCALE_BYTES = 576, 8  # per token, in the two halves of a page
 V4_PAGE_ALIGN = 576
 PLAIN_ROW_WIDTH = 512
+PLAIN_ROW_CHUNK = 1 << 16  # tokens dequantized at a time into plain rows
 
 Layout = Literal["v32", "v4"]
-_LAYOUT_OF_WIDTH: dict[int, Layout] = {V32_TOKEN_BYTES: "v32", V4_TOKEN_BYTES: "v4"}
-_HEAD_DIM: dict[Layout, int] = {"v32": V32_D_QK, "v4": V4_D_QK}
 
 
 def _over_e4m3_max(x: torch.Tensor) -> torch.Tensor:
@@ -157,15 +164,16 @@ def _check_slots(slots: torch.Tensor, num_slots: int, device: torch.device) -> t
 
 def layout_of(cache: torch.Tensor) -> Layout:
     """The cache layout by its last dim: "v32" (656-byte records) or "v4" (584)."""
-    layout = _LAYOUT_OF_WIDTH.get(cache.shape[-1]) if cache.dim() else None
+    layout = of_width(cache.shape[-1]) if cache.dim() else None
     if layout is None:
-        raise ValueError(f"cache last dim must be 656 (V3.2) or 584 (V4), got {tuple(cache.shape)}")
-    return layout
+        widths = " or ".join(f"{lay.token_bytes} ({n})" for n, lay in LAYOUTS.items() if lay.fp8)
+        raise ValueError(f"cache last dim must be {widths}, got {tuple(cache.shape)}")
+    return layout.name
 
 
 def head_dim_of(cache: torch.Tensor) -> int:
     """d_qk of the tokens in the cache: 576 (V3.2) or 512 (V4)."""
-    return _HEAD_DIM[layout_of(cache)]
+    return LAYOUTS[layout_of(cache)].d_qk
 
 
 def v4_page_stride(page_size: int) -> int:
@@ -221,7 +229,7 @@ def _decode_v4(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat([nope.flatten(-2), rope], dim=-1)
 
 
-def quantize_v4(kv: torch.Tensor, page_size: int, *, convention: str = "flashmla") -> torch.Tensor:
+def quantize_v4(kv: torch.Tensor, page_size: int, convention: str = "flashmla") -> torch.Tensor:
     """kv [N, 512] -> V4 cache view (ceil(N / page_size), page_size, 1, 584), padded page stride.
 
     convention picks the writer's scale floor: "flashmla" (amax/448 >= 1e-4), "vllm"
@@ -240,10 +248,12 @@ def quantize_v4(kv: torch.Tensor, page_size: int, *, convention: str = "flashmla
     return cache
 
 
-def dequantize_v4(cache: torch.Tensor) -> torch.Tensor:
-    """V4 cache -> float32 [num_pages * page_size, 512]; the page stride is cache.stride(0)."""
+def dequantize_v4(cache: torch.Tensor, *, scale_rounding: str | None = None) -> torch.Tensor:
+    """V4 cache -> float32 [num_pages * page_size, 512]; the page stride is cache.stride(0).
+
+    ue8m0 scales are powers of two, which every scale_rounding keeps: it has no effect."""
     _check_layout(cache, "v4", "dequantize_v4")
-    return gather_tokens(cache, _all_slots(cache))
+    return gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)
 
 
 def split_pages_v4(cache: torch.Tensor, new_page_size: int = 64) -> torch.Tensor:
@@ -287,7 +297,7 @@ def _decode_v32(records: torch.Tensor, scale_rounding: str | None) -> torch.Tens
     return torch.cat([latent.flatten(-2), rope], dim=-1)
 
 
-def quantize_v32(kv: torch.Tensor, block_size: int, *, scale: str = "pow2") -> torch.Tensor:
+def quantize_v32(kv: torch.Tensor, block_size: int, scale: str = "pow2") -> torch.Tensor:
     """kv [N, 576] -> contiguous V3.2 cache (ceil(N / block_size), block_size, 1, 656) uint8.
 
     scale "raw": amax/448 floored at FLT_MIN (vLLM's writer); "pow2": amax/448 floored at 1e-4
@@ -396,19 +406,54 @@ def gather_workspace(
 
 
 def to_plain_rows(
-    cache: torch.Tensor, *, dtype: str = "bf16", scale_rounding: str | None = None
+    cache: torch.Tensor,
+    *,
+    dtype: str = "bf16",
+    width: int = PLAIN_ROW_WIDTH,
+    scale: torch.Tensor | None = None,
+    scale_rounding: str | None = None,
+    chunk: int = PLAIN_ROW_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Plain 512-wide rows [num_pages, 1, page_size, 512] (FlashInfer trtllm-gen layout).
+    """Plain rows [num_pages, 1, page_size, width]: each token's first `width` values.
 
-    V3.2 keeps the 512 latent values, V4 all 512. dtype "bf16" returns (rows, None);
-    "e4m3" returns (e4m3(x / scale), scale) with one fp32 scale = amax / 448 for the tensor.
+    width 512 is FlashInfer trtllm-gen's layout (V3.2's latent, all of V4); d_qk keeps K
+    whole. Tokens are dequantized `chunk` at a time. dtype "bf16" returns (rows, None);
+    "e4m3" returns (e4m3(x / scale), scale) with one fp32 scale for the tensor: the given
+    one (to share it between caches) or plain_rows_scale's.
     """
     _check_choice("dtype", dtype, ("bf16", "e4m3"))
     num_pages, page_size = cache.shape[:2]
-    x = gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)
-    x = x[:, :PLAIN_ROW_WIDTH].reshape(num_pages, 1, page_size, PLAIN_ROW_WIDTH)
-    if dtype == "bf16":
-        return x.to(torch.bfloat16), None
-    finite = x.abs().nan_to_num(nan=0.0, posinf=0.0)  # NaN-poisoned unused slots stay NaN
-    scale = _over_e4m3_max(finite.amax()).clamp_min(FLT_MIN)  # an all-zero cache still gets a scale
-    return _to_e4m3(x / scale), scale
+    n = num_pages * page_size
+    if dtype == "e4m3" and scale is None:
+        scale = plain_rows_scale(cache, width=width, scale_rounding=scale_rounding, chunk=chunk)
+    out_dtype = torch.bfloat16 if dtype == "bf16" else torch.float8_e4m3fn
+    rows = torch.empty(n, width, dtype=out_dtype, device=cache.device)
+    for start in range(0, n, chunk):
+        slots = torch.arange(start, min(start + chunk, n), device=cache.device)
+        x = gather_tokens(cache, slots, scale_rounding=scale_rounding)[:, :width]
+        part = x.to(torch.bfloat16) if dtype == "bf16" else _to_e4m3(x / scale.to(x.device))
+        rows[start : start + len(slots)] = part
+    return rows.view(num_pages, 1, page_size, width), scale if dtype == "e4m3" else None
+
+
+def plain_rows_scale(
+    cache: torch.Tensor,
+    *,
+    width: int = PLAIN_ROW_WIDTH,
+    scale_rounding: str | None = None,
+    chunk: int = PLAIN_ROW_CHUNK,
+) -> torch.Tensor:
+    """One fp32 e4m3 scale for a cache's plain rows: amax / 448 of the finite values (the
+    NaN-poisoned unused slots do not count), floored at FLT_MIN."""
+    n = cache.shape[0] * cache.shape[1]
+    amax = torch.zeros((), dtype=torch.float32, device=cache.device)
+    for start in range(0, n, chunk):
+        slots = torch.arange(start, min(start + chunk, n), device=cache.device)
+        x = gather_tokens(cache, slots, scale_rounding=scale_rounding)[:, :width].abs()
+        amax = torch.maximum(amax, torch.where(torch.isfinite(x), x, 0.0).amax())
+    return e4m3_scale(amax)
+
+
+def e4m3_scale(amax: torch.Tensor) -> torch.Tensor:
+    """A per-tensor e4m3 scale amax / 448 (fp32); an all-zero tensor still gets a scale."""
+    return _over_e4m3_max(amax.float()).clamp_min(FLT_MIN)

@@ -351,7 +351,8 @@ def test_a_dotted_plugin_loads_from_the_current_directory_as_in_the_readme(monke
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT), ".")])
     for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
         monkeypatch.delitem(sys.modules, name)
-    assert "crashy" in backends.load_plugin("tests.plugins.misbehaving")
+    backends.load_plugin("tests.plugins.misbehaving")  # raises PluginError if not importable
+    assert "tests.plugins.misbehaving" in sys.modules and "crashy" in backends.names()
 
 
 def pytest_run(*args) -> subprocess.CompletedProcess:

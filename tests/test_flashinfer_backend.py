@@ -267,7 +267,7 @@ def test_supported(kw, arch):
         (V4, "cpu", "sm100 and sm120 only, not cpu"),
         ({**V4, "op": "prefill", "tokens": 64}, "sm100", "sm100 are decode kernels (no prefill)"),
         ({**V4, "op": "dequant"}, "sm120", "no dequant kernel"),
-        ({**V4, "layout": "bf16"}, "sm100", "read a v32 or v4 FP8 cache, not bf16"),
+        ({**V4, "layout": "bf16"}, "sm100", "read a v32 or v4 FP8 cache, not layout bf16"),
         ({**V4, "layout": "v32"}, "sm100", "v32 cache with d_qk 576, not 512"),
         ({**V32, "d_qk": 512}, "sm120", "v32 cache with d_qk 576, not 512"),
         ({**V4, "d_v": 448}, "sm100", "d_v 512, not 448"),

@@ -22,6 +22,7 @@ from dsv4bench.backends import flashmla
 from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.flashmla import FlashMLA, KernelOps, ops_from_namespace, padded_heads
 from dsv4bench.case import Case
+from reference.layout_table import LAYOUTS
 
 DECODE_SCHEMA = (
     "sparse_decode_fwd(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, "
@@ -138,8 +139,8 @@ def test_supported(kw, arch):
         ({**V32, "op": "dequant"}, "sm90", "no dequant kernel"),
         ({**V32, "d_qk": 192}, "sm90", "d_qk 576 (V3.2) or 512 (V4), not 192"),
         ({**V32, "d_v": 128}, "sm90", "d_v 512, not 128"),
-        ({**V4, "layout": "bf16"}, "sm90", "not layout bf16 with d_qk 512"),
-        ({**V4, "layout": "v32"}, "sm90", "not layout v32 with d_qk 512"),
+        ({**V4, "layout": "bf16"}, "sm90", "read a v32 or v4 FP8 cache, not layout bf16"),
+        ({**V4, "layout": "v32"}, "sm90", "read the v32 cache with d_qk 576, not 512"),
         ({**V32, "topk": 100}, "sm90", "topk % 64 == 0, got 100"),
         ({**V4, "extra_topk": 96}, "sm90", "extra_topk % 64 == 0, got 96"),
         ({**V4, "topk": 0}, "sm90", "topk > 0"),
@@ -238,11 +239,11 @@ def test_env_lib_missing_file(monkeypatch, tmp_path, no_packages):
 
 def test_lib_dir_without_library(tmp_path, no_packages):
     b = FlashMLA()
-    b.lib_path = str(tmp_path)  # what the registry does with --flashmla-lib
+    b.lib = str(tmp_path)  # what --backend-opt flashmla.lib=PATH gives
     with pytest.raises(Unsupported) as e:
         b.provider()
     assert str(tmp_path / flashmla.LIB_FILE) in str(e.value)
-    assert "--flashmla-lib" in str(e.value)
+    assert "flashmla.lib" in str(e.value)
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / ".kernels" / "flashmla-vllm-0.26.0"
@@ -252,7 +253,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / ".kernels" / "flashmla-vllm-0.26
 @pytest.mark.skipif(torch.cuda.is_available(), reason="loads for real where CUDA torch exists")
 def test_shipped_library_does_not_load_on_cpu_torch(no_packages):
     with pytest.raises(Unsupported, match="cannot load FlashMLA library .*_flashmla_C.abi3.so"):
-        FlashMLA(lib_path=str(SHIPPED)).provider()
+        FlashMLA(lib=str(SHIPPED)).provider()
 
 
 def test_provider_from_injected_ops():
@@ -282,7 +283,7 @@ def decode_inputs(case: Case, with_sink: bool = True) -> dict:
     x = {
         "q": torch.randn(b, s_q, h, case.d_qk).to(torch.bfloat16),
         "k_cache": torch.zeros(
-            2, case.page_size, 1, flashmla.CACHE_BYTES[case.layout], dtype=torch.uint8
+            2, case.page_size, 1, LAYOUTS[case.layout].token_bytes, dtype=torch.uint8
         ),
         "indices": torch.zeros(b, s_q, case.topk, dtype=torch.int32),
         "topk_length": None,

@@ -52,10 +52,11 @@ def test_peak_memory_is_independent_of_token_count(mode: str) -> None:
     large = measure(mode, 4096, 16, 128, block)
     for r in (small, large):
         assert r["extra"] - r["out_bytes"] < 1.25 * block + SLACK
-    # 8x the tokens: the memory beyond the outputs stays the same.
+    # 8x the tokens: the memory beyond the outputs grows by less than one block (prefill's
+    # whole-kv fp32 table takes up to half a block when it fits), never with the tokens
     assert (
         abs((large["extra"] - large["out_bytes"]) - (small["extra"] - small["out_bytes"]))
-        < 32 * MiB
+        < block + 16 * MiB
     )
 
 

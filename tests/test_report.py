@@ -507,10 +507,12 @@ def test_kernel_lines_get_short_labels_and_serving_parts_are_not_drawn(tmp_path)
 
 
 def test_serving_routes_and_lines():
-    from dsv4bench.report.render import Report, _route_order
+    from dsv4bench.report.fmt import route_order
+    from dsv4bench.report.render import Report
+    from dsv4bench.report.sections.serving import _route_title
 
     routes = ["threshold:11673", "safe", "decode-kernel", "sparse-prefill", "threshold:900"]
-    assert sorted(routes, key=_route_order) == [
+    assert sorted(routes, key=route_order) == [
         "sparse-prefill",
         "decode-kernel",
         "threshold:900",
@@ -522,16 +524,16 @@ def test_serving_routes_and_lines():
         {"kind": "serving", "route": "decode-kernel", "model": "v4-flash"},
     ]
     rep = Report([], Path("."), [Path(".")])
-    assert rep._route_title("safe", rows) == "safe (measured limit 11622)"
-    assert rep._route_title("threshold:11673", rows) == "threshold:11673 (sglang DSv4)"
-    assert rep._route_title("decode-kernel", rows) == "decode-kernel (b = chunk tokens)"
+    assert _route_title(rep, "safe", rows) == "safe (measured limit 11622)"
+    assert _route_title(rep, "threshold:11673", rows) == "threshold:11673 (sglang DSv4)"
+    assert _route_title(rep, "decode-kernel", rows) == "decode-kernel (b = chunk tokens)"
     limit = {
         "kind": "limit",
         "last_ok": 11600,
         "params": {"model": "v4-flash", "route": "decode-kernel"},
     }
     rep = Report([limit], Path("."), [Path(".")])
-    assert rep._route_title("safe", rows[1:]) == "safe (measured limit 11600)"
+    assert _route_title(rep, "safe", rows[1:]) == "safe (measured limit 11600)"
 
 
 def test_tpot_backends_from_several_scenarios(tmp_path):

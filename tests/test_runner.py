@@ -108,7 +108,7 @@ def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tm
     assert [r["status"] for r in rows] == ["ok", "ok"]
     raw_row, pow2_row = rows
     assert raw_row["accuracy"]["cos_diff"] == 0  # against the oracle reading scales as bf16
-    assert raw_row["info"]["v32_scale_reading"] == "bf16"
+    assert raw_row["scale_reading"] == "bf16" and raw_row["tolerance"]["cos_diff"] == 5e-6
     assert raw_row["info"]["vs_exact_scales"]["cos_diff"] > 0  # bf16 scales do move it
     assert pow2_row["info"]["vs_exact_scales"]["cos_diff"] == 0  # powers of two survive
 

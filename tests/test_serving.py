@@ -474,7 +474,7 @@ def test_spec_from_dict_rejects(bad, match):
 def test_sampled_cases_build_and_run_on_the_oracle():
     """One case of every (op, route, layer kind) builds inputs and runs the oracle on a CPU."""
     from dsv4bench import inputs
-    from dsv4bench.backends.torch_ref import oracle_call
+    from dsv4bench.oracle import oracle_call
 
     for model in ("v4-flash", "v3.2"):
         spec = _spec(

@@ -255,7 +255,7 @@ def test_prepare_rejects():
     with pytest.raises(Unsupported, match="triton decode reads the v32 cache"):
         b.prepare(_case("decode", layout="bf16"), {}, "cpu")
     x = case_inputs.make_inputs(V4_DEQUANT, "cpu")
-    with pytest.raises(ValueError, match="not a v32 cache"):
+    with pytest.raises(ValueError, match="k_cache rows are 584 B, layout v32 needs 656"):
         b.prepare(V32_DEQUANT, x, "cpu")
 
 

@@ -3,16 +3,23 @@
 A plugin module registers its backends by calling `register(...)` when imported, or by
 defining `BACKENDS` (a list of Backend objects). An entry point names a Backend subclass, a
 Backend object, or a zero-argument factory returning one or a list of them.
+
+Instances: `configure(base, options, name)` builds a backend with other options (see
+Backend.options) and registers it under `name` (default: replaces `base` itself), so two
+FlashMLA builds or FlashInfer bf16 and e4m3 run side by side. Workers repeat the same calls
+from `configured()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
 
@@ -20,11 +27,16 @@ __all__ = ["Backend", "Output", "Prepared", "Provider", "Unsupported", "register
 
 ENTRY_POINT_GROUP = "dsv4bench.backends"
 _REGISTRY: dict[str, Backend] = {}
+_CONFIGURED: dict[str, dict] = {}  # instance name -> {"name", "base", "options"}, in order
 _loaded_builtin = False
 
 
 class PluginError(Exception):
     """A plugin could not be loaded; the message is one line for the user."""
+
+
+class OptionError(PluginError):
+    """A backend option that does not exist or does not fit; the message is one line."""
 
 
 def register(backend: Backend, *, replace: bool = False) -> Backend:
@@ -53,8 +65,8 @@ def _load_builtin() -> None:
     register(torch_ref.TorchReference())
     register(flashmla.FlashMLA())
     register(flashinfer.FlashInfer())
-    # FlashInfer with an FP8 (e4m3) KV variant, until `--backend-opt flashinfer.kv_dtype=e4m3`
-    # instances exist: scenarios compare both variants side by side
+    # FlashInfer's FP8 (e4m3) KV variant under its own name, as shipped scenarios name it
+    # (the same instance as {name: flashinfer, as: flashinfer-e4m3, kv_dtype: e4m3})
     e4m3 = flashinfer.FlashInfer(kv_dtype="e4m3")
     e4m3.name = "flashinfer-e4m3"
     register(e4m3)
@@ -110,14 +122,99 @@ def load_entry_points() -> list[str]:
     return sorted(set(_REGISTRY) - before)
 
 
-def setup(plugins: list[str] = (), flashmla_lib: str | None = None) -> None:
-    """Load shipped backends, entry points and plugins; configure library paths."""
+def setup(plugins: list[str] = (), instances: list[dict] = ()) -> None:
+    """Load shipped backends, entry points and plugins; then build `instances` (configured())."""
     _load_builtin()
-    if flashmla_lib:
-        _REGISTRY["flashmla"].lib_path = flashmla_lib
     load_entry_points()
     for module in plugins:
         load_plugin(module)
+    configure_all(instances)
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    """An option value as the type of its default (a command line gives text)."""
+    kind = type(default)
+    if default is None or isinstance(value, kind) or (kind is float and type(value) is int):
+        return value
+    if isinstance(value, str):
+        with contextlib.suppress(KeyError, ValueError):
+            if kind is bool:
+                return {"true": True, "1": True, "false": False, "0": False}[value.lower()]
+            return kind(value)
+    raise OptionError(f"{where}: expected {kind.__name__}, got {value!r}")
+
+
+def configure(base: str, options: dict, name: str | None = None, origin: str = "") -> Backend:
+    """Register `base` built with `options` under `name` (default: `base` itself, replaced).
+
+    Options not given keep the value `base`'s registered instance has, so an instance
+    defined in a scenario inherits `--backend-opt` settings. `origin` prefixes errors."""
+    where = f"{origin}: " if origin else ""
+    try:
+        proto = get(base)
+    except KeyError as e:
+        raise OptionError(f"{where}{e.args[0]}") from None
+    declared = type(proto).options
+    values = proto.option_values()
+    for key, value in options.items():
+        if key not in declared:
+            has = ", ".join(declared) or "none"
+            raise OptionError(f"{where}{base}: unknown option {key!r} (options: {has})")
+        values[key] = _coerce(value, declared[key], f"{where}{base}.{key}")
+    name = name or base
+    try:
+        backend = type(proto)(**values)
+    except (TypeError, ValueError) as e:
+        raise OptionError(f"{where}{base}: {e}") from None
+    backend.name = name
+    old = _CONFIGURED.get(name)
+    if name != base and old is not None and (old["base"], old["options"]) != (base, values):
+        raise OptionError(f"{where}backend {name!r} is already defined with other options")
+    existing = _REGISTRY.get(name) if name != base and old is None else None
+    # a registered backend of that name is fine only if it is this very instance
+    if existing is not None and not (
+        type(existing) is type(backend) and existing.option_values() == values
+    ):
+        raise OptionError(f"{where}backend {name!r} already exists; choose another `as` name")
+    _REGISTRY[name] = backend
+    _CONFIGURED[name] = {"name": name, "base": base, "options": values}
+    return backend
+
+
+def parse_option(text: str) -> tuple[str, str, str]:
+    """`NAME.OPTION=VALUE` (a --backend-opt) -> (name, option, value)."""
+    head, eq, value = text.partition("=")
+    name, dot, key = head.partition(".")
+    if not (eq and dot and name and key):
+        raise OptionError(f"--backend-opt {text}: expected BACKEND.OPTION=VALUE")
+    return name, key, value
+
+
+def apply_options(texts: list[str]) -> None:
+    """`--backend-opt NAME.OPTION=VALUE`s: each named backend rebuilt once with all of its."""
+    per_backend: dict[str, dict] = {}
+    for text in texts:
+        name, key, value = parse_option(text)
+        per_backend.setdefault(name, {})[key] = value
+    for name, values in per_backend.items():
+        configure(name, values, origin="--backend-opt")
+
+
+def configure_all(instances: list[dict]) -> None:
+    """A scenario's instance entries ({"name", "base", "options", "origin"})."""
+    for inst in instances:
+        configure(inst["base"], inst["options"], inst["name"], inst.get("origin", ""))
+
+
+def configured() -> list[dict]:
+    """The instances built so far, for a worker to build the same ones."""
+    return list(_CONFIGURED.values())
+
+
+def catalog() -> dict[str, dict[str, Any]]:
+    """Every registered name -> its declared options (what a scenario may set)."""
+    _load_builtin()
+    return {n: dict(type(b).options) for n, b in sorted(_REGISTRY.items())}
 
 
 def get(name: str) -> Backend:

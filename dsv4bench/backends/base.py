@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4bench.case import Case
+from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
 
 @dataclass
@@ -87,15 +88,32 @@ class LazyOps:
 class Backend:
     """Subclass, set the class attributes, implement supports() and prepare().
 
-    Adding a kernel means adding one such class and registering it (see registry)."""
+    Adding a kernel means adding one such class and registering it (see registry).
 
-    name: str = ""
+    Options: a backend's own settings (a library path, a cache dtype) are keyword arguments of
+    its constructor with defaults, stored as attributes of the same name, and declared in the
+    class attribute `options` (name -> default). `--backend-opt NAME.OPTION=VALUE` and a
+    scenario's `backends: [{name: NAME, as: INSTANCE, OPTION: VALUE}]` build instances from
+    them (see registry.configure); nothing else in the suite knows a backend's options.
+    """
+
+    name: str = ""  # the instance name rows carry; the class's own `name` is the base name
     description: str = ""
     archs: tuple[str, ...] = ()  # "cpu", "sm90", "sm100", "sm120"
     ops: tuple[str, ...] = ()
     # Its answers are the oracle's own: its rows are reference rows (a timing baseline), and
     # an accuracy of the oracle against itself would check nothing.
     is_oracle: bool = False
+
+    options: dict[str, Any] = {}  # option name -> default (a constructor keyword, an attribute)
+
+    @property
+    def base(self) -> str:
+        """The backend this instance was built from ("flashmla" for "flashmla-0.33")."""
+        return type(self).name or self.name
+
+    def option_values(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in type(self).options}
 
     def provider(self) -> Provider:
         """Find the kernel library (lazily, on first call); raise Unsupported if it is absent."""
@@ -115,6 +133,23 @@ class Backend:
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         raise NotImplementedError
+
+
+def fp8_cache_reason(case: Case, kernel: str) -> str | None:
+    """Why `kernel`, which reads the FP8 caches, cannot take the case's layout; None if it can."""
+    lay = LAYOUTS.get(case.layout)
+    if lay is None or not lay.fp8:
+        return f"{kernel} read a {' or '.join(FP8_LAYOUTS)} FP8 cache, not layout {case.layout}"
+    if lay.d_qk != case.d_qk:
+        return f"{kernel} read the {case.layout} cache with d_qk {lay.d_qk}, not {case.d_qk}"
+    return None
+
+
+def check_cache_width(case: Case, name: str, cache) -> None:
+    """A cache tensor's last dim must be the bytes per token of the case's layout."""
+    width = LAYOUTS[case.layout].token_bytes
+    if cache.shape[-1] != width:
+        raise ValueError(f"{name} rows are {cache.shape[-1]} B, layout {case.layout} needs {width}")
 
 
 def pad_heads(x, heads: int, dim: int):

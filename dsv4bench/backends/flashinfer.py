@@ -73,6 +73,8 @@ from dsv4bench.backends.base import (
     Prepared,
     Provider,
     Unsupported,
+    check_cache_width,
+    fp8_cache_reason,
     pad_heads,
     pad_sink,
 )
@@ -80,8 +82,6 @@ from dsv4bench.case import Case
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
 ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and sm120 only"
-LAYOUT_D_QK = {"v32": 576, "v4": 512}
-CACHE_BYTES = {"v32": 656, "v4": 584}
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
 KV_DTYPES = ("bf16", "e4m3")  # plain-row dtypes for trtllm-gen
 SWA_WIDTH = 128  # trtllm-gen DSv4: the first 128 index columns are the window (SWA) pool
@@ -193,12 +193,9 @@ def pad_indices(idx, width: int):
     """Pad the last dim of idx with -1 up to exactly `width` (>= its width); int32, contiguous."""
     import torch
 
-    have = idx.shape[-1]
-    if width < have:
-        raise ValueError(f"cannot pad index width {have} down to {width}")
-    out = idx.new_full((*idx.shape[:-1], width), -1, dtype=torch.int32)
-    out[..., :have] = idx
-    return out.contiguous()
+    from reference.indices import pad_to
+
+    return pad_to(idx, width).to(torch.int32).contiguous()
 
 
 def valid_first(idx):
@@ -225,60 +222,22 @@ def apply_length(idx, length):
     return idx.masked_fill(cols >= length.to(idx.device).view(-1, 1, 1), -1)
 
 
-def cache_amax(cache, chunk: int = CONVERT_CHUNK) -> float:
-    """max |x| over the finite dequantized values of an FP8 cache (for a per-tensor e4m3
-    scale); slots holding NaN (unused slots, as the inputs poison them) do not count."""
-    import torch
-
+def cache_scale(cache, chunk: int = CONVERT_CHUNK):
+    """The per-tensor e4m3 scale of a cache's plain rows (all of d_qk)."""
     from reference import layouts
 
-    n = cache.shape[0] * cache.shape[1]
-    amax = torch.zeros((), dtype=torch.float32, device=cache.device)
-    for s in range(0, n, chunk):
-        slots = torch.arange(s, min(s + chunk, n), device=cache.device)
-        x = layouts.gather_tokens(cache, slots).abs()
-        amax = torch.maximum(amax, torch.where(torch.isfinite(x), x, 0.0).amax())
-    return float(amax)
-
-
-def e4m3_scale(amax: float):
-    """Per-tensor scale amax / 448 (fp32, floored at FLT_MIN), as reference.layouts writes it."""
-    import torch
-
-    a = torch.tensor(amax, dtype=torch.float32)
-    return (a / torch.full((), E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
+    return layouts.plain_rows_scale(cache, width=layouts.head_dim_of(cache), chunk=chunk)
 
 
 def plain_rows(cache, *, dtype: str = "bf16", scale=None, chunk: int = CONVERT_CHUNK):
-    """FP8 cache -> plain rows [pages, 1, P, d_qk] (all of d_qk: 576 for V3.2, 512 for V4).
-
-    dtype "bf16": the dequantized values rounded to bf16 (exact for V4 and power-of-two V3.2
-    scales). "e4m3": e4m3(x / scale) with one fp32 scale for the tensor (given, to share it
-    between pools, or amax / 448). Dequantizes `chunk` tokens at a time. Returns (rows, scale).
-    For V4 this equals reference.layouts.to_plain_rows.
-    """
-    import torch
-
+    """FP8 cache -> plain rows [pages, 1, P, d_qk] (all of d_qk: 576 for V3.2, 512 for V4) and
+    the e4m3 scale (None for bf16): reference.layouts.to_plain_rows at the full width."""
     from reference import layouts
 
     if dtype not in KV_DTYPES:
         raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
-    pages, page_size = cache.shape[:2]
-    d = layouts.head_dim_of(cache)
-    n = pages * page_size
-    if dtype == "e4m3" and scale is None:
-        scale = e4m3_scale(cache_amax(cache, chunk))
-    out_dtype = torch.bfloat16 if dtype == "bf16" else torch.float8_e4m3fn
-    rows = torch.empty(n, d, dtype=out_dtype, device=cache.device)
-    for s in range(0, n, chunk):
-        slots = torch.arange(s, min(s + chunk, n), device=cache.device)
-        x = layouts.gather_tokens(cache, slots)
-        if dtype == "bf16":
-            rows[s : s + len(slots)] = x.to(torch.bfloat16)
-        else:
-            y = x / scale.to(x.device)
-            rows[s : s + len(slots)] = y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return rows.view(pages, 1, page_size, d), (scale if dtype == "e4m3" else None)
+    width = layouts.head_dim_of(cache)
+    return layouts.to_plain_rows(cache, dtype=dtype, width=width, scale=scale, chunk=chunk)
 
 
 def repage_v4(cache, page_size: int = SM120_PAGE):
@@ -384,13 +343,9 @@ class FlashInfer(Backend):
             return flashinfer_fa3.supports(case)
         if case.op != "decode":
             return f"FlashInfer's sparse MLA kernels on {arch} are decode kernels (no {case.op})"
-        if case.layout not in LAYOUT_D_QK:
-            return f"FlashInfer's sparse MLA kernels read a v32 or v4 FP8 cache, not {case.layout}"
-        if LAYOUT_D_QK[case.layout] != case.d_qk:
-            return (
-                f"FlashInfer reads the {case.layout} cache with d_qk "
-                f"{LAYOUT_D_QK[case.layout]}, not {case.d_qk}"
-            )
+        reason = fp8_cache_reason(case, "FlashInfer's sparse MLA kernels")
+        if reason:
+            return reason
         if case.d_v != 512:
             return f"FlashInfer's sparse MLA kernels take d_v 512, not {case.d_v}"
         if case.topk <= 0:
@@ -458,11 +413,8 @@ class FlashInfer(Backend):
             )
         x = dict(inputs)
         for k in ("k_cache", "extra_k_cache"):
-            if x.get(k) is not None and x[k].shape[-1] != CACHE_BYTES[case.layout]:
-                raise ValueError(
-                    f"{k} rows are {x[k].shape[-1]} B, layout {case.layout} needs "
-                    f"{CACHE_BYTES[case.layout]}"
-                )
+            if x.get(k) is not None:
+                check_cache_width(case, k, x[k])
         x["indices"] = apply_length(x["indices"], x.get("topk_length"))
         if x.get("extra_indices") is not None:
             x["extra_indices"] = apply_length(x["extra_indices"], x.get("extra_topk_length"))
@@ -480,12 +432,14 @@ class FlashInfer(Backend):
         """Query rows (T, 1, heads, d) in the kv dtype, and (bmm1 factor, bmm2 scale)."""
         import torch
 
+        from reference import layouts
+
         b, s_q, h, d = q.shape
         qp = pad_heads(q.reshape(b * s_q, 1, h, d), heads, 2)
         if self.kv_dtype == "bf16":
             return qp.to(torch.bfloat16), 1.0, 1.0
         qf = qp.float()
-        qscale = e4m3_scale(float(qf.abs().amax()))
+        qscale = layouts.e4m3_scale(qf.abs().amax())
         q8 = (qf / qscale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         return q8, float(qscale) * float(kscale), float(kscale)
 
@@ -555,7 +509,7 @@ class FlashInfer(Backend):
         caches = [x["k_cache"]] + ([x["extra_k_cache"]] if extra is not None else [])
         scale = None
         if self.kv_dtype == "e4m3":  # one bmm scale for both pools: one shared kv scale
-            scale = e4m3_scale(max(cache_amax(c) for c in caches))
+            scale = max((cache_scale(c) for c in caches), key=float)
         pools = [plain_rows(c, dtype=self.kv_dtype, scale=scale)[0] for c in caches]
         query, qk, bmm2 = self._query(q, heads, scale if scale is not None else 1.0)
         out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)

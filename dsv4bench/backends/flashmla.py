@@ -34,6 +34,8 @@ from dsv4bench.backends.base import (
     Prepared,
     Provider,
     Unsupported,
+    check_cache_width,
+    fp8_cache_reason,
     pad_heads,
     pad_sink,
 )
@@ -41,9 +43,10 @@ from dsv4bench.case import ROUTES, Case
 
 ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
 LIB_FILE = "_flashmla_C.abi3.so"
-NOT_FOUND = "FlashMLA not found: install flash_mla, vllm or sgl-kernel, or pass --flashmla-lib PATH"
-CACHE_BYTES = {"v32": 656, "v4": 584}  # bytes per token; the kernel infers the format from d_qk
-LAYOUT_D_QK = {"v32": 576, "v4": 512}
+NOT_FOUND = (
+    "FlashMLA not found: install flash_mla, vllm or sgl-kernel, "
+    "or pass --backend-opt flashmla.lib=PATH"
+)
 DECODE_TOPK_BLOCK = 64  # B_TOPK of every sparse decode kernel (asserts topk % B_TOPK == 0)
 PREFILL_TOPK_BLOCK = 128  # sm90 prefill asserts topk % (2 * B_TOPK=64); engines pad to 128
 
@@ -153,7 +156,7 @@ def _from_file(path: str) -> KernelOps:
     p = Path(path).expanduser()
     so = p / LIB_FILE if p.is_dir() else p
     if not so.is_file():
-        raise Unsupported(f"FlashMLA library not found: {so} (from --flashmla-lib or {ENV_LIB})")
+        raise Unsupported(f"FlashMLA library not found: {so} (from flashmla.lib or {ENV_LIB})")
     try:
         torch.ops.load_library(str(so))
     except Exception as e:  # built for another torch/CUDA, or a CPU-only torch
@@ -227,19 +230,20 @@ class FlashMLA(Backend):
     description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
     archs = ("sm90", "sm100")
     ops = ("decode", "prefill")
+    options = {"lib": None}  # a FlashMLA op library (.so or its directory); None: discover()
 
-    def __init__(self, lib_path: str | None = None, ops: KernelOps | Callable | None = None):
-        self._lib_path = lib_path
+    def __init__(self, lib: str | None = None, ops: KernelOps | Callable | None = None):
+        self._lib = lib
         # injected KernelOps (or a factory of one) instead of discovery
-        self._found = LazyOps(ops, lambda: discover(self._lib_path))
+        self._found = LazyOps(ops, lambda: discover(self._lib))
 
     @property
-    def lib_path(self) -> str | None:
-        return self._lib_path
+    def lib(self) -> str | None:
+        return self._lib
 
-    @lib_path.setter
-    def lib_path(self, value: str | None) -> None:
-        self._lib_path = value
+    @lib.setter
+    def lib(self, value: str | None) -> None:
+        self._lib = value
         self._found.reset()
 
     def kernel_ops(self) -> KernelOps:
@@ -262,11 +266,9 @@ class FlashMLA(Backend):
         if case.op == "prefill" and case.route not in ROUTES:
             return f"FlashMLA has no prefill route {case.route!r} (has: {', '.join(ROUTES)})"
         if uses_decode_kernel(case):
-            if LAYOUT_D_QK.get(case.layout) != case.d_qk:
-                return (
-                    "FlashMLA sparse decode reads the v32 cache with d_qk 576 or the v4 cache "
-                    f"with d_qk 512, not layout {case.layout} with d_qk {case.d_qk}"
-                )
+            reason = fp8_cache_reason(case, "FlashMLA's sparse decode kernels")
+            if reason:
+                return reason
             if case.topk <= 0:
                 return "FlashMLA sparse decode needs topk > 0"
             for what, k in (("topk", case.topk), ("extra_topk", case.extra_topk)):
@@ -294,11 +296,7 @@ class FlashMLA(Backend):
     def _prepare_decode(self, case: Case, x: dict, ops: KernelOps, heads: int, arch: str):
         q, kv = x["q"], x["k_cache"]
         b, s_q, h, _ = q.shape
-        if kv.shape[-1] != CACHE_BYTES[case.layout]:
-            raise ValueError(
-                f"k_cache rows are {kv.shape[-1]} B, layout {case.layout} needs "
-                f"{CACHE_BYTES[case.layout]}"
-            )
+        check_cache_width(case, "k_cache", kv)
         topk_length = x.get("topk_length")
         if arch == "sm90" and case.d_qk == 576 and topk_length is not None:
             raise Unsupported("FlashMLA's sm90 V3.2 (d_qk 576) decode kernel takes no topk_length")

@@ -1,93 +1,16 @@
-"""The oracle run as a kernel: the timing baseline and the CPU default; also makes `expected`."""
+"""The oracle run as a kernel: the timing baseline and the CPU default (dsv4bench.oracle)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from dsv4bench.backends.base import Backend, Output, Prepared, Provider
-from dsv4bench.case import Case
-from reference import attention, indices, layouts
-
-
-def oracle_call(
-    case: Case, inputs: dict, scale_rounding: str | None = None
-) -> Callable[[], Output]:
-    """A zero-argument call computing the oracle's answer for this case and inputs."""
-    x = inputs
-    if case.op == "decode" or (case.op == "prefill" and case.route == "decode-kernel"):
-
-        def decode() -> Output:
-            out, lse = attention.sparse_mla_decode(
-                x["q"],
-                x["k_cache"],
-                x["indices"],
-                case.scale,
-                d_v=case.d_v,
-                topk_length=x.get("topk_length"),
-                attn_sink=x.get("attn_sink"),
-                extra_k_cache=x.get("extra_k_cache"),
-                extra_indices=x.get("extra_indices"),
-                extra_topk_length=x.get("extra_topk_length"),
-                scale_rounding=scale_rounding,
-            )
-            if case.op == "prefill":  # b = tokens, s_q = 1 -> the prefill shapes
-                return Output(out[:, 0], lse[:, :, 0])
-            return Output(out, lse)
-
-        return decode
-    if case.op == "prefill":
-
-        def prefill() -> Output:
-            out, _max_logits, lse = attention.sparse_mla_prefill(
-                x["q"],
-                x["kv"],
-                x["indices"],
-                case.scale,
-                d_v=case.d_v,
-                attn_sink=x.get("attn_sink"),
-                topk_length=x.get("topk_length"),
-            )
-            return Output(out, lse)
-
-        return prefill
-    if case.op == "dequant":
-        return lambda: Output(
-            layouts.to_workspace(x["k_cache"], scale_rounding=scale_rounding).squeeze(1)
-        )
-    if case.op == "remap":
-        return lambda: Output(
-            indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
-        )
-    if case.op == "indexer":
-        return lambda: indexer_call(case, x)
-    raise ValueError(f"no oracle for op {case.op!r}")
-
-
-def indexer_call(case: Case, x: dict) -> Output:
-    """The indexer oracle: logits in DeepGEMM's paged or ragged form, then top-k."""
-    from dsv4bench import indexer_case
-    from reference import indexer
-
-    if "kv" in x:
-        logits = indexer.mqa_logits(
-            x["q"], (x["kv"], x["kv_scales"]), x["weights"], x["ks"], x["ke"]
-        )
-    else:
-        logits = indexer.paged_mqa_logits(
-            x["q"],
-            x["kv_cache"],
-            x["weights"],
-            x["context_lens"],
-            x["block_table"],
-            indexer_case.keys(case),
-        )
-    return Output(logits, None, indexer.topk_indices(logits, case.topk))
+from dsv4bench.backends.base import Backend, Prepared, Provider
+from dsv4bench.case import ARCHS, Case
+from dsv4bench.oracle import oracle_call
 
 
 class TorchReference(Backend):
     name = "torch"
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
-    archs = ("cpu", "sm90", "sm100", "sm120")
+    archs = ARCHS
     ops = ("decode", "prefill", "dequant", "remap", "indexer")
     is_oracle = True
 

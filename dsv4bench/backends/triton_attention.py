@@ -31,11 +31,14 @@ from typing import Any
 from dsv4bench.backends import triton_kernels as tk
 from dsv4bench.backends.base import Output, Prepared, Unsupported
 from dsv4bench.case import Case
+from reference.layout_table import LAYOUTS
 
 tl: Any = None  # set by _load(), as in triton_kernels
 LOG2E = 1.4426950408889634
 LAYOUT_IDS = {"bf16": 0, "v32": 1, "v4": 2}
-CACHE_WIDTH = {"v32": 656, "v4": 584}
+KERNEL_LAYOUTS = ("v32", "v4")  # the FP8 caches the decode kernel parses (its LAYOUT_IDS)
+CACHE_WIDTH = {name: LAYOUTS[name].token_bytes for name in KERNEL_LAYOUTS}
+CACHE_D_QK = {name: LAYOUTS[name].d_qk for name in KERNEL_LAYOUTS}
 D_V = 512
 CPU_SMS = 4  # the interpreter's "SM count": few programs, yet small cases still split
 MAX_SPLITS = 64
@@ -439,9 +442,10 @@ def _cache_views(cache):
     import torch
 
     width = cache.shape[-1] if cache.dim() == 4 else None
-    layout = {584: "v4", 656: "v32"}.get(width)
+    layout = {w: name for name, w in CACHE_WIDTH.items()}.get(width)
     if layout is None:
-        raise ValueError(f"cache must be (pages, P, 1, 656 | 584), got {tuple(cache.shape)}")
+        widths = " | ".join(str(w) for w in CACHE_WIDTH.values())
+        raise ValueError(f"cache must be (pages, P, 1, {widths}), got {tuple(cache.shape)}")
     u8 = tk._cache_u8(cache, layout)
     align = 4 if layout == "v32" else 2
     if u8.data_ptr() % align or any(s % align for s in u8.stride()[:2]):
@@ -534,8 +538,8 @@ def attention_launcher(
         b, s_q, h, d_qk = q.shape
         tokens, lens_div = b * s_q, s_q
         layout, *main = _cache_views(kv)
-        if {"v32": 576, "v4": 512}[layout] != d_qk:
-            raise ValueError(f"a {layout} cache holds d_qk {576 if layout == 'v32' else 512}")
+        if CACHE_D_QK[layout] != d_qk:
+            raise ValueError(f"a {layout} cache holds d_qk {CACHE_D_QK[layout]}")
         num_slots = kv.shape[0] * kv.shape[1]
         if indices.shape[:2] != (b, s_q):
             raise ValueError(f"indices must be ({b}, {s_q}, topk), got {tuple(indices.shape)}")
@@ -710,7 +714,7 @@ def case_reason(case: Case) -> str | None:
     if case.d_v != D_V:
         return f"triton attention writes d_v {D_V}, not {case.d_v}"
     if uses_decode_kernel(case):
-        if case.layout not in CACHE_WIDTH or tk.LAYOUT_D_QK[case.layout] != case.d_qk:
+        if case.layout not in CACHE_WIDTH or CACHE_D_QK[case.layout] != case.d_qk:
             return (
                 "triton decode reads the v32 cache with d_qk 576 or the v4 cache with d_qk 512, "
                 f"not layout {case.layout} with d_qk {case.d_qk}"

@@ -29,11 +29,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bench.backends.base import Backend, Output, Prepared, Provider, Unsupported
+from dsv4bench.backends.base import (
+    Backend,
+    Output,
+    Prepared,
+    Provider,
+    Unsupported,
+    check_cache_width,
+    fp8_cache_reason,
+)
 from dsv4bench.case import Case
+from reference.layout_table import LAYOUTS, of_width
 
 NOT_FOUND = "Triton not found: pip install triton"
-LAYOUT_D_QK = {"v4": 512, "v32": 576}
 REMAP_POISON = -2  # neither -1 nor a slot: a remap that writes nothing is caught
 
 # launch shapes (not tuned on a GPU yet)
@@ -59,10 +67,44 @@ def _load():
         except ImportError as e:
             raise Unsupported(NOT_FOUND) from e
         triton, tl = _triton, _tl
+        _make_device_functions()
     return triton
 
 
+def _make_device_functions() -> None:
+    """Helpers the kernels call: a JITFunction for the compiler, which the interpreter (running
+    kernels as Python) calls as the plain function."""
+    global _scaled_e4m3_to_bf16
+    from triton.runtime.jit import JITFunction
+
+    class _DeviceFn(JITFunction):
+        def __call__(self, *args, **kwargs):
+            return self.fn(*args, **kwargs)
+
+    _scaled_e4m3_to_bf16 = _DeviceFn(_scaled_e4m3_to_bf16)
+
+
 # ---- kernels (plain functions, wrapped by _kernel) ------------------------------------------
+
+
+def _scaled_e4m3_to_bf16(q, scale):
+    """e4m3fn bytes times a float32 scale, rounded once to bf16, bit-exact as torch does it.
+
+    A device function of both dequant kernels (a _DeviceFn once Triton is loaded)."""
+    # e4m3fn -> float32 bits, exactly: normal (8 + m) * 2^(e - 10), subnormal m * 2^-9, 0x7f NaN
+    # (bit operations, not -x: Triton negates as 0 - x, which turns -0 into +0)
+    b = q.to(tl.uint32)
+    e = (b >> 3) & 15
+    m = b & 7
+    sub = (m.to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True)
+    mag = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
+    mag = tl.where((b & 127) == 127, 0x7FC00000, mag)
+    x = (mag | ((b & 128) << 24)).to(tl.float32, bitcast=True)  # the sign as a bit: -0 stays
+    v = (x * scale).to(tl.uint32, bitcast=True)
+    # float32 -> bf16, round to nearest even (torch's rule; NaN -> 0x7fc0)
+    r = (v + 0x7FFF + ((v >> 16) & 1)) >> 16
+    r = tl.where((v & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 def _dequant_v4_kernel(
@@ -98,20 +140,7 @@ def _dequant_v4_kernel(
     col = g[:, None] * 64 + j[None, :]  # [8, 64]
     mask3 = gmask[:, :, None] & (j[None, None, :] < 64)
     q = tl.load(cache_ptr + data[:, None, None] + col[None, :, :], mask=mask3, other=0)
-    # e4m3fn -> float32 bits, exactly: normal (8 + m) * 2^(e - 10), subnormal m * 2^-9, 0x7f NaN
-    # (bit operations, not -x: Triton negates as 0 - x, which turns -0 into +0)
-    b = q.to(tl.uint32)
-    e = (b >> 3) & 15
-    m = b & 7
-    sub = (m.to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True)
-    mag = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
-    mag = tl.where((b & 127) == 127, 0x7FC00000, mag)
-    x = (mag | ((b & 128) << 24)).to(tl.float32, bitcast=True)  # the sign as a bit: -0 stays
-    v = (x * scale[:, :, None]).to(tl.uint32, bitcast=True)
-    # float32 -> bf16, round to nearest even (torch's rule; NaN -> 0x7fc0)
-    r = (v + 0x7FFF + ((v >> 16) & 1)) >> 16
-    r = tl.where((v & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)
-    val = r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    val = _scaled_e4m3_to_bf16(q, scale[:, :, None])
     tl.store(out_ptr + out_row[:, None, None] + col[None, :, :], val, mask=mask3)
 
     # rope: 64 bf16 at data bytes 448..575, little endian, copied bit for bit
@@ -158,17 +187,7 @@ def _dequant_v32_kernel(
     col = t[:, None] * 128 + j[None, :]  # [4, 128]
     mask3 = rmask[:, None, None] & (col[None, :, :] < 512)
     q = tl.load(cache_ptr + rec[:, None, None] + col[None, :, :], mask=mask3, other=0)
-    b = q.to(tl.uint32)
-    e = (b >> 3) & 15
-    m = b & 7
-    sub = (m.to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True)
-    mag = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
-    mag = tl.where((b & 127) == 127, 0x7FC00000, mag)
-    x = (mag | ((b & 128) << 24)).to(tl.float32, bitcast=True)  # the sign as a bit: -0 stays
-    v = (x * scale[:, :, None]).to(tl.uint32, bitcast=True)
-    r = (v + 0x7FFF + ((v >> 16) & 1)) >> 16
-    r = tl.where((v & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)
-    val = r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    val = _scaled_e4m3_to_bf16(q, scale[:, :, None])
     tl.store(out_ptr + out_row[:, None, None] + col[None, :, :], val, mask=mask3)
 
     # rope: 64 bf16 at bytes 528..655
@@ -241,7 +260,7 @@ def _cache_u8(cache, layout: str):
     """The cache as uint8 (a view), checked for the shape and byte strides the kernel reads."""
     import torch
 
-    width = {"v4": 584, "v32": 656}[layout]
+    width = LAYOUTS[layout].token_bytes
     if not (
         isinstance(cache, torch.Tensor)
         and cache.dim() == 4
@@ -291,13 +310,13 @@ def dequant_launcher(cache, slots=None, out=None):
     """(launch, out): launch() dequantizes cache (V4 or V3.2, by its last dim) into out, a bf16
     (rows, d_qk) tensor (allocated here unless given), and returns out. All checks and
     allocations happen here; launch() is only the kernel launch."""
-    width = cache.shape[-1] if cache.dim() else None
-    layout = {584: "v4", 656: "v32"}.get(width)
-    if layout is None:
+    found = of_width(cache.shape[-1]) if cache.dim() else None
+    if found is None:
         raise ValueError(f"cache last dim must be 584 (V4) or 656 (V3.2), got {tuple(cache.shape)}")
+    layout = found.name
     u8 = _cache_u8(cache, layout)
     rows, slot_t = _rows(u8, slots, u8.device)
-    out = _out(out, rows, LAYOUT_D_QK[layout], u8.device)
+    out = _out(out, rows, found.d_qk, u8.device)
     if rows == 0:
         return (lambda: out), out
     kernel = _kernel(f"dequant_{layout}", u8.device)
@@ -382,13 +401,9 @@ def remap(local, block_table, page_size: int, out=None):
 def _case_reason(case: Case) -> str | None:
     """Why the kernels cannot take this case, whatever the arch; None if they can."""
     if case.op == "dequant":
-        if case.layout not in LAYOUT_D_QK:
-            return f"triton dequant reads the v4 and v32 FP8 caches, not layout {case.layout}"
-        if case.d_qk != LAYOUT_D_QK[case.layout]:
-            return (
-                f"triton dequant of a {case.layout} cache gives d_qk "
-                f"{LAYOUT_D_QK[case.layout]}, not {case.d_qk}"
-            )
+        reason = fp8_cache_reason(case, "triton dequant kernels")
+        if reason:
+            return reason
     if case.page_size < 1:
         return f"page_size must be >= 1, got {case.page_size}"
     return None
@@ -432,8 +447,7 @@ class TritonKernels(Backend):
             raise Unsupported(reason)
         if case.op == "dequant":
             cache = inputs["k_cache"]
-            if cache.shape[-1] != {"v4": 584, "v32": 656}[case.layout]:
-                raise ValueError(f"k_cache is {tuple(cache.shape)}, not a {case.layout} cache")
+            check_cache_width(case, "k_cache", cache)
             launch, out = dequant_launcher(cache)
             poison = lambda: out.fill_(float("nan"))
             kernel = f"dequant_{case.layout}"

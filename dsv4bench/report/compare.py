@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4bench.report import plots
-from dsv4bench.report.doc import Doc
 from dsv4bench.report.load import (
     accuracy_failure,
     is_probe,
     load_rows,
-    percentile,
     short,
 )
+from dsv4bench.timing import percentile
 
 MIN_SAMPLES = 5
 RULES = (
@@ -69,13 +68,13 @@ class Entry:
 # ----------------------------------------------------------------------------- rules
 
 
-def _n(timing: dict) -> int:
+def sample_count(timing: dict) -> int:
     n = timing.get("n")
     samples = timing.get("samples_ms") or []
     return int(n) if isinstance(n, (int, float)) else len(samples)
 
 
-def _spread(timing: dict) -> tuple[float | None, float | None, str]:
+def spread(timing: dict) -> tuple[float | None, float | None, str]:
     """(low, high) tail of a timing: p10/p90 from samples or the row, else q1/q3."""
     samples = [s for s in timing.get("samples_ms") or [] if isinstance(s, (int, float))]
     if len(samples) >= MIN_SAMPLES:
@@ -93,9 +92,9 @@ def time_change(base: dict, new: dict, threshold: float) -> tuple[float | None, 
     if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (bm, nm)):
         return None, "no timing", False
     ratio = nm / bm
-    b_lo, b_hi, how = _spread(base)
-    n_lo, n_hi, _ = _spread(new)
-    nb, nn = _n(base), _n(new)
+    b_lo, b_hi, how = spread(base)
+    n_lo, n_hi, _ = spread(new)
+    nb, nn = sample_count(base), sample_count(new)
     if ratio > 1 + threshold:
         if min(nb, nn) < MIN_SAMPLES:
             return ratio, f"slower, too few samples (n {nb}/{nn})", False
@@ -119,7 +118,7 @@ def _is_ok(row: dict) -> bool:
     return row.get("status") == "ok"
 
 
-def _accuracy_bad(row: dict) -> str | None:
+def accuracy_bad(row: dict) -> str | None:
     if row.get("status") == "incorrect":
         return short(row.get("message"), 100) or "incorrect"
     return accuracy_failure(row) if row.get("status") == "ok" else None
@@ -142,8 +141,8 @@ def judge(entry: Entry, threshold: float) -> None:
         )
         if slower:
             entry.regressions.append(("time", f"x{entry.ratio:.3f}: {entry.verdict}"))
-    if _is_ok(b) and _accuracy_bad(b) is None:
-        why = _accuracy_bad(n)
+    if _is_ok(b) and accuracy_bad(b) is None:
+        why = accuracy_bad(n)
         if why:
             entry.regressions.append(("accuracy", why))
     if _is_ok(b) and n.get("status") not in ("ok", "incorrect"):
@@ -184,16 +183,17 @@ def compare(
 ) -> tuple[int, list[Path]]:
     """Write compare.md (and compare-ratios.png) into out_dir; print a short summary.
     Returns (1 if any regression else 0, written files)."""
+    from dsv4bench.report import compare_doc  # it reads this module's Entry and rules
+
     base, new, out_dir = Path(base), Path(new), Path(out_dir)
     base_rows, new_rows = load_rows(base, "base"), load_rows(new, "new")
     entries = compare_rows(base_rows, new_rows, time_threshold)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     png = _ratio_png(entries, out_dir, time_threshold)
-    doc = _document(entries, base, new, time_threshold, png)
-    _serving_section(doc, base_rows, new_rows)
-    doc.heading("Rules")
-    doc.bullets(list(RULES))
+    doc = compare_doc.document(
+        compare_doc.Comparison(entries, base, new, time_threshold, png, base_rows, new_rows)
+    )
     md = out_dir / "compare.md"
     md.write_text(doc.to_markdown())
     files.append(md)
@@ -203,7 +203,7 @@ def compare(
     return (1 if any(e.regressions for e in entries) else 0), files
 
 
-def _counts(entries: list[Entry]) -> dict[str, int]:
+def counts(entries: list[Entry]) -> dict[str, int]:
     c = {"matched": 0, "only_base": 0, "only_new": 0, "regressions": 0}
     for e in entries:
         if e.base is not None and e.new is not None:
@@ -253,219 +253,9 @@ def _ratio_png(entries: list[Entry], out_dir: Path, threshold: float) -> Path | 
     return plots.save(fig, out_dir / "compare-ratios.png")
 
 
-def _ms(timing: dict | None) -> str:
-    v = (timing or {}).get("median_ms")
-    return f"{v:.4g}" if isinstance(v, (int, float)) else ""
-
-
-def _spread_text(timing: dict | None) -> str:
-    lo, hi, _ = _spread(timing or {})
-    return f"{lo:.4g}–{hi:.4g}" if lo is not None else ""
-
-
-def _document(entries, base: Path, new: Path, threshold: float, png: Path | None) -> Doc:
-    c = _counts(entries)
-    doc = Doc("dsv4bench compare")
-    doc.bullets(
-        [
-            f"base: `{base}`",
-            f"new: `{new}`",
-            f"time threshold: {threshold:g} (median and p10 ratios > {1 + threshold:g}, "
-            f"n >= {MIN_SAMPLES} on both sides, new p10 > base p90)",
-        ]
-    )
-    verdict = "**REGRESSION**" if c["regressions"] else "no regression"
-    doc.para(
-        f"{verdict}: {c['matched']} matched, {c['regressions']} with a regression "
-        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit); "
-        f"{c['only_base']} only in base, {c['only_new']} only in new."
-    )
-    doc.heading("Regressions")
-    if c["regressions"]:
-        doc.table(
-            ["kind", "case_id", "backend", "detail"],
-            [[k, f"`{e.case_id}`", e.backend, d] for e in entries for k, d in e.regressions],
-        )
-    else:
-        doc.para("None.")
-    timed = sorted((e for e in entries if e.ratio is not None), key=lambda e: -e.ratio)
-    if timed:
-        doc.heading("Time ratios, worst first")
-        if png:
-            doc.image(png, "time ratios new/base")
-        doc.table(
-            [
-                "case_id",
-                "backend",
-                "base ms",
-                "new ms",
-                "ratio",
-                "base p10–p90",
-                "new p10–p90",
-                "n base/new",
-                "verdict",
-            ],
-            [
-                [
-                    f"`{e.case_id}`",
-                    e.backend,
-                    _ms(e.base["timing"]),
-                    _ms(e.new["timing"]),
-                    f"{e.ratio:.3f}",
-                    _spread_text(e.base["timing"]),
-                    _spread_text(e.new["timing"]),
-                    f"{_n(e.base['timing'] or {})}/{_n(e.new['timing'] or {})}",
-                    e.verdict,
-                ]
-                for e in timed
-            ],
-        )
-    changed = [
-        e
-        for e in entries
-        if e.base
-        and e.new
-        and e.base.get("kind") == "case"
-        and e.base.get("status") != e.new.get("status")
-    ]
-    if changed:
-        doc.heading("Status changes")
-        doc.table(
-            ["case_id", "backend", "base", "new", "new message"],
-            [
-                [
-                    f"`{e.case_id}`",
-                    e.backend,
-                    e.base.get("status"),
-                    e.new.get("status"),
-                    short(e.new.get("message"), 160),
-                ]
-                for e in changed
-            ],
-        )
-    acc = [
-        e
-        for e in entries
-        if e.base
-        and e.new
-        and e.base.get("kind") == "case"
-        and (_accuracy_bad(e.base) or _accuracy_bad(e.new))
-    ]
-    if acc:
-        doc.heading("Accuracy beyond tolerance (either side)")
-        doc.table(
-            [
-                "case_id",
-                "backend",
-                "base cos_diff",
-                "new cos_diff",
-                "base lse err",
-                "new lse err",
-                "new",
-            ],
-            [
-                [
-                    f"`{e.case_id}`",
-                    e.backend,
-                    _acc(e.base, "cos_diff"),
-                    _acc(e.new, "cos_diff"),
-                    _acc(e.base, "lse_max_abs"),
-                    _acc(e.new, "lse_max_abs"),
-                    _accuracy_bad(e.new) or "within",
-                ]
-                for e in acc
-            ],
-        )
-    limits = [e for e in entries if e.base and e.new and e.base.get("kind") == "limit"]
-    if limits:
-        doc.heading("Measured limits")
-        doc.table(
-            [
-                "limit",
-                "backend",
-                "base last ok",
-                "base first fail",
-                "new last ok",
-                "new first fail",
-            ],
-            [
-                [
-                    f"`{e.case_id}`",
-                    e.backend,
-                    e.base.get("last_ok"),
-                    e.base.get("first_fail"),
-                    e.new.get("last_ok"),
-                    e.new.get("first_fail"),
-                ]
-                for e in limits
-            ],
-        )
-    for side, title in (("base", "Only in base"), ("new", "Only in new")):
-        only = [e for e in entries if (e.new is None if side == "base" else e.base is None)]
-        if only:
-            doc.heading(title)
-            doc.table(
-                ["case_id", "backend", "status"],
-                [[f"`{e.case_id}`", e.backend, (e.base or e.new).get("status")] for e in only],
-            )
-    return doc
-
-
-def _serving_section(doc: Doc, base_rows: list[dict], new_rows: list[dict]) -> None:
-    """Serving points of both sides (informational: their kernel rows carry the verdicts)."""
-
-    def keyed(rows):
-        return {
-            (str(r.get("case_id")), str(r.get("backend"))): r
-            for r in rows
-            if r.get("kind") == "serving" and r.get("case_id")
-        }
-
-    base, new = keyed(base_rows), keyed(new_rows)
-    pairs = []
-    for key in sorted(set(base) & set(new)):
-        b, n = base[key].get("value_ms"), new[key].get("value_ms")
-        ratio = n / b if isinstance(b, (int, float)) and isinstance(n, (int, float)) and b else None
-        pairs.append((key, base[key], new[key], ratio))
-    if not pairs:
-        return
-    pairs.sort(key=lambda p: (-(p[3] or 0.0), p[0]))
-    doc.heading("Serving points (informational)")
-    doc.para(
-        "TTFT/TPOT attention parts of both runs, worst ratio first; the kernel rows behind them "
-        "carry the regression verdicts."
-    )
-    doc.table(
-        ["point", "backend", "base ms", "new ms", "ratio", "base status", "new status"],
-        [
-            [
-                f"`{k[0]}`",
-                k[1],
-                _fmt_ms(b.get("value_ms")),
-                _fmt_ms(n.get("value_ms")),
-                f"{r:.3f}" if r is not None else "",
-                b.get("status"),
-                n.get("status"),
-            ]
-            for k, b, n, r in pairs
-        ],
-        folded=len(pairs) > 20,
-        caption="Serving points",
-    )
-
-
-def _fmt_ms(v) -> str:
-    return f"{v:.4g}" if isinstance(v, (int, float)) else ""
-
-
-def _acc(row: dict, key: str) -> str:
-    v = (row.get("accuracy") or {}).get(key)
-    return f"{v:.2e}" if isinstance(v, (int, float)) else ""
-
-
 def _print_summary(entries: list[Entry], md: Path, stream=None) -> None:
     stream = stream or sys.stdout
-    c = _counts(entries)
+    c = counts(entries)
     head = "REGRESSION" if c["regressions"] else "no regression"
     print(
         f"compare: {head}: {c['matched']} matched, {c['regressions']} regressed "

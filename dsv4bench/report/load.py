@@ -8,34 +8,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import fields
 from pathlib import Path
 
+from dsv4bench import rows
+from dsv4bench.case import Tolerance
+from dsv4bench.metrics import beyond_tolerance
 from dsv4bench.results import RESULTS_FILE, read_rows
+from dsv4bench.timing import percentile
+
+CASE_FIELDS = [f.name for f in fields(rows.CaseRow) if f.name != "extra"]
 
 SERVING_FILE = "serving.jsonl"  # where serving rows may live beside results.jsonl
-
-# FlashMLA's own test tolerances (KERNEL_FACTS §7): decode 5e-6, prefill 7e-6; lse as Tolerance.
-DEFAULT_COS_TOL = {"decode": 5e-6, "prefill": 7e-6}
-DEFAULT_COS_TOL_OTHER = 5e-6
-DEFAULT_LSE_TOL = 1e-3
-
-_CASE_FIELDS = {
-    "scenario": None,
-    "case_id": None,
-    "op": None,
-    "params": dict,
-    "tags": list,
-    "backend": None,
-    "provider": None,
-    "status": "error",
-    "message": "",
-    "accuracy": None,
-    "timing": None,
-    "derived": None,
-    "info": dict,
-    "env": None,
-    "input_fingerprint": None,
-}
 
 
 class ReportInputError(ValueError):
@@ -91,22 +75,12 @@ def run_label(path: Path) -> str:
 
 
 def normalize(row: dict, run: str) -> dict:
-    row = dict(row)
-    kind = row.setdefault("kind", "case")
-    if kind in ("case", "limit"):
-        for key, default in _CASE_FIELDS.items():
-            if row.get(key) is None:
-                row[key] = default() if callable(default) else default
-        row["tags"] = list(row["tags"])
-    if kind == "limit":
-        for key in ("axis", "last_ok", "first_fail"):
-            row.setdefault(key, None)
-        row["probes"] = row.get("probes") or {}
-    if kind == "serving":
-        for key in ("model", "metric", "backend", "route", "value_ms", "message", "label"):
-            row.setdefault(key, None)
-        row.setdefault("status", "ok" if row.get("value_ms") is not None else "error")
-        row["parts"] = row.get("parts") or []
+    """Every field of the row's kind present (dsv4bench.rows), plus `_run`."""
+    if row.get("kind", "case") in rows.KINDS:  # a kind of a later version stays as it is
+        row = rows.from_dict(row).to_dict()
+        row["tags"] = list(row.get("tags") or [])
+    else:
+        row = dict(row)
     row["_run"] = run
     return row
 
@@ -154,7 +128,7 @@ def benchmark_to_row(bench: dict, env: dict | None = None) -> dict:
     stats = bench.get("stats") or {}
     bparams = bench.get("params") or {}
     row: dict = {"kind": "case"}
-    for key in _CASE_FIELDS:
+    for key in CASE_FIELDS:
         if key in extra:
             row[key] = extra[key]
     row.setdefault("case_id", bench.get("name") or bench.get("fullname"))
@@ -191,19 +165,20 @@ def _benchmark_timing(stats: dict) -> dict:
 # ----------------------------------------------------------------------------- row helpers
 
 
-def percentile(samples, q: float) -> float:
-    """The q-th percentile (0..100), linear between closest ranks (as dsv4bench.timing)."""
-    xs = sorted(float(x) for x in samples)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def case_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") == "case"]
+
+
+def timed_attention_rows(rows: list[dict]) -> list[dict]:
+    """ok decode/prefill case rows with a median time (limit probes left out)."""
+    return [
+        r
+        for r in case_rows(rows)
+        if r["status"] == "ok"
+        and not is_probe(r)
+        and r.get("op") in ("decode", "prefill")
+        and median_ms(r) is not None
+    ]
 
 
 def is_probe(row: dict) -> bool:
@@ -228,36 +203,24 @@ def family(row: dict) -> str:
 
 
 def tolerance(row: dict) -> dict:
-    """{cos_diff, lse_abs}: the row's own tolerance where it carries one (row, info or params
-    'tolerance'), else FlashMLA's test tolerance for its op."""
+    """{cos_diff, lse_abs} the row was judged with: its own (rows carry it since the typed
+    rows; older ones may hold it in params or info), else the Case default for its op."""
     found: dict = {}
     for holder in (row.get("params") or {}, row.get("info") or {}, row):
         tol = holder.get("tolerance")
         if isinstance(tol, dict):
             found = {**tol, **found}
+    default = Tolerance().resolved(row.get("op"))
     return {
-        "cos_diff": found.get(
-            "cos_diff", DEFAULT_COS_TOL.get(row.get("op"), DEFAULT_COS_TOL_OTHER)
-        ),
-        "lse_abs": found.get("lse_abs", DEFAULT_LSE_TOL),
+        "cos_diff": found.get("cos_diff", default.cos_diff),
+        "lse_abs": found.get("lse_abs", default.lse_abs),
     }
 
 
 def accuracy_failure(row: dict) -> str | None:
     """Why the row's accuracy exceeds its tolerance, or None when it does not (or has none)."""
-    acc = row.get("accuracy") or {}
-    tol = tolerance(row)
-    if acc.get("nonfinite"):
-        return f"{acc['nonfinite']} non-finite output values"
-    if acc.get("lse_mismatch"):
-        return f"{acc['lse_mismatch']} lse values differ in finiteness"
-    cos = acc.get("cos_diff")
-    if isinstance(cos, (int, float)) and not cos <= tol["cos_diff"]:
-        return f"cos_diff {cos:.3g} > {tol['cos_diff']:.3g}"
-    lse = acc.get("lse_max_abs")
-    if isinstance(lse, (int, float)) and not lse <= tol["lse_abs"]:
-        return f"lse_max_abs {lse:.3g} > {tol['lse_abs']:.3g}"
-    return None
+    found = beyond_tolerance(row.get("accuracy") or {}, tolerance(row))
+    return found[0][1] if found else None
 
 
 def short(text, limit: int = 160) -> str:

@@ -316,6 +316,96 @@ class CatPoint:
     bad: bool = False
 
 
+def _category_series(ax, s: str, i: int, points, cats, offsets, slot, color, floor, handles):
+    """One series' points on a category panel: values, exact zeros on the floor, non-finite
+    ones at the top edge, and rings on those beyond tolerance."""
+    pts = sorted(
+        (p for p in points if p.series == s and p.value is not None),
+        key=lambda p: (p.category, p.value),
+    )
+    if not pts:
+        return
+    col, mk = color, MARKERS[i % len(MARKERS)]
+    xs, rank = [], {}
+    for p in pts:  # spread a column's points a little so that counts stay visible
+        j = rank.get(p.category, 0)
+        rank[p.category] = j + 1
+        xs.append(cats.index(p.category) + offsets[s] + ((j % 5) - 2) * slot * 0.12)
+    normal = [(x, p.value) for x, p in zip(xs, pts, strict=True) if 0 < p.value < math.inf]
+    exact = [x for x, p in zip(xs, pts, strict=True) if p.value <= 0]
+    nonfinite = [x for x, p in zip(xs, pts, strict=True) if not math.isfinite(p.value)]
+    if normal:
+        h = ax.scatter(
+            [x for x, _ in normal],
+            [y for _, y in normal],
+            color=col,
+            marker=mk,
+            s=22,
+            alpha=0.85,
+            zorder=3,
+        )
+        handles.setdefault(s, h)
+    if exact:
+        h = ax.scatter(
+            exact,
+            [floor] * len(exact),
+            facecolors="none",
+            edgecolors=col,
+            marker=mk,
+            s=22,
+            zorder=3,
+        )
+        handles.setdefault(s, h)
+        handles.setdefault(
+            "exact (0): hollow, on the bottom line",
+            Line2D([], [], linestyle="none", marker="o", mfc="none", color="0.3"),
+        )
+    if nonfinite:
+        trans = blended_transform_factory(ax.transData, ax.transAxes)
+        ax.plot(
+            nonfinite,
+            [0.97] * len(nonfinite),
+            "x",
+            color=col,
+            mew=2,
+            ms=8,
+            transform=trans,
+            clip_on=False,
+        )
+        handles.setdefault(
+            "non-finite: x at the top",
+            Line2D([], [], linestyle="none", marker="x", mew=2, color="0.3"),
+        )
+    bad = [
+        (x, min(max(p.value, floor), 1e300))
+        for x, p in zip(xs, pts, strict=True)
+        if p.bad and math.isfinite(p.value)
+    ]
+    if bad:
+        ax.scatter(
+            [b[0] for b in bad],
+            [b[1] for b in bad],
+            s=90,
+            facecolors="none",
+            edgecolors="#d62728",
+            linewidths=1.5,
+            zorder=4,
+        )
+        handles.setdefault(
+            "beyond tolerance",
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="o",
+                ms=9,
+                mfc="none",
+                mec="#d62728",
+                mew=1.5,
+            ),
+        )
+
+
 def category_figure(
     title: str,
     panels: list[tuple[str, str, list[CatPoint]]],
@@ -351,91 +441,8 @@ def category_figure(
         finite += [v for v in tol.values() if v]
         floor = 10 ** (math.floor(math.log10(min(finite))) - 1) if finite else 1e-12
         for i, s in enumerate(series):
-            pts = sorted(
-                (p for p in points if p.series == s and p.value is not None),
-                key=lambda p: (p.category, p.value),
-            )
-            if not pts:
-                continue
-            col, mk = palette[s], MARKERS[i % len(MARKERS)]
-            xs, rank = [], {}
-            for p in pts:  # spread a column's points a little so that counts stay visible
-                j = rank.get(p.category, 0)
-                rank[p.category] = j + 1
-                xs.append(cats.index(p.category) + offsets[s] + ((j % 5) - 2) * slot * 0.12)
-            normal = [(x, p.value) for x, p in zip(xs, pts, strict=True) if 0 < p.value < math.inf]
-            exact = [x for x, p in zip(xs, pts, strict=True) if p.value <= 0]
-            nonfinite = [x for x, p in zip(xs, pts, strict=True) if not math.isfinite(p.value)]
-            if normal:
-                h = ax.scatter(
-                    [x for x, _ in normal],
-                    [y for _, y in normal],
-                    color=col,
-                    marker=mk,
-                    s=22,
-                    alpha=0.85,
-                    zorder=3,
-                )
-                handles.setdefault(s, h)
-            if exact:
-                h = ax.scatter(
-                    exact,
-                    [floor] * len(exact),
-                    facecolors="none",
-                    edgecolors=col,
-                    marker=mk,
-                    s=22,
-                    zorder=3,
-                )
-                handles.setdefault(s, h)
-                handles.setdefault(
-                    "exact (0): hollow, on the bottom line",
-                    Line2D([], [], linestyle="none", marker="o", mfc="none", color="0.3"),
-                )
-            if nonfinite:
-                trans = blended_transform_factory(ax.transData, ax.transAxes)
-                ax.plot(
-                    nonfinite,
-                    [0.97] * len(nonfinite),
-                    "x",
-                    color=col,
-                    mew=2,
-                    ms=8,
-                    transform=trans,
-                    clip_on=False,
-                )
-                handles.setdefault(
-                    "non-finite: x at the top",
-                    Line2D([], [], linestyle="none", marker="x", mew=2, color="0.3"),
-                )
-            bad = [
-                (x, min(max(p.value, floor), 1e300))
-                for x, p in zip(xs, pts, strict=True)
-                if p.bad and math.isfinite(p.value)
-            ]
-            if bad:
-                ax.scatter(
-                    [b[0] for b in bad],
-                    [b[1] for b in bad],
-                    s=90,
-                    facecolors="none",
-                    edgecolors="#d62728",
-                    linewidths=1.5,
-                    zorder=4,
-                )
-                handles.setdefault(
-                    "beyond tolerance",
-                    Line2D(
-                        [],
-                        [],
-                        linestyle="none",
-                        marker="o",
-                        ms=9,
-                        mfc="none",
-                        mec="#d62728",
-                        mew=1.5,
-                    ),
-                )
+            args = (points, cats, offsets, slot, palette[s], floor, handles)
+            _category_series(ax, s, i, *args)
         for cat, value in tol.items():
             if cat in cats and value:
                 i = cats.index(cat)

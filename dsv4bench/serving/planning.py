@@ -13,12 +13,12 @@ from dsv4bench.serving.spec import (
     BASE_ROUTES,
     LABEL,
     PREFILL_ALIGN,
-    SCALE_CONVENTIONS,
     TAG,
     ServingSpec,
     chunk_route,
     parse_route,
 )
+from reference.layout_table import LAYOUTS
 
 # ---- shapes ---------------------------------------------------------------------------------
 
@@ -153,7 +153,7 @@ class _Builder:
             head_padding=spec.head_padding,
             page_size=spec.page_size or cfg.page_size,
             layout=layout,
-            scale_convention=spec.scale_convention or SCALE_CONVENTIONS[layout][0],
+            scale_convention=spec.scale_convention or LAYOUTS[layout].default_convention,
             softmax_scale=cfg.softmax_scale,  # as scenarios.py writes it: the same case ids
             seed=spec.seed,
             timing=spec.timing,
@@ -260,7 +260,7 @@ class _Builder:
             s_q=1,
             context_len=context_len,
             head_padding="engine",
-            scale_convention=SCALE_CONVENTIONS[self.cfg.cache_layout][0],
+            scale_convention=LAYOUTS[self.cfg.cache_layout].default_convention,
         )
         case = Case(**{**fields, "tags": (TAG, f"{TAG}-indexer")})
         self.cases.setdefault(case.case_id, case)
@@ -269,9 +269,9 @@ class _Builder:
     @property
     def cfg_model(self):
         """The scenario-side model view indexer_case.defaults reads (heads, ratio, top-k)."""
-        from dsv4bench.scenarios import _Model
+        from dsv4bench.scenarios.rules import ModelSpec
 
-        return _Model.builtin(self.cfg)
+        return ModelSpec.builtin(self.cfg)
 
     def chunk_parts(self, kind: str, chunk: Chunk, route: str) -> list[Part]:
         """The parts one layer of `kind` costs for one chunk on a kernel route."""

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from dsv4bench.case import Timing, Tolerance
+from dsv4bench.case import HEAD_PADDINGS, Timing, Tolerance
+from reference.layout_table import LAYOUTS
 from reference.models import MODELS, ModelConfig
 
 LABEL = (
@@ -22,8 +23,6 @@ SGLANG_DSV4_THRESHOLD = 11673  # sglang's DSv4 backend: q.shape[0] > 11673 -> sp
 TOPK_PADDINGS = ("clamp", "full")
 ALIGN = 64  # index width multiple: the decode kernel's topk rule (KERNEL_FACTS §3)
 PREFILL_ALIGN = 128  # merged index width of the sparse prefill (inputs pad to it)
-HEAD_PADDINGS = ("engine", "none", "64", "128")
-SCALE_CONVENTIONS = {"v4": ("flashmla", "vllm", "sglang"), "v32": ("pow2", "raw")}  # default first
 ROLES = ("attention", "dequant", "remap", "indexer")
 LABEL_INDEXER = (
     "sparse-attention part of TTFT/TPOT (kernels, dequant, index remap) plus the lightning "
@@ -159,7 +158,7 @@ class ServingSpec:
             raise ValueError(
                 f"num_heads: {self.num_heads} heads exceed head_padding {self.head_padding}"
             )
-        scales = SCALE_CONVENTIONS[cfg.cache_layout]
+        scales = LAYOUTS[cfg.cache_layout].conventions
         if self.scale_convention is not None and self.scale_convention not in scales:
             raise ValueError(
                 f"scale_convention: the {cfg.cache_layout} cache takes {' or '.join(scales)}, "

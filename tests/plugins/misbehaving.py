@@ -14,7 +14,7 @@ import signal
 import time
 
 from dsv4bench.backends import Backend, Output, Prepared, register
-from dsv4bench.backends.torch_ref import oracle_call
+from dsv4bench.oracle import oracle_call
 
 
 class _Oracle(Backend):
@@ -59,10 +59,14 @@ class Slowed(_Oracle):
 
 class Wrong(_Oracle):
     name = "wrong"
+    options = {"factor": 1.01}  # what the output is scaled by (1.0: right again)
+
+    def __init__(self, factor: float = 1.01):
+        self.factor = factor
 
     def prepare(self, case, inputs, device):
         call = oracle_call(case, inputs)
-        return Prepared(run=call, finish=lambda o: Output(o.out * 1.01, o.lse))
+        return Prepared(run=call, finish=lambda o: Output(o.out * self.factor, o.lse))
 
 
 for _b in (Crashy(), Slowed(), Wrong()):

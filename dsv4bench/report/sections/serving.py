@@ -1,0 +1,411 @@
+"""TTFT and TPOT curves: serving rows (sums of measured kernel medians) per route and model.
+
+Functions take `rep`, the report being built (dsv4bench.report.render.Report).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from dsv4bench.report import indexer_share, plots
+from dsv4bench.report.fmt import (
+    code_span,
+    fmt_num,
+    is_num,
+    kilo,
+    make_slug,
+    natural_text_key,
+    route_order,
+)
+from dsv4bench.report.load import (
+    param,
+    short,
+)
+
+
+def serving(rep) -> None:
+    serving = [r for r in rep.rows if r["kind"] == "serving"]
+    tpot = [r for r in serving if r.get("metric") == "tpot"]
+    ttft = [r for r in serving if r.get("metric") == "ttft"]
+    if tpot:
+        tpot_curves(rep, tpot)
+    else:
+        rep.left_out.append("TPOT curves: no serving rows with metric `tpot`.")
+    if ttft:
+        ttft_curves(rep, ttft)
+    else:
+        rep.left_out.append("TTFT curves: no serving rows with metric `ttft`.")
+    indexer_share.section(rep, serving)
+
+
+def _label_line(rep, rows: list[dict]) -> str:
+    labels = sorted({r["label"] for r in rows if r.get("label")})
+    return "; ".join(labels)
+
+
+def _parts_table(rep, points: list[tuple[str, dict]], caption: str) -> None:
+    rep.doc.table(
+        ["point", "case_id", "role", "row of", "multiplicity", "median ms", "status"],
+        [
+            [
+                pid,
+                code_span(p.get("case_id")),
+                p.get("role") or "",
+                p.get("backend") or "",
+                p.get("multiplicity"),
+                fmt_num(p.get("median_ms")),
+                p.get("status"),
+            ]
+            for pid, r in points
+            for p in r["parts"]
+        ],
+        caption=caption,
+        folded=True,
+    )
+
+
+def _serving_figures(rows: list[dict]) -> list[tuple[str, str, list[dict]]]:
+    """(title, file slug, rows) per model and heads per rank."""
+    keys = sorted(
+        {(str(r.get("model")), r.get("num_heads") or 0, r.get("tp") or 0) for r in rows},
+        key=lambda k: (k[0], -k[1], k[2]),
+    )
+    several = len({k[0] for k in keys}) < len(keys)
+    out = []
+    for model, heads, tp in keys:
+        title, slug = model, [model]
+        if several or (tp and tp > 1):
+            bits = [f"{heads} heads/rank" if heads else "", f"TP {tp}" if tp else ""]
+            title += " (" + ", ".join(b for b in bits if b) + ")"
+            slug += [f"h{heads}" if heads else "", f"tp{tp}" if tp else ""]
+        sel = [
+            r
+            for r in rows
+            if (str(r.get("model")), r.get("num_heads") or 0, r.get("tp") or 0)
+            == (model, heads, tp)
+        ]
+        out.append((title, make_slug(*slug), sel))
+    return out
+
+
+def _serving_lines(rep, rows: list[dict]) -> dict[int, str]:
+    """Per row (by id), the name of its line: the backend, with the scenario where one
+    backend's rows in this figure come from several scenarios."""
+    scenarios = defaultdict(set)
+    for r in rows:
+        scenarios[rep.who(r)].add(str(r.get("scenario") or ""))
+    return {
+        id(r): (
+            f"{rep.who(r)} ({r.get('scenario')})" if len(scenarios[rep.who(r)]) > 1 else rep.who(r)
+        )
+        for r in rows
+    }
+
+
+def _route_title(rep, route: str, rows: list[dict]) -> str:
+    """A route and what it means: the threshold's source, the measured limit behind safe."""
+    from dsv4bench import hardware
+
+    if route == "decode-kernel":
+        return "decode-kernel (b = chunk tokens)"
+    if route == "sparse-prefill":
+        return "sparse-prefill (prefill kernel)"
+    if route.startswith("threshold:"):
+        n = route.split(":", 1)[1]
+        if n == str(hardware.SGLANG_DSV4_THRESHOLD):
+            return f"{route} (sglang DSv4)"
+        return f"{route} (decode kernel up to {n} tokens)"
+    if route == "safe":
+        limits = {r.get("threshold") for r in rows if str(r.get("route")) == "safe"}
+        limits = {v for v in limits if is_num(v)}
+        if not limits:
+            models = {str(r.get("model")) for r in rows}
+            limits = {
+                r["last_ok"]
+                for r in rep.rows
+                if r["kind"] == "limit"
+                and is_num(r.get("last_ok"))
+                and str(param(r, "model")) in models
+                and param(r, "route") in (None, "decode-kernel")
+            }
+        if limits:
+            return "safe (measured limit " + "/".join(str(v) for v in sorted(limits)) + ")"
+        return "safe (threshold = measured limit)"
+    return route
+
+
+def _point_id(r: dict, i: int, prefix: str) -> str:
+    return r.get("case_id") or f"{prefix}{i}"
+
+
+def _breakdown(r: dict) -> str:
+    b = r.get("breakdown_ms")
+    if not isinstance(b, dict):
+        return ""
+    return " / ".join(f"{k} {fmt_num(v)}" for k, v in b.items() if v)
+
+
+def tpot_curves(rep, rows: list[dict]) -> None:
+    d = rep.doc
+    d.heading("Serving: TPOT (decode step, attention part)")
+    label = _label_line(rep, rows)
+    if label:
+        d.para(
+            f"What the numbers count: {label}. Color: context length; where several "
+            "backends (or scenarios) are shown, line style and marker tell them apart and "
+            "the y axis is logarithmic."
+        )
+    for title, slug, mrows in _serving_figures(rows):
+        line_of = _tpot_figure(rep, title, slug, mrows)
+        _tpot_tables(rep, title, mrows, line_of)
+
+
+def _tpot_figure(rep, title: str, slug: list, mrows: list[dict]) -> dict[int, str]:
+    """TPOT vs batch size, a line per (backend line, context); returns id(row) -> line."""
+    line_of = _serving_lines(rep, mrows)
+    lines = sorted(set(line_of.values()), key=natural_text_key)
+    ctxs = sorted({r.get("context_len") or 0 for r in mrows})
+    ctx_color = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(ctxs)}
+    styled = len(lines) > 1
+    series = []
+    for li, line in enumerate(lines):
+        brows = [r for r in mrows if line_of[id(r)] == line]
+        for ctx in ctxs:
+            pts = sorted(
+                (r for r in brows if (r.get("context_len") or 0) == ctx),
+                key=lambda r: r.get("batch_size") or 0,
+            )
+            if not pts:
+                continue
+            series.append(
+                _serving_series(
+                    pts,
+                    "batch_size",
+                    label=f"{line}, context {kilo(ctx)}",
+                    color=ctx_color[ctx],
+                    linestyle=plots.LINESTYLES[li % len(plots.LINESTYLES)],
+                    marker=plots.MARKERS[li % len(plots.MARKERS)],
+                )
+            )
+    legend = {f"context {kilo(c)}": {"color": ctx_color[c], "marker": "o", "ms": 4.5} for c in ctxs}
+    if styled:  # backends as line style and marker, in black
+        legend.update(
+            {
+                line: {
+                    "color": "0.25",
+                    "linestyle": plots.LINESTYLES[i % len(plots.LINESTYLES)],
+                    "marker": plots.MARKERS[i % len(plots.MARKERS)],
+                    "ms": 4.5,
+                }
+                for i, line in enumerate(lines)
+            }
+        )
+    panel = plots.Panel(
+        " vs ".join(lines) if styled else lines[0] if lines else "",
+        "batch size (requests)",
+        "TPOT attention part (ms)" + (", log" if styled else ""),
+        series,
+        logy=True if styled else None,
+    )
+    fig = plots.line_figure(
+        f"TPOT vs batch size: {title}", [panel], panel_w=plots.PANEL_W * 1.35, legend=legend
+    )
+    rep.doc.heading(f"TPOT: {title}", 3)
+    rep.doc.image(rep.save(fig, make_slug("tpot", slug)), f"TPOT vs batch size, {title}")
+    return line_of
+
+
+def _tpot_tables(rep, title: str, mrows: list[dict], line_of: dict[int, str]) -> None:
+    """The points (failed ones first, in their own table) and the kernel rows behind them."""
+    ordered = sorted(
+        mrows,
+        key=lambda r: (
+            natural_text_key(line_of[id(r)]),
+            r.get("context_len") or 0,
+            r.get("batch_size") or 0,
+        ),
+    )
+    points = [(_point_id(r, i, "P"), r) for i, r in enumerate(ordered, 1)]
+    fields = {"context": "context_len", "batch": "batch_size"}
+    who = lambda r, labels=line_of: labels[id(r)]  # noqa: E731 (the line label)
+    _failed_points(rep.doc, points, who, fields, f"Failed TPOT points (x marks), {title}")
+    rep.doc.table(
+        [
+            "point",
+            "backend",
+            "context",
+            "batch",
+            "TPOT ms",
+            "breakdown ms",
+            "status",
+            "parts",
+        ],
+        [
+            [
+                code_span(pid),
+                line_of[id(r)],
+                r.get("context_len"),
+                r.get("batch_size"),
+                fmt_num(r.get("value_ms")),
+                _breakdown(r),
+                r.get("status"),
+                len(r["parts"]),
+            ]
+            for pid, r in points
+        ],
+        caption=f"TPOT points, {title}",
+    )
+    _parts_table(rep, points, f"TPOT parts (kernel rows behind each point), {title}")
+
+
+def ttft_curves(rep, rows: list[dict]) -> None:
+    d = rep.doc
+    d.heading("Serving: TTFT (prefill, attention part)")
+    label = _label_line(rep, rows)
+    if label:
+        d.para(f"What the numbers count: {label}.")
+    d.para(
+        "One panel per route, y axis shared (log); color: chunk size, the same in every "
+        "panel. A point whose part failed is an x at the panel's bottom edge and is listed "
+        "below."
+    )
+    for title, slug, mrows in _serving_figures(rows):
+        _ttft_figure(rep, title, slug, mrows)
+        _ttft_tables(rep, title, mrows)
+
+
+def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
+    """TTFT vs prompt length: a panel per route (and backend), a line per chunk size."""
+    chunks = sorted({r.get("chunk_size") or 0 for r in mrows})
+    chunk_color = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(chunks)}
+    routes = sorted({str(r.get("route")) for r in mrows}, key=route_order)
+    whos = sorted({rep.who(r) for r in mrows})
+    panels = []
+    for who in whos:
+        brows = [r for r in mrows if rep.who(r) == who]
+        for route in routes:
+            series = []
+            for ci, chunk in enumerate(chunks):
+                pts = sorted(
+                    (
+                        r
+                        for r in brows
+                        if str(r.get("route")) == route and (r.get("chunk_size") or 0) == chunk
+                    ),
+                    key=lambda r: r.get("prompt_len") or 0,
+                )
+                if not pts:
+                    continue
+                series.append(
+                    _serving_series(
+                        pts,
+                        "prompt_len",
+                        label=f"chunk {chunk}",
+                        color=chunk_color[chunk],
+                        marker=plots.MARKERS[ci % len(plots.MARKERS)],
+                    )
+                )
+            route_title = _route_title(rep, route, mrows)
+            panels.append(
+                plots.Panel(
+                    f"{who}: {route_title}" if len(whos) > 1 else route_title,
+                    "prompt length (tokens)",
+                    "TTFT attention part (ms, log)",
+                    series,
+                    logx=True,
+                    logy=True,
+                    note=f"no {route} rows for {who}",
+                )
+            )
+    legend = {
+        f"chunk {c}": {
+            "color": chunk_color[c],
+            "marker": plots.MARKERS[i % len(plots.MARKERS)],
+            "ms": 4.5,
+        }
+        for i, c in enumerate(chunks)
+    }
+    if len(whos) > 1:  # a row of panels per backend, a column per route
+        layout = {"ncols": len(routes), "panel_w": plots.PANEL_W * 0.8}
+    else:
+        layout = {"ncols": 2 if len(routes) in (2, 4) else min(3, len(routes))}
+    fig = plots.line_figure(
+        f"TTFT vs prompt length: {title}", panels, sharey=True, legend=legend, **layout
+    )
+    rep.doc.heading(f"TTFT: {title}", 3)
+    rep.doc.image(rep.save(fig, make_slug("ttft", slug)), f"TTFT vs prompt length, {title}")
+
+
+def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
+    """The points (failed ones first, in their own table) and the kernel rows behind them."""
+    ordered = sorted(
+        mrows,
+        key=lambda r: (
+            rep.who(r),
+            route_order(str(r.get("route"))),
+            r.get("chunk_size") or 0,
+            r.get("prompt_len") or 0,
+        ),
+    )
+    points = [(_point_id(r, i, "F"), r) for i, r in enumerate(ordered, 1)]
+    fields = {"route": "route", "chunk": "chunk_size", "prompt": "prompt_len"}
+    caption = f"Failed TTFT points (x marks), {title}"
+    _failed_points(rep.doc, points, rep.who, fields, caption)
+    rep.doc.table(
+        [
+            "point",
+            "backend",
+            "route",
+            "chunk",
+            "prompt",
+            "TTFT ms",
+            "breakdown ms",
+            "status",
+            "parts",
+        ],
+        [
+            [
+                code_span(pid),
+                rep.who(r),
+                r.get("route"),
+                r.get("chunk_size"),
+                r.get("prompt_len"),
+                fmt_num(r.get("value_ms")),
+                _breakdown(r),
+                r.get("status"),
+                len(r["parts"]),
+            ]
+            for pid, r in points
+        ],
+        caption=f"TTFT points, {title}",
+    )
+    _parts_table(rep, points, f"TTFT parts (kernel rows behind each point), {title}")
+
+
+def _failed_points(doc, points, who, fields: dict[str, str], caption: str) -> None:
+    """The points without a value (x marks on the plot), with the reason; `fields`: column
+    header -> row key."""
+    failed = [(pid, r) for pid, r in points if r.get("value_ms") is None]
+    if not failed:
+        return
+    doc.table(
+        ["point", "backend", *fields, "status", "message"],
+        [
+            [code_span(pid), who(r), *[r.get(k) for k in fields.values()]]
+            + [r.get("status"), short(r.get("message"))]
+            for pid, r in failed
+        ],
+        caption=caption,
+    )
+
+
+def _serving_series(pts: list[dict], x_key: str, **style) -> plots.Series:
+    """Serving points along x_key: measured ones as a line, failed ones (no value) as marks."""
+    placed = [r for r in pts if is_num(r.get(x_key))]
+    ok = [r for r in placed if r.get("value_ms") is not None]
+    return plots.Series(
+        xs=[r[x_key] for r in ok],
+        ys=[r["value_ms"] for r in ok],
+        failed_xs=[r[x_key] for r in placed if r.get("value_ms") is None],
+        **style,
+    )

@@ -1,0 +1,153 @@
+"""Result rows as typed records: one declaration per kind (case, limit, serving).
+
+Rows travel as JSON lines (results.jsonl); `from_dict` reads any row this suite ever wrote
+(missing fields take their defaults, unknown ones are kept in `extra`), `to_dict` writes one.
+A case row keeps the invariants of flashinfer-bench's traces: accuracy only when the kernel ran
+and its output was compared (`ok`/`incorrect`), timing only when `ok`; and it carries the
+tolerance and the V3.2 scale reading it was judged with, so a report never re-judges it with
+other numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
+COMPARED = ("ok", "incorrect")  # the kernel ran and its output was compared with the oracle
+
+
+class RowError(ValueError):
+    """A row that breaks its kind's invariants (a bug in whoever built it)."""
+
+
+@dataclass
+class Row:
+    kind: ClassVar[str] = ""
+    extra: dict = field(default_factory=dict)  # fields of other versions, kept as they were
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Row:
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names and v is not None}
+        extra = {k: v for k, v in d.items() if k not in names and k != "kind"}
+        return cls(**known, extra=extra)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        extra = d.pop("extra")
+        return {"kind": self.kind, **extra, **d}
+
+    def problems(self) -> list[str]:
+        return []
+
+    def checked(self) -> dict:
+        """to_dict() after the invariants hold (raises RowError otherwise)."""
+        bad = self.problems()
+        if bad:
+            raise RowError(f"{self.kind} row {getattr(self, 'case_id', '?')}: {'; '.join(bad)}")
+        return self.to_dict()
+
+
+@dataclass
+class CaseRow(Row):
+    """One (case, backend) job."""
+
+    kind: ClassVar[str] = "case"
+    scenario: str | None = None
+    case_id: str | None = None
+    op: str | None = None
+    params: dict = field(default_factory=dict)
+    tags: list = field(default_factory=list)
+    backend: str | None = None  # the instance name (e.g. "flashmla-0.33")
+    backend_base: str | None = None  # the backend it was built from ("flashmla")
+    backend_options: dict = field(default_factory=dict)  # that instance's options
+    provider: dict | None = None
+    status: str = "error"
+    message: str = ""
+    accuracy: dict | None = None  # metrics.accuracy: cos_diff, max_abs, lse_max_abs, ...
+    tolerance: dict | None = None  # {cos_diff, lse_abs} the accuracy was judged against
+    scale_reading: str | None = None  # how the kernel reads V3.2 fp32 scales (None: exactly)
+    timing: dict | None = None  # median_ms, p10_ms, p90_ms, n, method, samples_ms, ...
+    derived: dict | None = None  # the registered metrics (dsv4bench.metrics.DERIVED)
+    info: dict = field(default_factory=dict)
+    env: dict | None = None
+    input_fingerprint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.scale_reading is None:  # rows before the typed rows kept it in info
+            self.scale_reading = self.info.get("v32_scale_reading")
+
+    def problems(self) -> list[str]:
+        bad = []
+        if self.status not in STATUSES:
+            bad.append(f"unknown status {self.status!r}")
+        if self.accuracy is not None and self.status not in COMPARED:
+            bad.append(f"accuracy on a row with status {self.status}")
+        if self.accuracy is not None and self.tolerance is None:
+            bad.append("accuracy without the tolerance it was judged with")
+        if (self.timing is not None or self.derived is not None) and self.status != "ok":
+            bad.append(f"timing on a row with status {self.status}")
+        return bad
+
+
+@dataclass
+class LimitRow(CaseRow):
+    """A limit search: where `backend` starts failing along `axis`."""
+
+    kind: ClassVar[str] = "limit"
+    axis: str | None = None
+    last_ok: int | None = None
+    first_fail: int | None = None
+    probes: dict = field(default_factory=dict)  # value -> status
+
+    def problems(self) -> list[str]:
+        return [] if self.status in STATUSES else [f"unknown status {self.status!r}"]
+
+
+@dataclass
+class ServingRow(Row):
+    """One TTFT or TPOT point: a sum of measured kernel medians (dsv4bench.serving)."""
+
+    kind: ClassVar[str] = "serving"
+    scenario: str | None = None
+    case_id: str | None = None
+    curve_id: str | None = None
+    model: str | None = None
+    metric: str | None = None  # ttft | tpot
+    backend: str | None = None
+    route: str | None = None
+    threshold: int | None = None
+    prompt_len: int | None = None
+    chunk_size: int | None = None
+    batch_size: int | None = None
+    context_len: int | None = None
+    num_heads: int | None = None
+    tp: int | None = None
+    value_ms: float | None = None
+    breakdown_ms: dict | None = None
+    status: str | None = None
+    message: str | None = None
+    parts: list = field(default_factory=list)
+    label: str | None = None
+    env: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is None:
+            self.status = "ok" if self.value_ms is not None else "error"
+
+    def problems(self) -> list[str]:
+        if (self.value_ms is not None) != (self.status == "ok"):
+            return [f"value_ms {self.value_ms} on a {self.status} point"]
+        return []
+
+
+KINDS: dict[str, type[Row]] = {k.kind: k for k in (CaseRow, LimitRow, ServingRow)}
+
+
+def from_dict(d: dict) -> Any:
+    """The typed record of any stored row (kind "case" when it has none)."""
+    kind = d.get("kind") or "case"
+    if kind not in KINDS:
+        raise RowError(f"unknown row kind {kind!r}")
+    return KINDS[kind].from_dict(d)

@@ -1,0 +1,111 @@
+"""The KV-cache layouts: every fact a module needs about one, in one table (no torch import).
+
+Adding a layout means one `CacheLayout` entry here, its writer and reader in
+reference/layouts.py (named by `write`/`read`), and tests; every other module asks this table
+(bytes per token for metrics, d_qk for validation and backends, conventions for scenarios).
+The byte formats themselves are described in reference/layouts.py's docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    name: str
+    description: str
+    token_bytes: int | None  # bytes one token occupies; None: bf16 rows of 2 * d_qk bytes
+    d_qk: int | None  # the key width it stores (latent + rope); None: any (bf16 rows)
+    d_v: int  # the value width (the latent part the output reads)
+    d_nope: int | None  # FP8 part of a token; the rest (d_qk - d_nope) is bf16 rope
+    tile: int | None  # values sharing one scale
+    scale_format: str  # "fp32" (read exactly, or as bf16/e8m0 per arch), "ue8m0", "" (none)
+    conventions: tuple[str, ...]  # scale writers (reference.layouts), the default first
+    page_size: int = 64  # tokens per page engines use by default
+    write: str = ""  # reference.layouts function (kv [N, d_qk] fp32, page_size, convention)
+    read: str = ""  # reference.layouts function (cache, scale_rounding) -> fp32 [slots, d_qk]
+
+    @property
+    def fp8(self) -> bool:
+        return self.token_bytes is not None
+
+    @property
+    def default_convention(self) -> str:
+        return self.conventions[0] if self.conventions else ""
+
+    @property
+    def sizes(self) -> tuple:
+        """(token_bytes, d_qk, d_nope, tile)."""
+        return self.token_bytes, self.d_qk, self.d_nope, self.tile
+
+    def bytes_per_token(self, d_qk: int) -> int:
+        return self.token_bytes if self.token_bytes is not None else 2 * d_qk
+
+    def writer(self) -> Callable:
+        return getattr(importlib.import_module("reference.layouts"), self.write)
+
+    def reader(self) -> Callable:
+        return getattr(importlib.import_module("reference.layouts"), self.read)
+
+
+LAYOUTS: dict[str, CacheLayout] = {
+    "v32": CacheLayout(
+        "v32",
+        "DeepSeek V3.2: token-major 656 B records (512 e4m3, 4 fp32 scales, 64 bf16 rope)",
+        token_bytes=656,
+        d_qk=576,
+        d_v=512,
+        d_nope=512,
+        tile=128,
+        scale_format="fp32",
+        conventions=("pow2", "raw"),  # raw: vLLM's writer (any fp32 scale)
+        write="quantize_v32",
+        read="dequantize_v32",
+    ),
+    "v4": CacheLayout(
+        "v4",
+        "DeepSeek V4 (FlashMLA MODEL1): 584 B per token, data then ue8m0 scales per page",
+        token_bytes=584,
+        d_qk=512,
+        d_v=512,
+        d_nope=448,
+        tile=64,
+        scale_format="ue8m0",
+        conventions=("flashmla", "vllm", "sglang"),
+        write="quantize_v4",
+        read="dequantize_v4",
+    ),
+    "bf16": CacheLayout(
+        "bf16",
+        "plain bf16 rows (the sparse-prefill workspace)",
+        token_bytes=None,
+        d_qk=None,
+        d_v=512,
+        d_nope=None,
+        tile=None,
+        scale_format="",
+        conventions=(),
+    ),
+}
+
+FP8_LAYOUTS = tuple(name for name, lay in LAYOUTS.items() if lay.fp8)
+
+
+def layout(name: str) -> CacheLayout:
+    try:
+        return LAYOUTS[name]
+    except KeyError:
+        raise ValueError(f"unknown layout {name!r} (known: {', '.join(LAYOUTS)})") from None
+
+
+def of_width(token_bytes: int) -> CacheLayout | None:
+    """The FP8 layout whose tokens take `token_bytes` (a cache's last dimension), else None."""
+    return next((lay for lay in LAYOUTS.values() if lay.token_bytes == token_bytes), None)
+
+
+def of_d_qk(d_qk: int) -> str:
+    """The FP8 layout storing keys of width d_qk, else "bf16" (a model's default layout)."""
+    return next((n for n, lay in LAYOUTS.items() if lay.fp8 and lay.d_qk == d_qk), "bf16")
