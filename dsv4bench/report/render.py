@@ -19,6 +19,7 @@ from dsv4bench.report.sections import (
     failures,
     kernels,
     limits,
+    measurement,
     padding,
     run_info,
     serving,
@@ -36,6 +37,7 @@ SECTIONS = (
     accuracy.accuracy,
     limits.crash_boundary,
     padding.head_padding,
+    measurement.measurement,  # profiler agreement, graph vs eager, memory, determinism
     run_info.environment,
     failures.failures,
 )
