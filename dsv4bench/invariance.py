@@ -20,13 +20,14 @@ PER_REQUEST = ("q", "indices", "extra_indices", "topk_length", "extra_topk_lengt
 
 
 def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Distance in bf16 units in the last place, elementwise (+0 and -0 are 0 apart)."""
-
-    def ordered(x: torch.Tensor) -> torch.Tensor:
-        bits = x.to(torch.bfloat16).contiguous().view(torch.int16).to(torch.int32)
-        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-
-    return (ordered(a) - ordered(b)).abs()
+    """|a - b| in units in the last place of bf16 at the larger magnitude of the two,
+    elementwise (0 where both are 0). Counting representable values between them instead would
+    make two tiny values of opposite sign thousands of ULPs apart."""
+    a32, b32 = a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float()
+    big = torch.maximum(a32.abs(), b32.abs())
+    tiny = torch.finfo(torch.bfloat16).tiny
+    ulp = torch.exp2(torch.floor(torch.log2(big.clamp_min(tiny))) - 7)
+    return ((a32 - b32).abs() / ulp).round()
 
 
 def compare_runs(first, second) -> dict:

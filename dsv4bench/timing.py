@@ -9,10 +9,13 @@ Profiler kernel time (timer "profiler" or "both"): every timed call runs inside
 device-side event of the same name spanning, on the GPU timeline, the GPU work launched inside
 the range: it links each kernel, memcpy or memset to its launch through CUPTI correlation ids,
 so kernels launched straight from Python (Triton, FlashInfer's FFI) count as well as torch ops.
-An iteration's kernel time is the length of the union of the device activities that start
-within that span: kernels may overlap (programmatic dependent launch lets the next kernel start
-before the previous one ends), and a plain sum would count the overlap twice. The sum is kept
-beside it (`profiler_sum_ms`), with a per-kernel breakdown (name, launches and time per call).
+An iteration's kernel time is the makespan of the device activities that start within that
+span: from the first one's start to the last one's end. It counts kernels that overlap
+(programmatic dependent launch lets the next kernel start before the previous one ends) once,
+where a plain sum counts them twice, and it counts the gaps between one call's kernels, which
+CUDA events see too. Beside it: `profiler_busy_ms` (the union of the intervals: time some
+kernel ran), `profiler_sum_ms` (the plain sum) and a per-kernel breakdown (`kernels`: name,
+launches and time per call).
 The L2 flush is launched outside every range and runs before the span opens, so it never
 counts. With "both", the events are taken in a pass of their own, before the profiled pass,
 so the profiler's host overhead never reaches them. Before every start event the GPU spins
@@ -137,7 +140,8 @@ def _measure_cuda(fn, dev, warmup: int, iters: int, flush_l2: bool, timer: str) 
             _timed_iterations(fn, flush_buf, iters, annotate=True)
     spans, activities = profiler_activities(prof.events())
     kernel_ms = [us / 1e3 for us in time_in_spans(spans, activities)]
-    summed_ms = [us / 1e3 for us in time_in_spans(spans, activities, union=False)]
+    busy_ms = [us / 1e3 for us in time_in_spans(spans, activities, how="union")]
+    summed_ms = [us / 1e3 for us in time_in_spans(spans, activities, how="sum")]
     suffix = "+l2flush" if flush_l2 else ""
     if timer == "profiler":
         result = summarize(kernel_ms, "cuda-profiler" + suffix)
@@ -148,6 +152,7 @@ def _measure_cuda(fn, dev, warmup: int, iters: int, flush_l2: bool, timer: str) 
     ratio = _ratio(percentile(events_ms, 50), profiler_ms)
     result["profiler_ms"] = profiler_ms
     result["profiler_samples_ms"] = kernel_ms
+    result["profiler_busy_ms"] = percentile(busy_ms, 50) if busy_ms else None
     result["profiler_sum_ms"] = percentile(summed_ms, 50) if summed_ms else None
     result["kernels"] = kernel_breakdown(spans, activities)
     result["events_vs_profiler"] = ratio
@@ -193,8 +198,9 @@ def graph_times(fn: Callable[[], Any], dev, iters: int, flush_l2: bool = True) -
     """fn as engines run decode: captured once, replayed. Returns `graph_ms` (events median of
     replays, timed like the eager call), and back-to-back host loops of the eager call and of
     the replay (`eager_loop_ms`, `graph_loop_ms`, warm L2): their difference is the launch
-    overhead a graph removes. A capture that fails gives `graph_error` with its message, and
-    `context_lost` when the device no longer answers afterwards."""
+    overhead a graph removes. A capture that fails gives `graph_error` with its message; the
+    process is not to be trusted afterwards (torch's CUDA generator can stay in capture mode:
+    "Offset increment outside graph capture"), so the worker starts afresh after such a row."""
     import torch
 
     try:
@@ -280,7 +286,7 @@ def profiler_activities(function_events: Iterable) -> tuple[list, list]:
 
 
 def profiler_kernel_ms(function_events: Iterable) -> list[float]:
-    """Per RANGE occurrence, in time order: the GPU time (ms) of the work inside it (union)."""
+    """Per RANGE occurrence, in time order: the makespan (ms) of the GPU work inside it."""
     return [us / 1e3 for us in time_in_spans(*profiler_activities(function_events))]
 
 
@@ -307,18 +313,32 @@ def union_length(intervals: Iterable[Sequence[float]]) -> float:
     return total
 
 
+def makespan(intervals: Iterable[Sequence[float]]) -> float:
+    """From the first interval's start to the last one's end (0 for none)."""
+    items = list(intervals)
+    if not items:
+        return 0.0
+    return max(i[1] for i in items) - min(i[0] for i in items)
+
+
+SPAN_MEASURES = {
+    "makespan": makespan,
+    "union": union_length,
+    "sum": lambda g: sum(a[1] - a[0] for a in g),
+}
+
+
 def time_in_spans(
     spans: Sequence[tuple[float, float]],
     activities: Iterable[Sequence],
     *,
-    union: bool = True,
+    how: str = "makespan",
 ) -> list[float]:
     """Per span (start order; spans do not overlap, one per timed call), the time of the
-    activities (start, end, ...) that start inside it: the length
-    of their union, or with union=False the plain sum of their durations (same unit as given)."""
-    if union:
-        return [union_length(g) for g in _assign(spans, activities)]
-    return [sum(a[1] - a[0] for a in g) for g in _assign(spans, activities)]
+    activities (start, end, ...) that start inside it, in the unit given: their makespan, the
+    length of their union, or the plain sum of their durations (SPAN_MEASURES)."""
+    measure = SPAN_MEASURES[how]
+    return [measure(g) for g in _assign(spans, activities)]
 
 
 def kernel_breakdown(

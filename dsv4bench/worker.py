@@ -208,8 +208,8 @@ def main() -> int:
         job = json.loads(line)
         try:
             answer = run_job(job, cache)
-            # a failed graph capture can leave the CUDA context unusable: start afresh
-            fatal = bool((answer.get("timing") or {}).get("context_lost"))
+            # a failed graph capture leaves torch's CUDA state unfit for later jobs: start afresh
+            fatal = "graph_error" in (answer.get("timing") or {})
         except BaseException as exc:  # every failure of a job becomes its result row
             status = _classify(exc)
             tb = traceback.format_exc(limit=3)

@@ -83,11 +83,12 @@ class _Noisy(Backend):
 
 
 def test_bf16_ulps():
-    a = torch.tensor([1.0, -1.0, 0.0, 2.0], dtype=torch.bfloat16)
-    b = torch.tensor([1.0078125, -1.0078125, -0.0, 2.0], dtype=torch.bfloat16)
-    assert invariance.bf16_ulps(a, b).tolist() == [1, 1, 0, 0]
-    tiny = torch.tensor([torch.finfo(torch.bfloat16).tiny], dtype=torch.bfloat16)
-    assert int(invariance.bf16_ulps(tiny, -tiny)[0]) == 2 * int(tiny.view(torch.int16)[0])
+    a = torch.tensor([1.0, -1.0, 0.0, 2.0, 1.0], dtype=torch.bfloat16)
+    b = torch.tensor([1.0078125, -1.0078125, -0.0, 2.0, 1.0234375], dtype=torch.bfloat16)
+    assert invariance.bf16_ulps(a, b).tolist() == [1, 1, 0, 0, 3]
+    # opposite signs near zero: the distance at their magnitude, not every value between them
+    small = torch.tensor([2.0**-16], dtype=torch.bfloat16)
+    assert int(invariance.bf16_ulps(small, -small)[0]) == 256
 
 
 def test_sample_requests():
