@@ -369,19 +369,7 @@ _KERNELS: dict[tuple[str, bool], Any] = {}
 
 
 def _kernel(name: str, device) -> Any:
-    interpret = device.type == "cpu"
-    key = (name, interpret)
-    if key not in _KERNELS:
-        _load()
-        if interpret:
-            from triton.runtime.interpreter import InterpretedFunction
-
-            _KERNELS[key] = InterpretedFunction(_SOURCES[name])
-        else:
-            from triton.runtime.jit import JITFunction
-
-            _KERNELS[key] = JITFunction(_SOURCES[name])
-    return _KERNELS[key]
+    return tk.kernel_for(_SOURCES, _KERNELS, _load, name, device)
 
 
 @contextlib.contextmanager

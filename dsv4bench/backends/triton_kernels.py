@@ -27,6 +27,7 @@ interpreter (tests, tiny shapes), which copies the tensors' whole storages per l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from dsv4bench.backends.base import (
@@ -234,19 +235,25 @@ _SOURCES = {
 
 def _kernel(name: str, device) -> Any:
     """The kernel, compiled for a GPU tensor's device or interpreted for a CPU tensor's."""
+    return kernel_for(_SOURCES, _KERNELS, _load, name, device)
+
+
+def kernel_for(sources: dict, built: dict, load: Callable[[], Any], name: str, device) -> Any:
+    """sources[name] as a JITFunction (a GPU device) or an InterpretedFunction (the CPU), built
+    once into `built`; `load` imports Triton and sets the calling module's `tl` first."""
     interpret = device.type == "cpu"
     key = (name, interpret)
-    if key not in _KERNELS:
-        _load()
+    if key not in built:
+        load()
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction
 
-            _KERNELS[key] = InterpretedFunction(_SOURCES[name])
+            built[key] = InterpretedFunction(sources[name])
         else:
             from triton.runtime.jit import JITFunction
 
-            _KERNELS[key] = JITFunction(_SOURCES[name])
-    return _KERNELS[key]
+            built[key] = JITFunction(sources[name])
+    return built[key]
 
 
 # ---- host side: checks, allocation and launches --------------------------------------------
