@@ -113,6 +113,7 @@ def case_row(
             "n": 21,
             "method": "events",
             "samples_ms": samples,
+            "memory": {"scratch_bytes": 2**20, "output_bytes": 0},
         }
         q = p["tokens"] if op == "prefill" else p["batch_size"] * p["s_q"]
         flops = 2 * q * p["num_heads"] * p["topk"] * (p["d_qk"] + p["d_v"])

@@ -108,21 +108,24 @@ def _kernels(kernels) -> str:
     return ", ".join(f"{k['name'][:40]} x{k['count']:g} {k['ms'] * 1e3:.1f}us" for k in kernels[:3])
 
 
-def _x_of(r: dict) -> tuple[str, int]:
+def _x_of(r: dict) -> int | None:
+    """batch x s_q for decode, tokens for prefill; None when the row lacks them."""
     if r.get("op") == "prefill":
-        return "tokens", param(r, "tokens")
-    return "batch", param(r, "batch_size") * param(r, "s_q", 1)
+        x = param(r, "tokens")
+        return x if isinstance(x, int) else None
+    b, s_q = param(r, "batch_size"), param(r, "s_q") or 1
+    return b * s_q if isinstance(b, int) and isinstance(s_q, int) else None
 
 
 def _series_by_backend(rep, rows, value) -> dict[str, list[plots.Series]]:
     """One panel per model, one line per backend (x: batch x s_q, or tokens)."""
     panels: dict[str, dict[str, list]] = {}
     for r in rows:
-        y = value(r)
-        if y is None:
+        y, x = value(r), _x_of(r)
+        if y is None or x is None:
             continue
         key = f"{r.get('op')} {param(r, 'model')}"
-        panels.setdefault(key, {}).setdefault(rep.who(r), []).append((_x_of(r)[1], y))
+        panels.setdefault(key, {}).setdefault(rep.who(r), []).append((x, y))
     return {
         key: [
             plots.Series(label, [x for x, _ in sorted(pts)], [y for _, y in sorted(pts)])
