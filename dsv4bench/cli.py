@@ -175,7 +175,8 @@ def cmd_plan(args) -> int:
             line = f"{job.case.case_id:<60} {job.backend:<10} {arch:<6} {verdict}"
             print(line + (f": {reason}" if reason else ""))
     for lim in limits:
-        print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}) {lim.backend}: {lim.base.case_id}")
+        step = f" step {lim.step}" if lim.step > 1 else ""
+        print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}){step} {lim.backend}: {lim.base.case_id}")
     for arch in dict.fromkeys(a for a, _ in counts):
         summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
         print(f"on {arch}: {summary}")

@@ -100,6 +100,7 @@ class LimitRow(CaseRow):
     last_ok: int | None = None
     first_fail: int | None = None
     probes: dict = field(default_factory=dict)  # value -> status
+    step: int = 1  # the search's resolution: first_fail - last_ok <= step
 
     def problems(self) -> list[str]:
         return [] if self.status in STATUSES else [f"unknown status {self.status!r}"]

@@ -322,8 +322,8 @@ class Runner:
         lo, hi = s.lo, s.hi
         last_ok = first_fail = None
         if probe(lo) and not probe(hi):
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
+            while hi - lo > s.step:
+                mid = lo + max(1, (hi - lo) // 2 // s.step) * s.step
                 if probe(mid):
                     lo = mid
                 else:
@@ -345,6 +345,7 @@ class Runner:
             "message": fail_row["message"] if fail_row else f"no failure up to {s.hi}",
             "provider": next((p["provider"] for p in probes.values() if p.get("provider")), None),
             "probes": {str(v): r["status"] for v, r in sorted(probes.items())},
+            "step": s.step,
         }
         if s.base.op == "indexer":  # the fp32 logits matrix each probed size needs (one copy)
             from dsv4bench import indexer_case
@@ -374,7 +375,7 @@ def unexpected_failures(rows: list[dict]) -> list[dict]:
 
 
 def _probes_estimate(s: LimitSearch) -> int:
-    return 2 + max(0, (s.hi - s.lo).bit_length())
+    return 2 + max(0, ((s.hi - s.lo) // s.step).bit_length())
 
 
 def _summary(row: dict) -> tuple[str, str]:

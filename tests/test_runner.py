@@ -100,6 +100,22 @@ def test_limit_search_finds_the_last_working_batch(tmp_path):
     assert json.loads(json.dumps(row))["probes"] == {"3": "ok", "4": "crash", "5": "crash"}
 
 
+def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    probed = []
+
+    def fake_job(job, fresh=False):
+        b = job.case.batch_size
+        probed.append(b)
+        return {"status": "ok" if b < 4 else "crash", "message": f"batch {b}", "provider": None}
+
+    monkeypatch.setattr(runner, "run_job", fake_job)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", tiny(1), step=2))
+    assert probed == [1, 9, 5, 3]  # on lo's grid of step 2, never 4
+    assert (row["last_ok"], row["first_fail"], row["step"]) == (3, 5, 2)
+    assert row["message"] == "batch 5"
+
+
 def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     raw = replace(tiny(1), scale_convention="raw")  # vLLM's non-power-of-two scales

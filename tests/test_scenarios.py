@@ -172,6 +172,7 @@ BAD = [
     ("merge key", HEAD + "defaults:\n  <<: {topk: 64}\n", 6, "defaults", "merge keys"),
     ("limit axis not a size", HEAD + "limit: {axis: layout, lo: 1, hi: 2, backend: flashmla}\n", 5, "limit.axis", "limit axis (a size axis)"),  # noqa: E501
     ("limit lo >= hi", HEAD + "limit:\n  axis: batch_size\n  lo: 64\n  hi: 64\n  backend: flashmla\n", 8, "limit.hi", "expected hi > lo (64), got 64"),  # noqa: E501
+    ("limit step too coarse", HEAD + "limit:\n  axis: batch_size\n  lo: 1\n  hi: 9\n  step: 8\n  backend: flashmla\n", 9, "limit.step", "expected step < hi - lo (8), got 8"),  # noqa: E501
     ("limit missing hi", HEAD + "limit:\n  axis: batch_size\n  lo: 64\n  backend: flashmla\n", 6, "limit.hi", "required key missing"),  # noqa: E501
     ("limit unknown backend", HEAD + "limit: {axis: batch_size, lo: 1, hi: 2, backend: trt}\n", 5, "limit.backend", "unknown backend 'trt'"),  # noqa: E501
     ("limit axis swept", HEAD + "sweep: {batch_size: [1, 2]}\nlimit:\n  axis: batch_size\n  lo: 1\n  hi: 8\n  backend: flashmla\n", 7, "limit.axis", "batch_size is swept (line 5)"),  # noqa: E501
@@ -432,6 +433,10 @@ def test_limit_only_file_runs_no_plain_cases():
     assert sc.cases == []
     assert [s.base.model for s in sc.limits] == ["v3.2", "v4-flash"]
     assert all(s.base.tokens == 8192 and s.base.route == "decode-kernel" for s in sc.limits)
+    assert all(s.step == 1 for s in sc.limits)  # exact unless a step is given
+    entry = "limit: {axis: batch_size, lo: 1, hi: 4096, step: 64, backend: flashmla}\n"
+    stepped = load(HEAD + entry)
+    assert stepped.limits[0].step == 64
 
 
 def test_limit_crossed_with_sweep():

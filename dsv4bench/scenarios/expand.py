@@ -49,13 +49,15 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")
 class LimitSearch:
     """Find where `backend` starts failing along `axis`: `lo` is expected to work, `hi` to fail.
 
-    `base` is the point at `axis = lo`; every other field stays fixed during the search."""
+    `base` is the point at `axis = lo`; every other field stays fixed during the search, which
+    stops once the last working and first failing values are at most `step` apart."""
 
     axis: str
     lo: int
     hi: int
     backend: str
     base: Case
+    step: int = 1
 
     def at(self, value: int) -> Case:
         return replace(self.base, **{self.axis: value})
@@ -109,7 +111,7 @@ TOP_KEYS = (
     "tags",
 )
 ENTRY_KEYS = (*AXES, "tags", "backends")
-LIMIT_KEYS = ("axis", "lo", "hi", "backend", "tags", *AXES)
+LIMIT_KEYS = ("axis", "lo", "hi", "step", "backend", "tags", *AXES)
 RANGE_KEYS = ("from", "to", "mul", "step")
 
 Values = dict[str, list[tuple[Any, Origin]]]  # axis -> the values it takes, with origins
@@ -124,6 +126,7 @@ class Entry:
     tags: list[str]
     backends: list[str] | None = None
     limit: tuple[str, int, int, str, Origin, Origin] | None = None  # axis lo hi backend
+    step: int = 1  # a limit entry's resolution
 
 
 @dataclass
@@ -209,7 +212,7 @@ class ScenarioLoader(Parser):
                 found.backends = self.backends(child)
             elif key == "axis":
                 self.choice(child, LIMIT_AXES, "limit axis (a size axis)")
-            elif key in ("lo", "hi"):
+            elif key in ("lo", "hi", "step"):
                 self.integer(child, 1)
             elif key == "backend":
                 self.choice(child, [*self.known_backends, *self.instances], "backend")
@@ -228,6 +231,9 @@ class ScenarioLoader(Parser):
             lo_at = Origin(m["lo"].line, m["lo"].path, 4)
             hi_at = Origin(m["hi"].line, m["hi"].path, 4)
             found.limit = (axis, lo, hi, m["backend"].value, lo_at, hi_at)
+            found.step = m["step"].value if "step" in m else 1
+            if found.step >= hi - lo:
+                raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")
         return found
 
     def timing(self, n: Node) -> Timing:
@@ -399,7 +405,7 @@ class ScenarioLoader(Parser):
                     merged = {**top.base, **top.defaults, **own, **point}
                     case = self.resolve({**merged, axis: (lo, lo_at)}, e, common)
                     self.resolve({**merged, axis: (hi, hi_at)}, e, common)
-                    search = LimitSearch(axis, lo, hi, backend, case)
+                    search = LimitSearch(axis, lo, hi, backend, case, e.step)
                     searches.setdefault((search.limit_id, search.backend), search)
         return searches
 
