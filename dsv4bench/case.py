@@ -10,7 +10,10 @@ from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
 OPS = ("decode", "prefill", "dequant", "remap", "indexer")
 LAYOUTS = tuple(LAYOUT_TABLE)  # reference/layout_table.py: bytes, widths, scales of each
-ROUTES = ("sparse-prefill", "decode-kernel")  # how a prefill chunk reaches a kernel
+# How a prefill chunk of T tokens reaches a kernel: the bf16 sparse prefill kernel over a
+# dequantized workspace, or the FP8 decode kernel as T requests of one token (sglang's DSv4)
+# or as one request of T tokens (vLLM's FlashMLA sparse backend below 32 heads per rank).
+ROUTES = ("sparse-prefill", "decode-kernel", "decode-mixed")
 SCALE_CONVENTIONS = tuple(c for lay in LAYOUT_TABLE.values() for c in lay.conventions)
 ARCHS = ("cpu", "sm90", "sm100", "sm120")
 HEAD_PADDINGS = ("engine", "none", "64", "128")  # Case.head_padding
@@ -61,7 +64,8 @@ class Case:
       cache (V4 compressed entries; 0 = none).
     prefill: `tokens` query tokens (the chunk) ending at position `context_len`; route
       `sparse-prefill` runs the bf16 sparse prefill kernel over a dequantized workspace,
-      `decode-kernel` runs the decode kernel with batch = tokens (sglang's DSv4 path).
+      `decode-kernel` runs the decode kernel with batch = tokens (sglang's DSv4 path),
+      `decode-mixed` as one request of s_q = tokens (vLLM's mixed batch): see decode_shape.
     dequant: FP8 cache of `context_len * batch_size` tokens -> bf16 workspace.
     remap: request-local top-k of (batch_size * s_q) queries -> global slots.
     indexer: the lightning indexer's FP8 logits + top-k (dsv4bench/indexer_case.py): paged over
@@ -110,6 +114,20 @@ class Case:
         if self.op == "prefill" or (self.op == "indexer" and self.tokens):
             return self.tokens
         return self.batch_size * self.s_q
+
+    @property
+    def decode_shape(self) -> tuple[int, int] | None:
+        """(b, s_q) of the FP8 decode-kernel call this case makes; None when it makes none.
+
+        A prefill chunk of T tokens is (T, 1) on route decode-kernel (sglang: q (T, 1, h, d))
+        and (1, T) on decode-mixed (vLLM: q.unsqueeze(0) -> (1, T, h, d))."""
+        if self.op == "decode":
+            return self.batch_size, self.s_q
+        if self.op == "prefill" and self.route == "decode-kernel":
+            return self.tokens, 1
+        if self.op == "prefill" and self.route == "decode-mixed":
+            return 1, self.tokens
+        return None
 
     def params(self) -> dict:
         """The problem's own fields, without timing/tolerance settings."""

@@ -1,7 +1,8 @@
 """Deterministic tensors for a Case, built the way engines lay them out.
 
 Keys by op (every index tensor int32, -1 = invalid, valid entries first in each row):
-  decode, and prefill on route "decode-kernel" (b = tokens, s_q = 1):
+  decode, and prefill on the decode routes ((b, s_q) = Case.decode_shape: "decode-kernel"
+  (tokens, 1), "decode-mixed" (1, tokens)):
     q (b, s_q, h, d_qk) bf16; k_cache uint8 FP8 cache; indices (b, s_q, topk) global slots;
     extra_k_cache, extra_indices (b, s_q, extra_topk) when the case has an extra cache;
     attn_sink (h,) fp32 when the case has a sink; topk_length / extra_topk_length None.
@@ -198,9 +199,10 @@ def _prefill(case: Case, device, g) -> dict:
     x = _query_sets(case, pos, req, 1, device, g)
     q = torch.randn(t, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
     sink = _sink(case, device, g)
-    if case.route == "decode-kernel":  # sglang's DSv4 path: every chunk token is a request
-        x = {k: v.view(t, 1, -1) if k.endswith("indices") else v for k, v in x.items()}
-        return _to_int32({**x, "q": q.view(t, 1, h, case.d_qk), "attn_sink": sink})
+    if case.decode_shape:  # the same chunk as T requests of 1 token or 1 request of T
+        b, s_q = case.decode_shape
+        x = {k: v.view(b, s_q, -1) if k.endswith("indices") else v for k, v in x.items()}
+        return _to_int32({**x, "q": q.view(b, s_q, h, case.d_qk), "attn_sink": sink})
     kv = layouts.to_workspace(x["k_cache"])
     if case.extra_topk:
         valid = x["indices"] >= 0

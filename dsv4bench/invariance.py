@@ -7,7 +7,8 @@ of batch 1 prepared by the backend itself, against the same request inside the f
 largest difference in bf16 ULPs, and how many (query, head) rows change the argmax over their
 output. A request is a batch entry of a decode case (and of a prefill chunk on the
 decode-kernel route, where every token is a request), and one query token of a sparse-prefill
-chunk. Caches and sinks are shared; every per-request tensor is sliced.
+or decode-mixed chunk (there the chunk is one request of s_q = tokens: a token is sliced along
+s_q). Caches and sinks are shared; every per-request tensor is sliced.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 import torch
 
 PER_REQUEST = ("q", "indices", "extra_indices", "topk_length", "extra_topk_length")
+PER_QUERY = ("q", "indices", "extra_indices")  # (b, s_q, ...): what a decode-mixed token owns
 
 
 def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -59,6 +61,9 @@ def sample_requests(n: int, most: int = 3) -> list[int]:
 
 def single_request(case, inputs: dict, r: int):
     """(case, inputs) of request r alone."""
+    if case.op == "prefill" and case.route == "decode-mixed":
+        x = {k: (v[:, r : r + 1] if k in PER_QUERY else v) for k, v in inputs.items()}
+        return dataclasses.replace(case, tokens=1), x
     x = {k: (v[r : r + 1] if k in PER_REQUEST and v is not None else v) for k, v in inputs.items()}
     size = "tokens" if case.op == "prefill" else "batch_size"
     return dataclasses.replace(case, **{size: 1}), x
@@ -66,7 +71,7 @@ def single_request(case, inputs: dict, r: int):
 
 def batch_invariance(backend, case, inputs: dict, batched, device: str) -> dict | None:
     """Requests run alone vs inside the batch; None when the batch holds a single request."""
-    n = inputs["q"].shape[0]
+    n = case.tokens if case.op == "prefill" else inputs["q"].shape[0]
     picked = sample_requests(n)
     if not picked:
         return None

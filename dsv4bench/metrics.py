@@ -224,9 +224,9 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
 
 def _requests(case: Case) -> int:
     """Requests sharing one KV set: decode batch entries; a prefill chunk is one request."""
-    if case.op == "prefill" and case.route == "sparse-prefill":
-        return 1
-    return case.query_tokens if case.op == "prefill" else case.batch_size
+    if case.op == "prefill":  # decode-kernel: T requests; decode-mixed, sparse-prefill: one
+        return case.decode_shape[0] if case.decode_shape else 1
+    return case.batch_size
 
 
 def _distinct_keys(case: Case) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dsv4bench.backends.base import Output
+from dsv4bench.backends.base import Output, prefill_output
 from dsv4bench.case import Case
 from reference import attention, indices, layouts
 
@@ -17,7 +17,7 @@ def oracle_call(
 ) -> Callable[[], Output]:
     """A zero-argument call computing the oracle's answer for this case and inputs."""
     x = inputs
-    if case.op == "decode" or (case.op == "prefill" and case.route == "decode-kernel"):
+    if case.decode_shape:
 
         def decode() -> Output:
             out, lse = attention.sparse_mla_decode(
@@ -33,8 +33,8 @@ def oracle_call(
                 extra_topk_length=x.get("extra_topk_length"),
                 scale_rounding=scale_rounding,
             )
-            if case.op == "prefill":  # b = tokens, s_q = 1 -> the prefill shapes
-                return Output(out[:, 0], lse[:, :, 0])
+            if case.op == "prefill":  # (T, 1) or (1, T) -> the prefill shapes
+                return prefill_output(out, lse)
             return Output(out, lse)
 
         return decode

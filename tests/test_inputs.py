@@ -70,16 +70,25 @@ def test_early_positions_pad_with_minus_one_valid_first():
         assert (row[:n] >= 0).all() and (row[n:] == -1).all()
 
 
-def test_both_prefill_routes_see_the_same_problem():
+def test_the_three_prefill_routes_see_the_same_problem():
     chunk = replace(V4, op="prefill", tokens=192, batch_size=1, context_len=512)
     sparse = replace(chunk, route="sparse-prefill")
     decode = replace(chunk, route="decode-kernel")
-    xs, xd = make_inputs(sparse, "cpu"), make_inputs(decode, "cpu")
+    mixed = replace(chunk, route="decode-mixed")
+    xs, xd, xm = (make_inputs(c, "cpu") for c in (sparse, decode, mixed))
     assert xs["indices"].shape[-1] % 128 == 0
-    assert xd["q"].shape == (192, 1, 8, 512)
-    a, b = oracle_call(sparse, xs)(), oracle_call(decode, xd)()
+    assert xd["q"].shape == (192, 1, 8, 512) and xd["indices"].shape == (192, 1, 128)
+    # vLLM's mixed batch: the chunk is one request of 192 query tokens, the same tensors
+    assert xm["q"].shape == (1, 192, 8, 512) and xm["indices"].shape == (1, 192, 128)
+    assert xm["extra_indices"].shape == (1, 192, chunk.extra_topk)
+    for key in ("q", "indices", "extra_indices"):
+        assert torch.equal(xm[key].flatten(0, 1), xd[key].flatten(0, 1))
+    a, b, m = oracle_call(sparse, xs)(), oracle_call(decode, xd)(), oracle_call(mixed, xm)()
+    assert m.out.shape == (192, 8, 512) and m.lse.shape == (192, 8)
     torch.testing.assert_close(a.out, b.out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.lse, b.lse, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.out, b.out, rtol=0, atol=0)
+    torch.testing.assert_close(m.lse, b.lse, rtol=0, atol=0)
 
 
 def test_v32_prefill_routes_agree_too():

@@ -33,6 +33,14 @@ class Output:
     topk: Any = None
 
 
+def prefill_output(out, lse) -> Output:
+    """A prefill chunk run through the decode kernel (either decode route), back in prefill
+    shapes: out (b, s_q, h, d_v) -> (tokens, h, d_v), lse (b, h, s_q) -> (tokens, h), where
+    b * s_q = tokens ((T, 1) or (1, T): Case.decode_shape)."""
+    b, s_q, h, d_v = out.shape
+    return Output(out.reshape(b * s_q, h, d_v), lse.transpose(1, 2).reshape(b * s_q, h))
+
+
 @dataclass
 class Prepared:
     """A backend's case, ready to run.

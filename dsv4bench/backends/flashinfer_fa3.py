@@ -327,7 +327,7 @@ def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str) -
     reason = supports(case)
     if reason:
         raise Unsupported(reason)
-    decode_form = case.op == "decode" or case.route == "decode-kernel"
+    decode_form = case.decode_shape is not None
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     info: dict = {"kernel": "BatchMLAPagedAttentionWrapper(backend='fa3')", "kv_dtype": kv_dtype}
     sync()

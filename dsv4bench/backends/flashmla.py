@@ -38,6 +38,7 @@ from dsv4bench.backends.base import (
     fp8_cache_reason,
     pad_heads,
     pad_sink,
+    prefill_output,
 )
 from dsv4bench.case import ROUTES, Case
 
@@ -195,7 +196,7 @@ def discover(lib_path: str | None = None) -> KernelOps:
 
 
 def uses_decode_kernel(case: Case) -> bool:
-    return case.op == "decode" or case.route == "decode-kernel"
+    return case.decode_shape is not None
 
 
 def padded_heads(case: Case, arch: str) -> tuple[int, str | None]:
@@ -330,8 +331,8 @@ class FlashMLA(Backend):
             if tuple(lse.shape) != (b, heads, s_q) and tuple(lse.shape) == (b, s_q, heads):
                 lse = lse.transpose(1, 2)  # a build that returns (b, s_q, h)
             o, lse = raw[0][:, :, :h], lse[:, :h]
-            if case.op == "prefill":  # decode-kernel route: b = tokens, s_q = 1
-                return Output(o[:, 0], lse[:, :, 0])
+            if case.op == "prefill":  # a decode route: (T, 1) or (1, T) -> (T, h, d_v)
+                return prefill_output(o, lse)
             return Output(o, lse)
 
         return Prepared(lambda: ops.decode(*timed), finish, _poison(out), info)

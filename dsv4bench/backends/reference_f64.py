@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from dsv4bench.backends.base import Backend, Output, Prepared, Provider
+from dsv4bench.backends.base import Backend, Output, Prepared, Provider, prefill_output
 from dsv4bench.backends.slow_f64 import Fp8Cache
 from dsv4bench.case import Case
 
@@ -60,7 +60,7 @@ class ReferenceF64(Backend):
             sets.append(_parsed(x["extra_k_cache"], x["extra_indices"], x.get("extra_topk_length")))
         queries = x["q"].double()
         run = _attend(queries, sets, case, x)
-        if case.op == "prefill":  # decode-kernel route: b = tokens, s_q = 1
+        if case.op == "prefill":  # a decode route: (T, 1) or (1, T) queries
             return Prepared(run=run, finish=_prefill_output)
         return Prepared(run=run)
 
@@ -114,7 +114,7 @@ def _attend(q: torch.Tensor, sets, case: Case, x: dict) -> Callable[[], Output]:
 
 
 def _prefill_output(o: Output) -> Output:
-    return Output(o.out[:, 0], o.lse[:, :, 0])
+    return prefill_output(o.out, o.lse)
 
 
 def _remap(local: torch.Tensor, table: torch.Tensor, case: Case) -> torch.Tensor:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bench.backends import triton_kernels as tk
-from dsv4bench.backends.base import Output, Prepared, Unsupported
+from dsv4bench.backends.base import Output, Prepared, Unsupported, prefill_output
 from dsv4bench.case import Case
 from reference.layout_table import LAYOUTS
 
@@ -694,7 +694,7 @@ def warm_up(launch: Launch) -> float:
 
 
 def uses_decode_kernel(case: Case) -> bool:
-    return case.op == "decode" or case.route == "decode-kernel"
+    return case.decode_shape is not None
 
 
 def case_reason(case: Case) -> str | None:
@@ -738,8 +738,8 @@ def prepare(case: Case, x: dict, device: str) -> Prepared:
             op="decode",
         )
         b, s_q, h, _ = x["q"].shape
-        if case.op == "prefill":  # decode-kernel route: b = tokens, s_q = 1
-            finish = lambda raw: Output(raw[0], raw[1][:, :, 0])
+        if case.op == "prefill":  # a decode route: (T, 1) or (1, T) -> (T, h, d_v)
+            finish = lambda raw: prefill_output(raw[0].view(b, s_q, h, D_V), raw[1])
         else:
             finish = lambda raw: Output(raw[0].view(b, s_q, h, D_V), raw[1])
     else:
