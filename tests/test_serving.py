@@ -271,6 +271,132 @@ def test_decode_route_has_no_dequant_or_remap():
     assert window[2048] == 21 and window[64] == 20
 
 
+def test_decode_mixed_route_takes_the_decode_kernel_as_one_request():
+    base = dict(prompt_lens=[8 * K + 100], chunk_sizes=[4096])
+    mixed = sv.plan(_spec(routes=["decode-mixed"], **base))
+    kernel = sv.plan(_spec(routes=["decode-kernel"], **base))
+    (point,) = mixed.points()
+    assert {x.role for x in point.parts} == {"attention"}  # reads the FP8 cache: no dequant
+    assert [r for _, _, r in point.chunks] == ["decode-mixed"] * 3
+    for a, b in zip(mixed.cases, kernel.cases, strict=True):
+        assert a.route == "decode-mixed" and a.decode_shape == (1, a.tokens)
+        assert b.decode_shape == (b.tokens, 1)
+        # the same decode kernel: index widths aligned to 64 on both decode routes
+        assert (a.topk, a.extra_topk) == (b.topk, b.extra_topk) and a.extra_topk % 64 == 0
+    assert {c.case_id for c in mixed.cases}.isdisjoint(c.case_id for c in kernel.cases)
+    assert point.point_id.endswith("-decode-mixed") and point.dequant is None
+
+
+def test_dequant_pool_reads_the_whole_window_pool():
+    base = dict(prompt_lens=[8 * K], chunk_sizes=[4096])
+    both = sv.plan(
+        _spec(routes=["sparse-prefill", "decode-kernel"], dequant=["read", "pool"], **base)
+    )
+    by_id = {c.case_id: c for c in both.cases}
+    pts = {(p.route, p.dequant): p for p in both.points()}
+    # decode routes dequantize nothing: one curve; sparse-prefill: one per mode
+    assert set(pts) == {
+        ("sparse-prefill", "read"),
+        ("sparse-prefill", "pool"),
+        ("decode-kernel", None),
+    }
+    assert pts[("sparse-prefill", "pool")].point_id.endswith("-sparse-prefill-dqpool")
+    assert pts[("sparse-prefill", "read")].point_id.endswith("-C4096-sparse-prefill")
+
+    def window(point):  # window dequant sizes (the c4/c128 entries are < 4096 here)
+        sizes = (by_id[x.case_id].context_len for x in point.parts if x.role == "dequant")
+        return sorted(n for n in sizes if n >= 4096)
+
+    # chunk 2 (positions 4096..8191): read = 4096 + 127 window tokens, pool = all 8192
+    assert window(pts[("sparse-prefill", "read")]) == [4096, 4096 + 127]
+    assert window(pts[("sparse-prefill", "pool")]) == [4096, 8192]
+    # the attention and remap parts are the same cases
+    same = lambda p: {x for x in p.parts if x.role != "dequant"}  # noqa: E731
+    assert same(pts[("sparse-prefill", "read")]) == same(pts[("sparse-prefill", "pool")])
+    # a threshold route sends long chunks to sparse-prefill: both modes
+    thr = sv.plan(_spec(routes=["threshold:2048"], dequant=["pool", "read"], **base))
+    assert [p.dequant for p in thr.points()] == ["pool", "read"]
+    # the rows say which mode they sum
+    per_token = lambda c: c.context_len / 1000 if c.op == "dequant" else 1.0  # noqa: E731
+    rows = sv.aggregate(both, _rows_for(both, per_token))
+    assert {(r["route"], r["dequant"]) for r in rows} == set(pts)
+    pool = next(r for r in rows if r["dequant"] == "pool")
+    read = next(r for r in rows if r["dequant"] == "read")
+    # the window dequant of chunk 2, 43 layers: 8192 instead of 4223 tokens
+    extra = 43 * (8192 - 4223) / 1000
+    assert pool["breakdown_ms"]["dequant"] - read["breakdown_ms"]["dequant"] == pytest.approx(extra)
+    assert pool["breakdown_ms"]["attention"] == read["breakdown_ms"]["attention"]
+
+
+@pytest.mark.parametrize("mode, mult", [("step", 1), ("layer", 20)])
+def test_c128_index_build_once_per_step_or_per_layer(mode, mult):
+    base = dict(batch_sizes=[4], contexts=[64 * K])
+    plain = sv.plan(_spec(**base))
+    built = sv.plan(_spec(c128_index=mode, **base))
+    (p0,), (p1,) = plain.points(), built.points()
+    assert p0.c128_index == "none" and p1.c128_index == mode
+    extra = [x for x in p1.parts if x not in p0.parts]
+    assert [(x.role, x.multiplicity) for x in extra] == [("remap", mult)]
+    case = built.case(extra[0].case_id)
+    # 4 queries x every visible C128 entry (65536 // 128 = 512) turned into global slots
+    assert (case.op, case.s_q, case.topk, case.batch_size) == ("remap", 4, 512, 1)
+    assert p1.point_id == f"tpot-v4-flash-c128{mode}-B4-S65536"
+    rows = sv.aggregate(built, _rows_for(built, lambda c: 2.0 if c.op == "remap" else 1.0))
+    (row,) = rows
+    assert row["c128_index"] == mode and row["breakdown_ms"]["remap"] == pytest.approx(2.0 * mult)
+    assert row["value_ms"] == pytest.approx(43 + 2.0 * mult)
+    # no C128 layer (V3.2) or nothing visible yet: no part
+    assert not any(
+        x.role == "remap"
+        for p in sv.plan(_spec(model="v3.2", c128_index=mode, **base)).points()
+        for x in p.parts
+    )
+    short = sv.plan(_spec(c128_index=mode, batch_sizes=[4], contexts=[100]))
+    assert not any(x.role == "remap" for x in short.points()[0].parts)
+
+
+def test_envelope_takes_each_attention_part_from_its_fastest_backend():
+    p = sv.plan(
+        _spec(
+            prompt_lens=[8 * K], chunk_sizes=[4096], routes=["sparse-prefill"], backends=["a", "b"]
+        )
+    )
+    attention = [c for c in p.cases if c.op == "prefill"]
+    fast_a = {attention[0].case_id}  # backend a wins one case, b every other
+    rows = []
+    for c in p.cases:
+        if c.op == "prefill":
+            rows.append(_case_row(c.case_id, "a", 1.0 if c.case_id in fast_a else 5.0))
+            rows.append(_case_row(c.case_id, "b", 2.0))
+        else:
+            rows.append(_case_row(c.case_id, "torch", 0.5))
+    rows.append(_case_row("x-not-in-plan", "torch", 0.001))
+    out = {r["backend"]: r for r in sv.aggregate(p, rows)}
+    assert set(out) == {"a", "b", sv.ENVELOPE}
+    env = out[sv.ENVELOPE]
+    used = {x["case_id"]: x["backend"] for x in env["parts"] if x["role"] == "attention"}
+    assert all(used[cid] == ("a" if cid in fast_a else "b") for cid in used)
+    assert env["value_ms"] < min(out["a"]["value_ms"], out["b"]["value_ms"])
+    assert env["breakdown_ms"]["dequant"] == out["a"]["breakdown_ms"]["dequant"]
+    # a crash on one backend: the envelope takes the other; crashed on both: the point fails
+    crashed = attention[1].case_id
+    for r in rows:
+        if r["case_id"] == crashed and r["backend"] == "b":
+            r.update(status="crash", timing=None)
+    out = {r["backend"]: r for r in sv.aggregate(p, rows)}
+    assert out["b"]["status"] == "crash" and out[sv.ENVELOPE]["status"] == "ok"
+    for r in rows:
+        if r["case_id"] == crashed:
+            r.update(status="crash", timing=None)
+    assert {r["backend"]: r["status"] for r in sv.aggregate(p, rows)}[sv.ENVELOPE] == "crash"
+    # a torch row of an attention case is not one of the envelope's backends
+    rows.append(_case_row(crashed, "torch", 0.001))
+    assert {r["backend"]: r["status"] for r in sv.aggregate(p, rows)}[sv.ENVELOPE] == "crash"
+    # one backend: no envelope row
+    one = sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["sparse-prefill"]))
+    assert [r["backend"] for r in sv.aggregate(one, _rows_for(one, lambda c: 1.0))] == ["kern"]
+
+
 def test_safe_needs_limit_and_limit_from_rows():
     with pytest.raises(ValueError, match="safe"):
         sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["safe"]))
@@ -401,10 +527,11 @@ def test_missing_rows_and_backends():
     p = sv.plan(_spec(batch_sizes=[1], contexts=[8 * K], backends=[]))
     rows = _rows_for(p, lambda c: 1.0, backends=("a", "b"))
     out = sv.aggregate(p, rows)
-    assert [r["backend"] for r in out] == ["a", "b"] and all(r["status"] == "ok" for r in out)
+    assert [r["backend"] for r in out] == ["a", "b", sv.ENVELOPE]
+    assert all(r["status"] == "ok" for r in out)
     out = sv.aggregate(p, rows[1:])  # drop one part of backend a
     assert out[0]["status"] == "missing" and out[0]["value_ms"] is None
-    assert out[1]["status"] == "ok"
+    assert out[1]["status"] == "ok" and out[2]["status"] == "ok"  # the envelope takes b's
     # an ok row without timing does not count as a measurement
     rows[0]["timing"] = None
     assert sv.aggregate(p, rows)[0]["status"] == "missing"
@@ -462,6 +589,10 @@ def test_spec_from_dict_parses_sizes_and_nested():
         ({"batch_sizes": [1], "contexts": [1], "colour": 1}, "colour"),
         ({"batch_sizes": [1], "contexts": [1], "op": "decode"}, "op"),
         ({"backends": ["x"]}, "nothing to build"),
+        ({"prompt_lens": [1], "chunk_sizes": [1], "dequant": "all"}, "dequant"),
+        ({"prompt_lens": [1], "chunk_sizes": [1], "dequant": []}, "dequant"),
+        ({"batch_sizes": [1], "contexts": [1], "c128_index": "never"}, "c128_index"),
+        ({"batch_sizes": [1], "contexts": [1], "c128_index": 1}, "c128_index"),
     ],
 )
 def test_spec_from_dict_rejects(bad, match):

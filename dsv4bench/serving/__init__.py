@@ -21,14 +21,18 @@ chunk i covers positions [start, start + tokens) and is the Case `tokens` = chun
   - V4 "c128" layers: window + every visible 128x-compressed entry
     (extra_topk = visible entries, compress_ratio 128).
   - V3.2 "dense-topk" layers: top-k (2048) over the whole prefix.
-Routes: "decode-kernel" (the decode kernel with b = tokens, sglang's DSv4 path),
-"sparse-prefill" (the bf16 sparse prefill kernel, plus a dequant and a remap part, below),
+Routes: "decode-kernel" (the decode kernel with b = tokens, sglang's DSv4 path), "decode-mixed"
+(the decode kernel as one request of s_q = tokens, q (1, T, h, d): vLLM's mixed batch below 32
+heads per rank), "sparse-prefill" (the bf16 sparse prefill kernel, plus a dequant and a remap
+part, below),
 "threshold:N" (decode-kernel for chunks of <= N tokens, sparse-prefill above; sglang's DSv4
 uses N = 11673), "safe" (a threshold equal to the measured decode-route limit, passed to
 `plan(..., safe_limit=)`; see `safe_limit_from_rows`).
 
 TPOT(model, B, S): one decode step per layer (decode Case batch_size B, s_q 1, context_len S),
-same layer kinds as above, summed over layers.
+same layer kinds as above, summed over layers. With c128_index "step" (vLLM) or "layer", plus
+the C128 layers' decode index build (B queries x every visible compressed entry, timed as a
+remap), once per step or once per C128 layer.
 
 Modelling decisions:
   - Visible entries: a query at position pos sees min(pos+1, window) window tokens and
@@ -54,16 +58,17 @@ Modelling decisions:
     FlashMLA needs them so.
   - The sparse-prefill route adds, per layer:
       dequant of the workspace the chunk reads: V4 the window tokens
-      (min(context_len, tokens + window - 1)) and, for c4/c128 layers, every visible compressed
-      entry (context_len // ratio) as two dequant Cases (two caches, two calls); V3.2 the whole
-      prefix (context_len tokens). All visible entries are dequantized, not only the selected
-      ones, as vLLM's V3.2 prefill does.
+      (min(context_len, tokens + window - 1); with dequant "pool", the request's whole window
+      pool, context_len tokens, as sglang #25502 stages it) and, for c4/c128 layers, every
+      visible compressed entry (context_len // ratio) as two dequant Cases (two caches, two
+      calls); V3.2 the whole prefix (context_len tokens). All visible entries are dequantized,
+      not only the selected ones, as vLLM's V3.2 prefill does.
       remap: one "remap" Case of tokens x width indices, width = topk + extra_topk padded to
       128 (the merged width the prefill kernel reads); op remap (request-local to global slots)
       is the proxy for building the chunk's workspace indices and merging window and extra
       indices (KERNEL_FACTS §4). Its cost depends on the index count, not on positions, so it
       is one Case per (tokens, width), with context_len = max(tokens, width).
-    The decode-kernel route and TPOT read the FP8 cache directly (no dequant) and take global
+    The decode routes and TPOT read the FP8 cache directly (no dequant) and take global
     slots from the indexer's fused top-k transform: no remap part. Remap parts count once per
     layer: an upper bound for window/c128 layers, whose indices depend on positions only.
   - Backends: attention parts (prefill/decode Cases) use the backend's own row. Dequant and
@@ -73,11 +78,13 @@ Modelling decisions:
   - A point is ok only if every part is ok; otherwise value_ms is None and status is the first
     failing part's status ("missing" when no row exists), so a decode-route chunk that crashes
     the kernel makes its TTFT point a crash, never a smaller number.
+  - ENVELOPE rows (where several attention backends ran): each attention part on the fastest
+    backend that ran it ok, per layer kind and chunk shape (the parts name the backend).
   - Distinct Cases are measured once: the same (tokens, context_len) chunk appears in many
     prompts, the same window dequant in every chunk of a length and every layer kind.
 """
 
-from dsv4bench.serving.aggregate import aggregate
+from dsv4bench.serving.aggregate import ENVELOPE, aggregate
 from dsv4bench.serving.planning import (
     Chunk,
     Curve,
@@ -94,6 +101,9 @@ from dsv4bench.serving.planning import (
 )
 from dsv4bench.serving.spec import (
     BASE_ROUTES,
+    C128_INDEX_MODES,
+    DEFAULT_ROUTES,
+    DEQUANT_MODES,
     KEYS,
     LABEL,
     ServingSpec,
@@ -106,6 +116,10 @@ from dsv4bench.serving.spec import (
 
 __all__ = [
     "BASE_ROUTES",
+    "C128_INDEX_MODES",
+    "DEFAULT_ROUTES",
+    "DEQUANT_MODES",
+    "ENVELOPE",
     "KEYS",
     "LABEL",
     "Chunk",

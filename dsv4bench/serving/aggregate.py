@@ -1,9 +1,14 @@
-"""Serving rows (TTFT/TPOT points) from measured case rows."""
+"""Serving rows (TTFT/TPOT points) from measured case rows: one per curve point and backend,
+plus, where several backends have attention rows, one per point for ENVELOPE: every attention
+part on the fastest backend that ran it ok (per layer kind and chunk shape), what an engine could
+reach by picking the best kernel per call."""
 
 from __future__ import annotations
 
 from dsv4bench.serving.planning import Part, ServingPlan
 from dsv4bench.serving.spec import LABEL, LABEL_INDEXER, ROLES
+
+ENVELOPE = "envelope"  # the backend name of the fastest-per-part rows
 
 # ---- aggregation ----------------------------------------------------------------------------
 
@@ -18,8 +23,9 @@ def _usable(row: dict | None) -> bool:
     return row is not None and row.get("status") == "ok" and _median(row) is not None
 
 
-def aggregate(plan: ServingPlan, rows: list[dict]) -> list[dict]:
-    """Serving rows, one per (curve point, backend), from case rows of a run."""
+def aggregate(plan: ServingPlan, rows: list[dict], *, envelope: bool = True) -> list[dict]:
+    """Serving rows, one per (curve point, backend), from case rows of a run; with `envelope`
+    and more than one attention backend, also one ENVELOPE row per point."""
     by_key: dict[tuple[str, str], dict] = {}
     for r in rows:
         if r.get("kind", "case") == "case" and "case_id" in r and "backend" in r:
@@ -28,24 +34,31 @@ def aggregate(plan: ServingPlan, rows: list[dict]) -> list[dict]:
     for (cid, _), r in by_key.items():
         by_case.setdefault(cid, []).append(r)
 
-    ops = {c.case_id: c.op for c in plan.cases}
+    attention = {c.case_id for c in plan.cases if c.op in ("prefill", "decode")}
     backends = list(plan.spec.backends)
     if not backends:
-        attention_ids = {cid for cid, op in ops.items() if op in ("prefill", "decode")}
-        backends = sorted({b for (cid, b) in by_key if cid in attention_ids})
+        backends = sorted({b for (cid, b) in by_key if cid in attention})
 
+    # the envelope's attention parts come from the attention backends only
+    fastest_of = {
+        cid: [r for r in rs if cid not in attention or r["backend"] in backends]
+        for cid, rs in by_case.items()
+    }
+    if envelope and len(backends) > 1:
+        backends = [*backends, ENVELOPE]
     out = []
     for curve in plan.curves:
         for point in curve.points:
             for backend in backends:
-                out.append(_point_row(plan, curve, point, backend, by_key, by_case))
+                pool = fastest_of if backend == ENVELOPE else by_case
+                out.append(_point_row(plan, curve, point, backend, by_key, pool))
     return out
 
 
 def _pick(part: Part, backend: str, by_key: dict, by_case: dict) -> tuple[str | None, dict | None]:
     """The row a part takes: the backend's own (attention), the fastest ok one (dequant, remap,
-    indexer)."""
-    if part.role == "attention":
+    indexer; and attention parts of the ENVELOPE, among the attention backends)."""
+    if part.role == "attention" and backend != ENVELOPE:
         return backend, by_key.get((part.case_id, backend))
     candidates = by_case.get(part.case_id, [])
     ok = [r for r in candidates if _usable(r)]
@@ -102,6 +115,8 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
         "backend": backend,
         "route": point.route,
         "threshold": point.threshold,
+        "dequant": point.dequant,
+        "c128_index": point.c128_index,
         "prompt_len": point.prompt_len,
         "chunk_size": point.chunk_size,
         "batch_size": point.batch_size,

@@ -10,12 +10,14 @@ from typing import NamedTuple
 from dsv4bench.case import Case
 from dsv4bench.serving.spec import (
     ALIGN,
-    BASE_ROUTES,
+    DECODE_ROUTES,
+    DEFAULT_ROUTES,
     LABEL,
     PREFILL_ALIGN,
     TAG,
     ServingSpec,
     chunk_route,
+    dequantizes,
     parse_route,
 )
 from reference.layout_table import LAYOUTS
@@ -76,6 +78,8 @@ class CurvePoint:
     batch_size: int | None = None
     context_len: int | None = None
     threshold: int | None = None  # decode-kernel for chunks of <= threshold tokens
+    dequant: str | None = None  # DEQUANT_MODES of sparse-prefill chunks; None: none dequantize
+    c128_index: str | None = None  # C128_INDEX_MODES of a TPOT point
     parts: list[Part] = field(default_factory=list)
     chunks: list[tuple[int, int, str]] = field(default_factory=list)  # (tokens, context, route)
 
@@ -207,7 +211,7 @@ class _Builder:
         batch_size: int = 1,
         route: str = "sparse-prefill",
     ) -> str:
-        aligned = op == "decode" or route == "decode-kernel"
+        aligned = op == "decode" or route in DECODE_ROUTES
         return self._add(
             "attention",
             op=op,
@@ -273,21 +277,25 @@ class _Builder:
 
         return ModelSpec.builtin(self.cfg)
 
-    def chunk_parts(self, kind: str, chunk: Chunk, route: str) -> list[Part]:
-        """The parts one layer of `kind` costs for one chunk on a kernel route."""
+    def chunk_parts(
+        self, kind: str, chunk: Chunk, route: str, dequant: str | None = "read"
+    ) -> list[Part]:
+        """The parts one layer of `kind` costs for one chunk on a kernel route; `dequant`
+        (DEQUANT_MODES): how many window tokens the sparse-prefill route dequantizes."""
         t, ctx = chunk.tokens, chunk.context_len
         cid = self.attention(kind, op="prefill", tokens=t, context_len=ctx, route=route)
         parts = [Part(cid, 1, "attention")]
         ix = self.indexer(kind, context_len=ctx, tokens=t)
         if ix is not None:  # the indexer runs whichever route the attention takes
             parts.append(ix)
-        if route == "decode-kernel":
+        if route in DECODE_ROUTES:
             return parts
         w = self.widths(kind, ctx, aligned=False)
         if kind == "dense-topk":
             parts.append(Part(self.dequant(ctx), 1, "dequant"))
         else:
-            parts.append(Part(self.dequant(window_span(t, ctx, self.cfg.window)), 1, "dequant"))
+            span = ctx if dequant == "pool" else window_span(t, ctx, self.cfg.window)
+            parts.append(Part(self.dequant(span), 1, "dequant"))
             if w["compress_ratio"]:
                 entries = visible_entries(ctx, w["compress_ratio"])
                 if entries:
@@ -295,6 +303,12 @@ class _Builder:
         merged = -(-(w["topk"] + w["extra_topk"]) // PREFILL_ALIGN) * PREFILL_ALIGN
         parts.append(Part(self.remap(t, merged), 1, "remap"))
         return parts
+
+    def c128_index(self, batch_size: int, context_len: int) -> str | None:
+        """The decode index build of a C128 layer, as a remap of batch_size queries x every
+        visible compressed entry (global slots from the block table); None: nothing visible."""
+        entries = visible_entries(context_len, 128)
+        return self.remap(batch_size, align(entries)) if entries else None
 
 
 def _merge(parts: Iterable[tuple[Part, int]]) -> list[Part]:
@@ -329,8 +343,10 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
     for route in spec.routes if spec.prompt_lens else ():
         kind_, n = parse_route(route)
         threshold = safe_limit if kind_ == "safe" else n
-        for c in spec.chunk_sizes:
-            curve_id = f"ttft-{cfg.name}{suffix}-C{c}-{_slug(route)}"
+        modes = spec.dequant if dequantizes(route) else [None]
+        for mode, c in [(m, c) for m in modes for c in spec.chunk_sizes]:
+            tail = _slug(route) + ("" if mode in (None, "read") else f"-dq{mode}")
+            curve_id = f"ttft-{cfg.name}{suffix}-C{c}-{tail}"
             points = []
             for L in spec.prompt_lens:
                 scaled, plan_chunks = [], []
@@ -338,23 +354,26 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                     r = chunk_route(route, ch.tokens, safe_limit)
                     plan_chunks.append((ch.tokens, ch.context_len, r))
                     for kind, count in kinds.items():
-                        scaled += [(p, count) for p in b.chunk_parts(kind, ch, r)]
+                        scaled += [(p, count) for p in b.chunk_parts(kind, ch, r, mode)]
                 points.append(
                     CurvePoint(
-                        point_id=f"ttft-{cfg.name}{suffix}-L{L}-C{c}-{_slug(route)}",
+                        point_id=f"ttft-{cfg.name}{suffix}-L{L}-C{c}-{tail}",
                         metric="ttft",
                         route=route,
                         prompt_len=L,
                         chunk_size=c,
                         batch_size=1,
                         threshold=threshold,
+                        dequant=mode,
                         parts=_merge(scaled),
                         chunks=plan_chunks,
                     )
                 )
-            fixed = {"chunk_size": c, "route": route, "threshold": threshold}
+            fixed = {"chunk_size": c, "route": route, "threshold": threshold, "dequant": mode}
             curves.append(Curve(curve_id, "ttft", cfg.name, "prompt_len", fixed, points))
 
+    c128 = spec.c128_index
+    tpot_suffix = suffix + ("" if c128 == "none" else f"-c128{c128}")
     for s in spec.contexts if spec.batch_sizes else ():
         points = []
         for bs in spec.batch_sizes:
@@ -366,17 +385,22 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                 ix = b.indexer(kind, context_len=s, batch_size=bs)
                 if ix is not None:
                     scaled.append((ix, count))
+            if c128 != "none" and "c128" in kinds:
+                cid = b.c128_index(bs, s)
+                if cid is not None:  # once a step (shared by the C128 layers) or per layer
+                    scaled.append((Part(cid, 1, "remap"), 1 if c128 == "step" else kinds["c128"]))
             points.append(
                 CurvePoint(
-                    point_id=f"tpot-{cfg.name}{suffix}-B{bs}-S{s}",
+                    point_id=f"tpot-{cfg.name}{tpot_suffix}-B{bs}-S{s}",
                     metric="tpot",
                     route="decode",
                     batch_size=bs,
                     context_len=s,
+                    c128_index=c128,
                     parts=_merge(scaled),
                 )
             )
-        curve_id = f"tpot-{cfg.name}{suffix}-S{s}"
+        curve_id = f"tpot-{cfg.name}{tpot_suffix}-S{s}"
         curves.append(Curve(curve_id, "tpot", cfg.name, "batch_size", {"context_len": s}, points))
 
     return ServingPlan(spec, list(b.cases.values()), curves, safe_limit)
@@ -410,6 +434,6 @@ def safe_limit_from_rows(
 
 def jobs_for(spec: ServingSpec) -> list[tuple[Case, str]]:
     """The (case, backend) pairs a spec needs; "safe" needs no cases of its own."""
-    routes = [r for r in spec.routes if r != "safe"] or list(BASE_ROUTES)
+    routes = [r for r in spec.routes if r != "safe"] or list(DEFAULT_ROUTES)
     measured = dataclasses.replace(spec, routes=routes)
     return plan(measured).jobs()

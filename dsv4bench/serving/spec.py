@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from dsv4bench.case import HEAD_PADDINGS, Timing, Tolerance
+from dsv4bench.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance
 from reference.layout_table import LAYOUTS
 from reference.models import MODELS, ModelConfig
 
@@ -18,7 +18,23 @@ LABEL = (
     "without GEMMs, MoE and communication"
 )
 TAG = "serving"
-BASE_ROUTES = ("sparse-prefill", "decode-kernel")
+BASE_ROUTES = ROUTES  # kernel routes a chunk can take: sparse-prefill, decode-kernel, decode-mixed
+DEFAULT_ROUTES = ("sparse-prefill", "decode-kernel")
+DECODE_ROUTES = ("decode-kernel", "decode-mixed")  # the FP8 decode kernel: no dequant, no remap
+# How much of the window cache the sparse-prefill route dequantizes per chunk and layer:
+#   read  what the chunk's queries read, min(context, chunk + window - 1) tokens (sglang's
+#         build_swa_token_ids, python/sglang/srt/layers/attention/dsv4/sparse_prefill_utils.py;
+#         vLLM's gather_lens, vllm/v1/attention/backends/mla/sparse_swa.py)
+#   pool  the whole window pool of the request, every token written so far (context tokens):
+#         sglang #25502 stages the SWA pool into bf16 before flash_mla_sparse_fwd
+DEQUANT_MODES = ("read", "pool")
+# Where the TPOT model pays for C128 layers' decode indices (every visible compressed entry as
+# a global slot, from the block table):
+#   none   not counted (the decode call takes them ready, as before)
+#   step   once per decode step for all C128 layers (vLLM: DeepseekV4FlashMLAMetadataBuilder.
+#          _build_c128a_metadata, vllm/models/deepseek_v4/sparse_mla.py)
+#   layer  once per C128 layer
+C128_INDEX_MODES = ("none", "step", "layer")
 SGLANG_DSV4_THRESHOLD = 11673  # sglang's DSv4 backend: q.shape[0] > 11673 -> sparse prefill
 TOPK_PADDINGS = ("clamp", "full")
 ALIGN = 64  # index width multiple: the decode kernel's topk rule (KERNEL_FACTS §3)
@@ -36,9 +52,20 @@ KEYS: dict[str, str] = {
     "prompt_lens": "TTFT: prompt lengths L in tokens (ints, or strings like 64K)",
     "chunk_sizes": "TTFT: chunked-prefill sizes C in tokens; the last chunk of a prompt is shorter",
     "routes": (
-        "TTFT: sparse-prefill | decode-kernel | threshold:N (decode-kernel for chunks of <= N "
+        "TTFT: sparse-prefill | decode-kernel (q (T, 1, h, d), sglang) | decode-mixed "
+        "(q (1, T, h, d), vLLM's mixed batch) | threshold:N (decode-kernel for chunks of <= N "
         f"tokens; sglang's DSv4 uses {SGLANG_DSV4_THRESHOLD}) | safe (threshold = the measured "
         "decode-route limit); default [sparse-prefill, decode-kernel]"
+    ),
+    "dequant": (
+        "TTFT, sparse-prefill chunks: which window tokens are dequantized per chunk and layer, "
+        "one mode or a list: read (what the chunk reads: min(context, chunk + window - 1); "
+        "default) | pool (the request's whole window pool: context tokens, sglang #25502)"
+    ),
+    "c128_index": (
+        "TPOT: the C128 layers' decode index build (every visible compressed entry to a global "
+        "slot, timed as a remap): none (default) | step (once per decode step, vLLM) | layer "
+        "(once per C128 layer)"
     ),
     "batch_sizes": "TPOT: decode batch sizes B",
     "contexts": "TPOT: context lengths S in tokens",
@@ -83,7 +110,7 @@ class ServingSpec:
     scenario: str = "serving"
     prompt_lens: list[int] = field(default_factory=list)
     chunk_sizes: list[int] = field(default_factory=list)
-    routes: list[str] = field(default_factory=lambda: list(BASE_ROUTES))
+    routes: list[str] = field(default_factory=lambda: list(DEFAULT_ROUTES))
     batch_sizes: list[int] = field(default_factory=list)
     contexts: list[int] = field(default_factory=list)
     tp: int = 1
@@ -96,6 +123,8 @@ class ServingSpec:
     scale_convention: str | None = None  # None: flashmla (v4), pow2 (v32)
     topk_padding: str = "clamp"
     indexer: bool = False  # add the indexer's parts (role "indexer")
+    dequant: list[str] = field(default_factory=lambda: ["read"])  # DEQUANT_MODES
+    c128_index: str = "none"  # C128_INDEX_MODES
     seed: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
@@ -169,6 +198,15 @@ class ServingSpec:
                 f"topk_padding: expected one of {', '.join(TOPK_PADDINGS)}, "
                 f"got {self.topk_padding!r}"
             )
+        if not self.dequant or any(m not in DEQUANT_MODES for m in self.dequant):
+            raise ValueError(
+                f"dequant: expected {' or '.join(DEQUANT_MODES)} (or a list), got {self.dequant!r}"
+            )
+        if self.c128_index not in C128_INDEX_MODES:
+            raise ValueError(
+                f"c128_index: expected one of {', '.join(C128_INDEX_MODES)}, "
+                f"got {self.c128_index!r}"
+            )
         for key in ("backends", "helper_backends"):
             for b in getattr(self, key):
                 if not isinstance(b, str) or not b:
@@ -236,13 +274,20 @@ def spec_from_dict(d: dict) -> ServingSpec:
     for key in ("prompt_lens", "chunk_sizes", "batch_sizes", "contexts"):
         if key in d:
             kw[key] = _size_list(key, d[key])
-    for key in ("routes", "backends", "helper_backends"):
+    for key in ("routes", "backends", "helper_backends", "dequant"):
         if key in d:
             kw[key] = _str_list(key, d[key])
     for key in ("tp", "num_heads", "page_size", "seed"):
         if d.get(key) is not None:
             kw[key] = _size(key, d[key])
-    for key in ("scenario", "head_padding", "layout", "scale_convention", "topk_padding"):
+    for key in (
+        "scenario",
+        "head_padding",
+        "layout",
+        "scale_convention",
+        "topk_padding",
+        "c128_index",
+    ):
         if d.get(key) is not None:
             if not isinstance(d[key], str):
                 raise ValueError(f"{key}: expected a string, got {d[key]!r}")
@@ -261,7 +306,7 @@ def spec_from_dict(d: dict) -> ServingSpec:
 
 
 def parse_route(route: str) -> tuple[str, int | None]:
-    """("sparse-prefill"|"decode-kernel", None), ("threshold", N) or ("safe", None)."""
+    """(a kernel route of BASE_ROUTES, None), ("threshold", N) or ("safe", None)."""
     if route in BASE_ROUTES:
         return route, None
     if route == "safe":
@@ -274,8 +319,7 @@ def parse_route(route: str) -> tuple[str, int | None]:
         if n >= 0:
             return "threshold", n
     raise ValueError(
-        f"routes: unknown route {route!r} (expected sparse-prefill, decode-kernel, "
-        "threshold:N or safe)"
+        f"routes: unknown route {route!r} (expected {', '.join(BASE_ROUTES)}, threshold:N or safe)"
     )
 
 
@@ -289,6 +333,11 @@ def chunk_route(route: str, tokens: int, safe_limit: int | None = None) -> str:
             raise ValueError("route 'safe' needs safe_limit (the measured decode-route limit)")
         n = safe_limit
     return "decode-kernel" if tokens <= n else "sparse-prefill"
+
+
+def dequantizes(route: str) -> bool:
+    """Whether some chunk of a route policy can take the sparse-prefill route (and dequantize)."""
+    return parse_route(route)[0] not in DECODE_ROUTES
 
 
 # ---- scenario files -------------------------------------------------------------------------
