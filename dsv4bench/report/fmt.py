@@ -41,11 +41,11 @@ def kilo(n) -> str:
 
 
 def route_order(route: str):
-    """sparse-prefill, decode-kernel, threshold:N (by N), safe, then anything else."""
-    fixed = {"sparse-prefill": 0, "decode-kernel": 1, "safe": 3}
+    """sparse-prefill, decode-kernel, decode-mixed, threshold:N (by N), safe, then the rest."""
+    fixed = {"sparse-prefill": 0, "decode-kernel": 1, "decode-mixed": 2, "safe": 4}
     if route in fixed:
         return (fixed[route], natural_text_key(route))
-    return (2 if route.startswith("threshold:") else 4, natural_text_key(route))
+    return (3 if route.startswith("threshold:") else 5, natural_text_key(route))
 
 
 SHORT_ORDER = (

@@ -23,6 +23,7 @@ from dsv4bench.report.sections import (
     padding,
     run_info,
     serving,
+    serving_backends,
 )
 
 
@@ -32,6 +33,7 @@ def _winners(rep) -> None:
 
 SECTIONS = (
     serving.serving,  # TPOT and TTFT curves, the indexer's share
+    serving_backends.serving_backends,  # the same points per backend, and the envelope
     kernels.kernels,  # kernel throughput
     _winners,  # which backend is fastest per shape (report/winners.py)
     accuracy.accuracy,

@@ -38,6 +38,28 @@ def serving(rep) -> None:
     indexer_share.section(rep, serving)
 
 
+def route_key(r: dict) -> tuple[str, str | None]:
+    """A TTFT curve's route policy and its dequant mode where it is not the default "read"
+    (sglang #25502's whole-pool dequant is drawn as its own panel)."""
+    mode = r.get("dequant")
+    return str(r.get("route")), (mode if mode not in (None, "read") else None)
+
+
+def route_key_order(key: tuple[str, str | None]):
+    return (route_order(key[0]), key[1] or "")
+
+
+def route_key_title(rep, key: tuple[str, str | None], rows: list[dict]) -> str:
+    title = _route_title(rep, key[0], rows)
+    return title if key[1] is None else f"{title}, dequant {key[1]}"
+
+
+def line_suffix(r: dict) -> str:
+    """What sets a TPOT line apart beyond its backend: the C128 index-build mode."""
+    mode = r.get("c128_index")
+    return "" if mode in (None, "none") else f" (C128 index per {mode})"
+
+
 def _label_line(rep, rows: list[dict]) -> str:
     labels = sorted({r["label"] for r in rows if r.get("label")})
     return "; ".join(labels)
@@ -92,12 +114,11 @@ def _serving_lines(rep, rows: list[dict]) -> dict[int, str]:
     """Per row (by id), the name of its line: the backend, with the scenario where one
     backend's rows in this figure come from several scenarios."""
     scenarios = defaultdict(set)
+    name = lambda r: rep.who(r) + line_suffix(r)  # noqa: E731
     for r in rows:
-        scenarios[rep.who(r)].add(str(r.get("scenario") or ""))
+        scenarios[name(r)].add(str(r.get("scenario") or ""))
     return {
-        id(r): (
-            f"{rep.who(r)} ({r.get('scenario')})" if len(scenarios[rep.who(r)]) > 1 else rep.who(r)
-        )
+        id(r): (f"{name(r)} ({r.get('scenario')})" if len(scenarios[name(r)]) > 1 else name(r))
         for r in rows
     }
 
@@ -108,6 +129,8 @@ def _route_title(rep, route: str, rows: list[dict]) -> str:
 
     if route == "decode-kernel":
         return "decode-kernel (b = chunk tokens)"
+    if route == "decode-mixed":
+        return "decode-mixed (s_q = chunk tokens)"
     if route == "sparse-prefill":
         return "sparse-prefill (prefill kernel)"
     if route.startswith("threshold:"):
@@ -278,7 +301,7 @@ def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
     """TTFT vs prompt length: a panel per route (and backend), a line per chunk size."""
     chunks = sorted({r.get("chunk_size") or 0 for r in mrows})
     chunk_color = {c: plots.PALETTE[i % len(plots.PALETTE)] for i, c in enumerate(chunks)}
-    routes = sorted({str(r.get("route")) for r in mrows}, key=route_order)
+    routes = sorted({route_key(r) for r in mrows}, key=route_key_order)
     whos = sorted({rep.who(r) for r in mrows})
     panels = []
     for who in whos:
@@ -290,7 +313,7 @@ def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
                     (
                         r
                         for r in brows
-                        if str(r.get("route")) == route and (r.get("chunk_size") or 0) == chunk
+                        if route_key(r) == route and (r.get("chunk_size") or 0) == chunk
                     ),
                     key=lambda r: r.get("prompt_len") or 0,
                 )
@@ -305,7 +328,7 @@ def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
                         marker=plots.MARKERS[ci % len(plots.MARKERS)],
                     )
                 )
-            route_title = _route_title(rep, route, mrows)
+            route_title = route_key_title(rep, route, mrows)
             panels.append(
                 plots.Panel(
                     f"{who}: {route_title}" if len(whos) > 1 else route_title,
@@ -314,7 +337,7 @@ def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
                     series,
                     logx=True,
                     logy=True,
-                    note=f"no {route} rows for {who}",
+                    note=f"no {route_title} rows for {who}",
                 )
             )
     legend = {
@@ -342,13 +365,13 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
         mrows,
         key=lambda r: (
             rep.who(r),
-            route_order(str(r.get("route"))),
+            route_key_order(route_key(r)),
             r.get("chunk_size") or 0,
             r.get("prompt_len") or 0,
         ),
     )
     points = [(_point_id(r, i, "F"), r) for i, r in enumerate(ordered, 1)]
-    fields = {"route": "route", "chunk": "chunk_size", "prompt": "prompt_len"}
+    fields = {"route": "route", "dequant": "dequant", "chunk": "chunk_size", "prompt": "prompt_len"}
     caption = f"Failed TTFT points (x marks), {title}"
     _failed_points(rep.doc, points, rep.who, fields, caption)
     rep.doc.table(
@@ -356,6 +379,7 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
             "point",
             "backend",
             "route",
+            "dequant",
             "chunk",
             "prompt",
             "TTFT ms",
@@ -368,6 +392,7 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
                 code_span(pid),
                 rep.who(r),
                 r.get("route"),
+                r.get("dequant") or "",
                 r.get("chunk_size"),
                 r.get("prompt_len"),
                 fmt_num(r.get("value_ms")),
