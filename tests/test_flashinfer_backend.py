@@ -10,8 +10,9 @@ result matches the oracle on the *original* inputs shows the conversions keep th
 NOT run here: the real kernels (flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla,
 flashinfer.mla.trtllm_batch_decode_sparse_mla_dsv4, sparse_mla_sm120_decode_dsv4 / _dsv3_2).
 flashinfer is not installed and no sm100/sm120 GPU is here, so these tests do not show that an
-installed build has these names and argument names, what it really accepts (heads, topk, page
-stride), its numbers, its lse convention, or its speed.
+installed build has these names and argument names, what it really accepts (heads, topk; the
+head sets per build and the sm120 page stride are from FlashInfer's source, emulated here), its
+numbers, its lse convention, or its speed.
 """
 
 from __future__ import annotations
@@ -641,3 +642,106 @@ def test_timed_call_reuses_prepared_tensors(fake):
     p.run()
     a, b = fake.calls[-2][1], fake.calls[-1][1]
     assert a["kv_cache"] is b["kv_cache"] and a["indices"] is b["indices"]  # no conversion
+
+
+# ---- engine facts: head counts per build, the sm120 page stride -----------------------------
+
+
+def test_versions_and_head_sets():
+    assert fi.version_tuple("0.6.18rc7") == (0, 6, 18) and fi.version_tuple("0.6") == (0, 6, 0)
+    assert fi.version_tuple("unknown") is None and fi.version_tuple("0") is None
+    # trtllm-gen DSv4: 64/128 until 0.6.14 (flashinfer#3545), 8..128 since; others unchanged
+    assert fi.heads_for("trtllm_dsv4", "0.6.13") == (64, 128)
+    assert fi.heads_for("trtllm_dsv4", "0.6.14") == fi.HEADS == (8, 16, 32, 64, 128)
+    assert fi.heads_for("trtllm_dsv4", "unknown") == fi.HEADS
+    assert fi.heads_for("trtllm_mla", "0.6.12") == fi.heads_for("sm120_dsv4", "0.6.12") == fi.HEADS
+    # engine padding: the smallest head count of the build that fits, as vLLM pads
+    case = make_case({**V4, "num_heads": 12})
+    assert fi.padded_heads(case) == (16, None)
+    assert fi.padded_heads(case, (64, 128)) == (64, None)
+    reason = fi.padded_heads(make_case({**V4, "num_heads": 12}, head_padding="16"), (64, 128))[1]
+    assert "takes 64/128 query heads; head_padding 16 gives 16" in reason
+
+
+class OldFlashInfer(FakeFlashInfer):
+    """A 0.6.13 build: its trtllm-gen DSv4 kernel takes 64 or 128 heads only."""
+
+    def ops(self) -> KernelOps:
+        ops = super().ops()
+        ops.provider = Provider("fake-flashinfer", "0.6.13")
+        return ops
+
+    def trtllm_dsv4(self, *, query, **kw):
+        assert query.shape[2] in (64, 128), "0.6.13: Expected 64 or 128 query heads"
+        return super().trtllm_dsv4(query=query, **kw)
+
+
+def test_old_build_pads_dsv4_heads_to_64():
+    old = OldFlashInfer()
+    p, _ = check(make_case(**V4_SMALL), "sm100", old)  # 12 heads: 64 on 0.6.13, 16 since
+    assert p.info["padded_heads"] == 64 and old.calls[-1][1]["query"].shape[2] == 64
+    # V3.2 (trtllm_batch_decode_with_kv_cache_mla) keeps its own head set
+    p, _ = check(make_case(**V32_SMALL), "sm100", old)
+    assert p.info["padded_heads"] == 16
+    with pytest.raises(Unsupported, match="0.6.13: FlashInfer takes 64/128 query heads"):
+        case = make_case(**V4_SMALL, head_padding="16")
+        backend(old, "sm100").prepare(case, make_inputs(case, "cpu"), "cpu")
+
+
+def _restride(cache: torch.Tensor, stride: int) -> torch.Tensor:
+    """The same 64-token V4 pages at another page stride (bytes); padding bytes zero."""
+    pages, page = cache.shape[:2]
+    flat = torch.zeros(pages * stride + 584, dtype=torch.uint8)
+    out = flat.as_strided((pages, page, 1, 584), (stride, 584, 584, 1))
+    u8 = cache.view(torch.uint8)
+    for p in range(pages):
+        src = u8.as_strided((page * 584,), (1,), u8.storage_offset() + p * u8.stride(0))
+        flat[p * stride : p * stride + page * 584] = src
+    return out
+
+
+def _read_as_sm120(kv: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Tokens as FlashInfer's sm120 kernel addresses them (kv_cache_io.cuh): page stride from
+    the binding (stride(0) * element size), data at page * stride + t * 576, the 7 ue8m0
+    scales at page * stride + 64 * 576 + t * 8."""
+    page, stride = fi.sm120_page_layout(kv)
+    u8 = kv.view(torch.uint8)
+    flat = u8.as_strided((u8.shape[0] * stride,), (1,), u8.storage_offset())
+    rows = []
+    for s in slots.tolist():
+        blk, t = divmod(s, page)
+        data = flat[blk * stride + t * 576 :][:576]
+        scales = flat[blk * stride + page * 576 + t * 8 :][:7].float()
+        nope = data[:448].view(torch.float8_e4m3fn).float().view(7, 64)
+        nope = nope * torch.pow(2.0, scales - 127).view(7, 1)
+        rope = data[448:576].view(torch.bfloat16).float()
+        rows.append(torch.cat([nope.flatten(), rope]))
+    return torch.stack(rows)
+
+
+def test_sm120_reads_the_page_stride_from_the_tensor():
+    kv = torch.randn(300, 512).to(torch.bfloat16)
+    cache = layouts.quantize_v4(kv, 256)
+    want = layouts.dequantize_v4(cache)
+    slots = torch.tensor([0, 1, 63, 64, 200, 255, 256, 299, 511])
+    split = fi.repage_v4(cache)  # what the adapter hands the kernel
+    assert fi.sm120_page_layout(split) == (64, 37440)  # engines' padded page
+    # FlashInfer's tests pack pages unpadded (64 * 584 = 37376); the seed's 37888 also keeps
+    # the 16-byte alignment: the kernel reads every one of them through stride(0)
+    for stride in (37440, 37376, 37888):
+        paged = split if stride == 37440 else _restride(split, stride)
+        assert fi.sm120_page_layout(paged) == (64, stride)
+        assert torch.equal(_read_as_sm120(paged, slots), want[slots])
+    # a page read at the wrong stride (page_size * 584 on a padded cache) gives other bytes
+    wrong = split.view(torch.uint8).as_strided(split.shape, (37376, 584, 584, 1))
+    assert not torch.equal(_read_as_sm120(wrong, slots[3:]), want[slots[3:]])
+
+
+def test_sm120_prepare_reports_and_checks_the_stride(fake, monkeypatch):
+    case = make_case(**V4_SMALL)
+    p, _ = check(case, "sm120", fake)
+    assert p.info["page_stride_bytes"] == 37440
+    # a page stride the kernel cannot read with cp.async.bulk (not 16-byte aligned) is refused
+    monkeypatch.setattr(fi, "repage_v4", lambda c: _restride(layouts.split_pages_v4(c, 64), 37380))
+    with pytest.raises(Unsupported, match="16-byte aligned stride of at least 37376 B; got 64"):
+        backend(fake, "sm120").prepare(case, make_inputs(case, "cpu"), "cpu")

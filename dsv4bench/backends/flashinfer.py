@@ -19,7 +19,13 @@ vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py):
       columns index the SWA pool, the rest the compressed pool), sparse_topk_lens [B*q_len] =
       128 + active compressed entries, seq_lens [B] (the SWA tile's valid prefix is
       min(seq_lens - q_len + q_idx + 1, 128)), out, bmm1_scale, bmm2_scale, sinks [h] fp32,
-      kv_layout) -> out; no lse. Heads 8/16/32/64/128 (early builds: 64/128).
+      kv_layout) -> out; no lse. Heads 8/16/32/64/128 from FlashInfer 0.6.14 (flashinfer-ai/
+      flashinfer#3545, "Support smaller DSv4 sparse MLA head counts"; _check_dsv4_sparse_mla_
+      inputs in flashinfer/mla/_core.py raises for any other count); 0.6.12 and 0.6.13 (#3269)
+      take 64 or 128 only. vLLM pads to the smallest of (8, 16, 32, 64, 128) that fits
+      (_SPARSE_MLA_SUPPORTED_Q_HEADS, "flashinfer>=0.6.14, #3545", in
+      vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py; a stale comment there still says
+      {64, 128}): so does this adapter, and to 64/128 on an older build.
   sm120 V4    sparse_mla_sm120_decode_dsv4(q [T, h, 512], kv_cache 584 B in 64-token pages
       (the binding reads the page stride from stride(0)), indices [T, topk] with topk in
       {128, 512, 1024}, mid_out [T, h, splits, 512] bf16, mid_lse [T, h, splits] fp32
@@ -43,18 +49,27 @@ columns and the index width to a multiple of 4 with -1; sm120: re-pages the cach
 pages (V4 split_pages_v4, V3.2 a view of its token-major records; slots unchanged) and pads the
 index width with -1 to the kernel's dispatch set (extra width to a multiple of 64).
 
-NOT run here: any sm100/sm120 FlashInfer kernel (the sm90 FA3 path in flashinfer_fa3.py ran on
-an H100). No sm100/sm120 GPU exists here, so those adapters were built against the public
-source above and tested on the CPU with fake kernels that compute the answer from the
-converted inputs. Unverified: that the installed build has these names and argument names
-(the API has moved between releases), the head counts and topk limits it really accepts, that
-trtllm-gen honours `sinks` and treats
-seq_lens as the per-row length in sparse V3.2 mode, that the sm120 kernels accept 64-token pages
-with the padded page stride 37440, the sm120 lse convention (base 2, sink merged), and that
-sm120 reads V3.2's fp32 scales as powers of two (v32_scale_reading "e8m0"), and what the
-kernels do with a row that has no valid index (trtllm-gen DSv4 cannot express an empty window:
-prepare() refuses it). kv_dtype "e4m3" requantizes the cache per tensor: on random data its
-cos_diff against the oracle is about 1e-3, above the default tolerance, as expected of fp8 rows.
+The sm120 page stride (FlashInfer csrc/sparse_mla_sm120_jit_binding.cu, parse_paged_kv_layout,
+since 0.6.14, #3395): a 4-D cache [pages, 64, 1, 584] gives page_block_size = size(1) and the
+page stride in bytes = stride(0) * element size, "padded block stride is OK"; the kernel reads
+token t of page p at p * stride + t * 576 (data) and p * stride + 64 * 576 + t * 8 (scales)
+(include/flashinfer/attention/sparse_mla_sm120/common/kv_cache_io.cuh). So any stride works
+that keeps 16-byte alignment for cp.async.bulk: the unpadded 64 * 584 = 37376 of FlashInfer's
+tests, the 37440 engines allocate (64 * 584 rounded up to 576: vLLM's SWA cache spec,
+alignment=576) and this adapter passes, or 37888. Only the 2-D form [pages, page_bytes]
+derives the page size from the width and needs exactly 37376.
+
+NOT run here: any sm100/sm120 FlashInfer kernel (the sm90 FA3 path in flashinfer_fa3.py ran on an
+H100). No sm100/sm120 GPU exists here, so those adapters were built against the public source above
+and tested on the CPU with fake kernels that compute the answer from the converted inputs. Read in
+FlashInfer's source (not run): the head sets per build and the sm120 page stride (above).
+Unverified: that the installed build has these names and argument names (the API has moved between
+releases), the head counts and topk limits it really accepts, that trtllm-gen honours `sinks` and
+treats seq_lens as the per-row length in sparse V3.2 mode, the sm120 lse convention (base 2, sink
+merged), that sm120 reads V3.2's fp32 scales as powers of two (v32_scale_reading "e8m0"), and what
+the kernels do with a row that has no valid index (trtllm-gen DSv4 cannot express an empty window:
+prepare() refuses it). kv_dtype "e4m3" requantizes the cache per tensor: on random data its cos_diff
+against the oracle is about 1e-3, above the default tolerance, as expected of fp8 rows.
 """
 
 from __future__ import annotations
@@ -83,11 +98,14 @@ from dsv4bench.case import Case
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
 ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and sm120 only"
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
+DSV4_OLD_HEADS = (64, 128)  # trtllm-gen DSv4 before 0.6.14 (flashinfer-ai/flashinfer#3545)
+DSV4_SMALL_HEADS_SINCE = (0, 6, 14)
 KV_DTYPES = ("bf16", "e4m3")  # plain-row dtypes for trtllm-gen
 SWA_WIDTH = 128  # trtllm-gen DSv4: the first 128 index columns are the window (SWA) pool
 INDEX_ALIGN = 4  # trtllm-gen loads indices 16 bytes at a time
 TRTLLM_MIN_TOPK = 128
 SM120_PAGE = 64  # the sm120 decode kernels read 64-token pages
+SM120_STRIDE_ALIGN = 16  # page starts must be 16-byte aligned: the kernel's cp.async.bulk
 SM120_MAX_TOKENS = 64  # above this FlashInfer routes to its sm120 prefill kernel
 SM120_SPLIT = 64  # candidates per split-K chunk (mid_out / mid_lse)
 SM120_TOPKS = {"v4": (128, 512, 1024), "v32": (128, 512, 1024, 2048)}
@@ -165,21 +183,39 @@ def discover() -> KernelOps:
 # ---- conversions (all outside the timed call) -----------------------------------------
 
 
-def padded_heads(case: Case) -> tuple[int, str | None]:
-    """Query heads handed to the kernel (one of HEADS), or a reason why none fits."""
+def version_tuple(version: str) -> tuple[int, ...] | None:
+    """(0, 6, 18) of "0.6.18rc7"; None when the version says nothing ("unknown")."""
+    import re
+
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    return tuple(int(x) for x in m.groups(default="0")) if m else None
+
+
+def heads_for(family: str, version: str) -> tuple[int, ...]:
+    """Head counts a kernel family of a FlashInfer build takes: trtllm-gen DSv4 took 64 or 128
+    until 0.6.14; every other family (and an unknown version) the full HEADS."""
+    v = version_tuple(version)
+    if family == "trtllm_dsv4" and v is not None and v < DSV4_SMALL_HEADS_SINCE:
+        return DSV4_OLD_HEADS
+    return HEADS
+
+
+def padded_heads(case: Case, heads: tuple[int, ...] = HEADS) -> tuple[int, str | None]:
+    """Query heads handed to the kernel (one of `heads`), or a reason why none fits."""
     h, mode = case.num_heads, case.head_padding
     if mode == "engine":
-        target = next((n for n in HEADS if n >= h), 0)
+        target = next((n for n in heads if n >= h), 0)
     elif mode == "none":
         target = h
     elif mode.isdigit():
         target = int(mode)
     else:
         return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
-    if h > HEADS[-1]:
-        return 0, f"{h} heads: FlashInfer's sparse MLA kernels take at most {HEADS[-1]}"
-    if target not in HEADS:
-        return 0, f"FlashInfer takes 8/16/32/64/128 query heads; head_padding {mode} gives {target}"
+    if h > heads[-1]:
+        return 0, f"{h} heads: FlashInfer's sparse MLA kernels take at most {heads[-1]}"
+    if target not in heads:
+        allowed = "/".join(map(str, heads))
+        return 0, f"FlashInfer takes {allowed} query heads; head_padding {mode} gives {target}"
     if h > target:
         return 0, f"{h} heads exceed head_padding {mode} ({target})"
     return target, None
@@ -261,6 +297,14 @@ def repage_v32(cache, page_size: int = SM120_PAGE):
     if tail:
         records = torch.cat([records, records.new_zeros(tail, records.shape[1])])
     return records.view(-1, page_size, 1, cache.shape[-1])
+
+
+def sm120_page_layout(kv) -> tuple[int, int]:
+    """(page_block_size, page stride in bytes) as FlashInfer's sm120 binding reads a 4-D NHD
+    cache [pages, P, 1, bytes_per_token]: size(1) and stride(0) * element size."""
+    if kv.dim() != 4 or kv.shape[2] != 1:
+        raise ValueError(f"sm120 caches are [pages, P, 1, bytes], got {tuple(kv.shape)}")
+    return int(kv.shape[1]), int(kv.stride(0)) * kv.element_size()
 
 
 def trtllm_dsv4_indices(window, extra=None):
@@ -418,7 +462,9 @@ class FlashInfer(Backend):
         x["indices"] = apply_length(x["indices"], x.get("topk_length"))
         if x.get("extra_indices") is not None:
             x["extra_indices"] = apply_length(x["extra_indices"], x.get("extra_topk_length"))
-        heads = padded_heads(case)[0]
+        heads, reason = padded_heads(case, heads_for(key, ops.provider.version))
+        if reason:
+            raise Unsupported(f"flashinfer {ops.provider.version}: {reason}")
         info = {"padded_heads": heads, "kernel": ops.names.get(key, key), "family": key}
         if key == "trtllm_mla":
             return self._prepare_trtllm_v32(case, x, fn, heads, info)
@@ -549,6 +595,12 @@ class FlashInfer(Backend):
         idx = x["indices"].reshape(t, -1)
         width = next(w for w in SM120_TOPKS[case.layout] if w >= idx.shape[-1])
         kv = repage(x["k_cache"])
+        page, stride = sm120_page_layout(kv)
+        if page != SM120_PAGE or stride % SM120_STRIDE_ALIGN or stride < page * kv.shape[-1]:
+            raise Unsupported(
+                f"the sm120 kernel reads {SM120_PAGE}-token pages at a 16-byte aligned stride of "
+                f"at least {SM120_PAGE * kv.shape[-1]} B; got {page} tokens, {stride} B"
+            )
         sink = pad_sink(x.get("attn_sink"), heads)
         kwargs = {"topk_length": None, "attn_sink": sink}
         splits = width // SM120_SPLIT
@@ -573,6 +625,7 @@ class FlashInfer(Backend):
         info.update(
             index_width=width,
             page_size=SM120_PAGE,
+            page_stride_bytes=stride,
             num_splits=splits,
             lse="base 2 with the sink merged; converted",
         )
