@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
-OPS = ("decode", "prefill", "dequant", "remap", "indexer")
+OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split")
+SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
 LAYOUTS = tuple(LAYOUT_TABLE)  # reference/layout_table.py: bytes, widths, scales of each
 # How a prefill chunk of T tokens reaches a kernel: the bf16 sparse prefill kernel over a
 # dequantized workspace, or the FP8 decode kernel as T requests of one token (sglang's DSv4)
@@ -35,7 +36,7 @@ class Timing:
 
 
 # FlashMLA's own test tolerances (KERNEL_FACTS §7): decode 5e-6, prefill 7e-6.
-DEFAULT_COS_DIFF = {"prefill": 7e-6}
+DEFAULT_COS_DIFF = {"prefill": 7e-6, "page_split": 0.0}  # a re-paging copies bytes: exact
 DEFAULT_COS_DIFF_OTHER = 5e-6
 
 
@@ -68,6 +69,8 @@ class Case:
       `decode-mixed` as one request of s_q = tokens (vLLM's mixed batch): see decode_shape.
     dequant: FP8 cache of `context_len * batch_size` tokens -> bf16 workspace.
     remap: request-local top-k of (batch_size * s_q) queries -> global slots.
+    page_split: a V4 cache of `context_len * batch_size` tokens in `page_size`-token pages ->
+      SPLIT_PAGE-token pages (FlashInfer's sm120 layout; every token's bytes and slot kept).
     indexer: the lightning indexer's FP8 logits + top-k (dsv4bench/indexer_case.py): paged over
       batch_size requests of s_q tokens, or ragged over a chunk of `tokens` (tokens > 0).
     """

@@ -53,6 +53,7 @@ def make_inputs(case: Case, device: str | torch.device) -> dict:
         "dequant": _dequant,
         "remap": _remap,
         "indexer": _indexer,
+        "page_split": _dequant,  # the same cache: context_len * batch_size tokens
     }
     return make[case.op](case, torch.device(device), g)
 

@@ -169,7 +169,7 @@ def attention_flops(case: Case, heads: int | None = None) -> int:
     """2 * query tokens * heads * keys * (d_qk + d_v): QK^T and PV, FlashMLA's own count.
 
     `heads` defaults to the useful heads; pass the padded count for the work a kernel does.
-    Zero for dequant and remap.
+    Zero for dequant, remap and page_split.
     """
     if case.op == "indexer":
         from dsv4bench import indexer_case
@@ -201,6 +201,9 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
     if case.op == "dequant":
         tokens = case.context_len * case.batch_size
         return tokens * (LAYOUTS[case.layout].bytes_per_token(case.d_qk) + BF16 * case.d_qk)
+    if case.op == "page_split":  # every token's bytes read once and written once
+        tokens = case.context_len * case.batch_size
+        return 2 * tokens * LAYOUTS[case.layout].bytes_per_token(case.d_qk)
     if case.op == "remap":
         return case.batch_size * case.s_q * topk_total(case) * 2 * INT32
     if case.op == "indexer":

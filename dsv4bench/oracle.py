@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dsv4bench.backends.base import Output, prefill_output
-from dsv4bench.case import Case
+from dsv4bench.case import SPLIT_PAGE, Case
 from reference import attention, indices, layouts
 
 
@@ -63,6 +63,8 @@ def oracle_call(
         )
     if case.op == "indexer":
         return lambda: indexer_call(case, x)
+    if case.op == "page_split":  # the (pages, 64, 1, 584) view: every token's bytes, no padding
+        return lambda: Output(layouts.split_pages_v4(x["k_cache"], SPLIT_PAGE))
     raise ValueError(f"no oracle for op {case.op!r}")
 
 

@@ -11,7 +11,7 @@ class TorchReference(Backend):
     name = "torch"
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
     archs = ARCHS
-    ops = ("decode", "prefill", "dequant", "remap", "indexer")
+    ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split")
     is_oracle = True
 
     def provider(self) -> Provider:

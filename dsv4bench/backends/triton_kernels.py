@@ -11,6 +11,11 @@ Kernels (byte layouts: reference/layouts.py, KERNEL_FACTS §2 and §4):
                bf16(float32(e4m3) * fp32 scale) per 128-value tile, rope bit-exact.
   remap        slot = block_table[r, i // P] * P + i % P; a negative i, a block past the table or
                a negative table entry gives -1. int32 or int64, the dtype of local.
+  page split   a V4 cache in P-token pages -> 64-token pages (FlashInfer's sm120 layout) in one
+               launch, one program per new page: its 64 x 576 data bytes and 64 x 8 scale bytes
+               copied as 4-byte words (every offset and stride of the layout is a multiple of
+               4); the output has the engines' padded page stride (37440). sglang fused its
+               split into one kernel (#29927, SM120 DeepSeek-V4 page-split).
 Both dequant kernels can read a list of slots instead of every token (`slots=`: row r of the
 output is the token at slots[r], as layouts.to_workspace(cache, slots)).
 
@@ -39,7 +44,7 @@ from dsv4bench.backends.base import (
     check_cache_width,
     fp8_cache_reason,
 )
-from dsv4bench.case import Case
+from dsv4bench.case import SPLIT_PAGE, Case
 from reference.layout_table import LAYOUTS, of_width
 
 NOT_FOUND = "Triton not found: pip install triton"
@@ -50,6 +55,8 @@ DEQUANT_BLOCK_T = 16  # tokens per program
 DEQUANT_WARPS = 8
 REMAP_BLOCK = 1024  # indices per program
 REMAP_WARPS = 4
+SPLIT_BLOCK = 1024  # words per step: 9 steps copy a 64-token page's 9216 data words
+SPLIT_WARPS = 4
 
 # Set by _load(): the kernels below reference `tl` as a module global, resolved when Triton
 # compiles or interprets them (their annotations are strings, thanks to the __future__ import).
@@ -226,10 +233,35 @@ def _remap_kernel(
     tl.store(out_ptr + offs, slot.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _page_split_v4_kernel(
+    src_ptr,  # int32 words of the source cache, at its first byte
+    dst_ptr,  # int32 words of the output cache (64-token pages)
+    src_stride,  # words between source pages: stride(0) / 4
+    dst_stride,  # words between output pages
+    P: tl.constexpr,  # tokens per source page
+    BLOCK: tl.constexpr,
+):
+    new = tl.program_id(0).to(tl.int64)  # the output page
+    R: tl.constexpr = P // 64
+    DATA: tl.constexpr = 64 * 576 // 4  # data words of a 64-token page
+    SCALES: tl.constexpr = 64 * 8 // 4
+    src = src_ptr + (new // R) * src_stride
+    dst = dst_ptr + new * dst_stride
+    sub = new % R  # which 64 tokens of the source page
+    for start in tl.static_range(0, DATA, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < DATA
+        tl.store(dst + offs, tl.load(src + sub * DATA + offs, mask=mask), mask=mask)
+    offs = tl.arange(0, SCALES)
+    words = tl.load(src + P * 576 // 4 + sub * SCALES + offs)
+    tl.store(dst + DATA + offs, words)
+
+
 _SOURCES = {
     "dequant_v4": _dequant_v4_kernel,
     "dequant_v32": _dequant_v32_kernel,
     "remap": _remap_kernel,
+    "page_split_v4": _page_split_v4_kernel,
 }
 
 
@@ -402,6 +434,66 @@ def remap(local, block_table, page_size: int, out=None):
     return launch()
 
 
+def page_split_launcher(cache, page_size: int = 64, out=None):
+    """(launch, out): launch() writes layouts.split_pages_v4(cache, page_size) into out (a V4
+    cache of page_size-token pages at the padded page stride, allocated here unless given)."""
+    import torch
+
+    from reference import layouts
+
+    if page_size != 64:
+        raise ValueError(f"the kernel splits into 64-token pages, got page_size {page_size}")
+    u8 = _cache_u8(cache, "v4")
+    num_pages, P = u8.shape[:2]
+    if P % 64 or P < 64:
+        raise ValueError(f"source pages of {P} tokens do not split into 64-token pages")
+    if u8.stride(0) % 4 or u8.storage_offset() % 4:
+        raise ValueError("the page stride and the storage offset must be multiples of 4 bytes")
+    n_new = num_pages * (P // 64)
+    if out is None:
+        out = layouts.split_pages_v4(u8[:0], 64) if n_new == 0 else _empty_v4(n_new, u8.device)
+    if out.shape != (n_new, 64, 1, 584) or out.stride(0) % 4 or out.storage_offset() % 4:
+        raise ValueError(f"out must be a V4 cache ({n_new}, 64, 1, 584), 4-byte aligned")
+    if n_new == 0:
+        return (lambda: out), out
+    src = _words(u8)
+    dst = _words(out.view(torch.uint8))
+    kernel = _kernel("page_split_v4", u8.device)
+    args = (src, dst, u8.stride(0) // 4, out.stride(0) // 4)
+    meta = {"P": P, "BLOCK": SPLIT_BLOCK}
+
+    def launch():
+        kernel[(n_new,)](*args, **meta, num_warps=SPLIT_WARPS)
+        return out
+
+    return launch, out
+
+
+def _empty_v4(num_pages: int, device):
+    """An uninitialized V4 cache of 64-token pages at the engines' padded stride."""
+    import torch
+
+    from reference import layouts
+
+    stride = layouts.v4_page_stride(64)
+    buf = torch.empty(num_pages * stride, dtype=torch.uint8, device=device)
+    return buf.as_strided((num_pages, 64, 1, 584), (stride, 584, 584, 1))
+
+
+def _words(u8):
+    """int32 words from the tensor's first byte to the end of its storage (a flat view)."""
+    import torch
+
+    n = (u8.untyped_storage().nbytes() - u8.storage_offset()) // 4 * 4
+    return torch.as_strided(u8, (n,), (1,), u8.storage_offset()).view(torch.int32)
+
+
+def page_split(cache, page_size: int = 64, out=None):
+    """layouts.split_pages_v4(cache, page_size) by one kernel launch."""
+    launch, _ = page_split_launcher(cache, page_size, out)
+    return launch()
+
+
 # ---- the backend ------------------------------------------------------------------------
 
 
@@ -411,6 +503,8 @@ def _case_reason(case: Case) -> str | None:
         reason = fp8_cache_reason(case, "triton dequant kernels")
         if reason:
             return reason
+    if case.op == "page_split" and case.layout != "v4":
+        return f"the triton page split re-pages v4 caches, not {case.layout}"
     if case.page_size < 1:
         return f"page_size must be >= 1, got {case.page_size}"
     return None
@@ -424,7 +518,7 @@ class TritonKernels(Backend):
         "the lightning indexer's FP8 logits"
     )
     archs = ("sm90", "sm100", "sm120")
-    ops = ("dequant", "remap", "indexer", "decode", "prefill")
+    ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split")
 
     def provider(self) -> Provider:
         t = _load()
@@ -459,6 +553,12 @@ class TritonKernels(Backend):
             poison = lambda: out.fill_(float("nan"))
             kernel = f"dequant_{case.layout}"
             info = {"kernel": kernel, "block_tokens": DEQUANT_BLOCK_T, "num_warps": DEQUANT_WARPS}
+        elif case.op == "page_split":
+            cache = inputs["k_cache"]
+            check_cache_width(case, "k_cache", cache)
+            launch, out = page_split_launcher(cache, SPLIT_PAGE)
+            poison = lambda: out.fill_(0xA5)  # not a byte a correct split leaves everywhere
+            info = {"kernel": "page_split_v4", "block_words": SPLIT_BLOCK, "num_warps": SPLIT_WARPS}
         else:
             launch, out = remap_launcher(
                 inputs["local_indices"], inputs["block_table"], case.page_size

@@ -17,6 +17,7 @@ from dsv4bench.case import (
     OPS,
     ROUTES,
     SCALE_CONVENTIONS,
+    SPLIT_PAGE,
     TIMERS,
     Case,
 )
@@ -377,6 +378,10 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             return [("tokens", f"only prefill has tokens; this is a {v['op']} case")]
         if v["route"] != ROUTES[0]:
             return [("route", f"only prefill has a route; this is a {v['op']} case")]
+    if v["op"] == "page_split":
+        problems = page_split_problems(v)
+        if problems:
+            return problems
     if v["topk"] > v["context_len"] and v["op"] != "indexer":  # the indexer pads with -1
         return pair_rule("topk", "<=", "context_len", v)
     if v["window"] and v["topk"] > v["window"]:
@@ -408,6 +413,21 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     known = MODELS.get(v["model"])
     if known is not None and (v["d_qk"], v["d_v"]) != (known.d_qk, known.d_v):
         return [("model", f"{known.name} has d_qk {known.d_qk} and d_v {known.d_v}")]
+    return None
+
+
+def page_split_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """A page split re-pages a V4 cache into SPLIT_PAGE-token pages: larger whole pages only."""
+    if v["layout"] != "v4":
+        return [("layout", f"page_split re-pages a v4 cache, got layout {v['layout']}")]
+    if v["page_size"] <= SPLIT_PAGE or v["page_size"] % SPLIT_PAGE:
+        return [
+            (
+                "page_size",
+                f"page_split splits pages into {SPLIT_PAGE}-token pages: expected a multiple of "
+                f"{SPLIT_PAGE} above {SPLIT_PAGE}, got {v['page_size']}",
+            )
+        ]
     return None
 
 
