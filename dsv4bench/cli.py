@@ -65,7 +65,9 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
                 spec = serving.load_spec(path, known_backends=backends.names())
                 specs.append(spec)
                 if archs is not None:  # serving files name no arch: every one
-                    archs[spec.scenario] = list(scenarios.ARCHS)
+                    from dsv4bench.case import ARCHS
+
+                    archs[spec.scenario] = list(ARCHS)
                 jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
                 continue
             sc = scenarios.load(path, known_backends=backends.catalog())

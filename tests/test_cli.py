@@ -335,6 +335,15 @@ def test_plan_without_a_gpu_is_for_the_scenarios_archs_and_says_so(capsys):
     assert jobs and {j[2] for j in jobs} == {"sm90"} and out[-1].endswith("smoke: --arch")
 
 
+def test_plan_of_a_serving_file(capsys):
+    from dsv4bench import cli as dsv4cli
+
+    path = ROOT / "scenarios" / "serving" / "v4_flash_backends_sm90.yaml"
+    assert dsv4cli.main(["plan", str(path), "--arch", "sm90"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("88 jobs, 0 limit searches; planned for serving-v4-flash-backends")
+
+
 def test_retry_failed_needs_resume(tmp_path, capsys):
     from dsv4bench import cli as dsv4cli
 
