@@ -119,6 +119,8 @@ class ServingRow(Row):
     backend: str | None = None
     route: str | None = None
     threshold: int | None = None
+    dequant: str | None = None  # ttft: read | pool (None: no chunk dequantizes)
+    c128_index: str | None = None  # tpot: none | step | layer
     prompt_len: int | None = None
     chunk_size: int | None = None
     batch_size: int | None = None

@@ -71,3 +71,26 @@ def test_the_row_carries_its_tolerance_and_the_report_uses_it():
 def test_old_rows_keep_their_scale_reading():
     old = {"kind": "case", "status": "ok", "info": {"v32_scale_reading": "bf16"}}
     assert rows.from_dict(old).scale_reading == "bf16"
+
+
+def test_serving_rows_keep_their_dequant_and_c128_modes():
+    from dsv4bench import serving as sv
+
+    spec = sv.spec_from_dict(
+        {
+            "model": "v4-flash",
+            "prompt_lens": [4096],
+            "chunk_sizes": [4096],
+            "routes": ["sparse-prefill"],
+            "dequant": ["pool"],
+            "batch_sizes": [1],
+            "contexts": [8192],
+            "c128_index": "layer",
+            "backends": ["kern"],
+        }
+    )
+    for raw in sv.aggregate(sv.plan(spec), []):
+        record = rows.from_dict(raw)
+        assert isinstance(record, rows.ServingRow) and not record.extra
+        assert (record.dequant, record.c128_index) == (raw["dequant"], raw["c128_index"])
+        assert record.to_dict()["dequant"] in ("pool", None)
