@@ -62,10 +62,11 @@ def collect() -> dict:
         "cpu": platform.processor() or platform.machine(),
     }
     if torch.cuda.is_available():
-        from dsv4bench import hardware
+        from dsv4bench import devices, hardware
 
         props = torch.cuda.get_device_properties(0)
         env["gpu"] = props.name
+        env["gpu_uuid"] = devices.uuid_text(getattr(props, "uuid", None))
         env["arch"] = hardware.arch_of(0)
         env["sm_count"] = props.multi_processor_count
         env["smem_per_block_optin"] = getattr(props, "shared_memory_per_block_optin", None)

@@ -7,6 +7,7 @@ goes on. Rows are appended as soon as they exist, so a killed run loses nothing.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -18,12 +19,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench import backends, env
 from dsv4bench.case import Case
+from dsv4bench.devices import Device
 from dsv4bench.results import ResultWriter
 from dsv4bench.rows import CaseRow
 from dsv4bench.scenarios import LimitSearch
@@ -65,7 +67,8 @@ def _exit_text(rc: int | None) -> str:
 class Worker:
     """One `python -m dsv4bench.worker` process with a line reader on its stdout."""
 
-    def __init__(self, arch: str, plugins: list[str]):
+    def __init__(self, arch: str, plugins: list[str], env: dict[str, str] | None = None):
+        """`env`: variables set for this worker alone (CUDA_VISIBLE_DEVICES pins its GPU)."""
         # An unnamed file (unlinked at once): no log is left behind, however the runner ends.
         self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
         pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -77,6 +80,7 @@ class Worker:
             text=True,
             env={
                 **os.environ,
+                **(env or {}),
                 "PYTHONPATH": pythonpath,
                 "PYTHONUNBUFFERED": "1",
                 PARENT_ENV: str(os.getpid()),  # the worker dies when this process does
@@ -168,7 +172,39 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+class Slot:
+    """One device and its long-lived worker; a worker that dies is replaced on the same device."""
+
+    def __init__(self, device: Device, factory: Callable[[Device], Worker]):
+        self.device = device
+        self._factory = factory
+        self.worker: Worker | None = None
+
+    def new_worker(self) -> Worker:
+        return self._factory(self.device)
+
+    def ensure_worker(self) -> Worker:
+        if self.worker is None or not self.worker.alive():
+            if self.worker is not None:
+                self.worker.stop()
+            self.worker = self.new_worker()
+        return self.worker
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+
+class Stopped(Exception):
+    """The run is being stopped (interrupt, or another slot failed): no more rows."""
+
+
 class Runner:
+    """Sends jobs to one worker per device (`devices`: one CPU slot by default). Jobs and limit
+    searches are handed out from one queue to whichever slot is free; all probes of a limit
+    search run on one slot. Rows come back here and only this process writes them."""
+
     def __init__(
         self,
         writer: ResultWriter,
@@ -176,13 +212,22 @@ class Runner:
         arch: str,
         plugins: Iterable[str] = (),
         progress: bool = True,
+        devices: list[Device] | None = None,
+        worker_factory: Callable[[Device], Worker] | None = None,
+        shard: str | None = None,
     ):
         self.writer = writer
         self.arch = arch
         self.plugins = list(plugins)
         self.show_progress = progress
-        self._worker: Worker | None = None
+        self.shard = shard
+        factory = worker_factory or (
+            lambda device: Worker(self.arch, self.plugins, env=device.worker_env())
+        )
+        self.slots = [Slot(d, factory) for d in (devices or [Device(slot=0)])]
         self._env = None
+        self._lock = threading.Lock()  # one writer, one progress line at a time
+        self._stopping = threading.Event()
 
     # ---- one job -------------------------------------------------------------------------
 
@@ -191,7 +236,7 @@ class Runner:
             self._env = env.collect()
         return self._env
 
-    def _row(self, job: Job, answer: dict) -> dict:
+    def _row(self, job: Job, answer: dict, slot: Slot) -> dict:
         case = job.case
         backend = backends.get(job.backend)
         row = CaseRow(
@@ -205,8 +250,16 @@ class Runner:
             backend_options=backend.option_values(),
         ).to_dict()
         row.update(answer)
-        row["env"] = row.get("env") or self._env_info()
+        row["env"] = {**(row.get("env") or self._env_info()), **slot.device.row_env()}
+        if self.shard:
+            row["shard"] = self.shard
         return row
+
+    def _write(self, row: dict) -> None:
+        with self._lock:
+            if self._stopping.is_set():  # a worker killed by the stop is no result
+                raise Stopped
+            self.writer.append(row)
 
     def _run_in(self, worker: Worker, job: Job) -> dict:
         try:
@@ -232,40 +285,33 @@ class Runner:
                 answer["message"] = f"{answer.get('message', '')} ({worker.failure()})".strip()
         return answer
 
-    def run_job(self, job: Job, *, fresh: bool = False) -> dict:
-        """Run one job (in a new worker when `fresh`) and write its row."""
+    def run_job(self, job: Job, *, fresh: bool = False, slot: Slot | None = None) -> dict:
+        """Run one job on `slot` (default: the first; in a new worker when `fresh`) and write
+        its row."""
+        slot = slot or self.slots[0]
         reason = backends.get(job.backend).supports(job.case, self.arch)
         if reason:
             answer = {"status": "unsupported", "message": reason}
         else:
+            if self._stopping.is_set():
+                raise Stopped
             try:
-                if fresh:
-                    worker = Worker(self.arch, self.plugins)
-                else:
-                    worker = self._ensure_worker()
+                worker = slot.new_worker() if fresh else slot.ensure_worker()
                 answer = self._run_in(worker, job)
             except RuntimeError as e:  # the worker would not even start
                 answer = {"status": "error", "message": str(e)}
                 worker = None
             if worker is not None and (fresh or not worker.alive()):
                 worker.stop()
-                if worker is self._worker:
-                    self._worker = None
-        row = self._row(job, answer)
-        self.writer.append(row)
+                if worker is slot.worker:
+                    slot.worker = None
+        row = self._row(job, answer, slot)
+        self._write(row)
         return row
 
-    def _ensure_worker(self) -> Worker:
-        if self._worker is None or not self._worker.alive():
-            if self._worker is not None:
-                self._worker.stop()
-            self._worker = Worker(self.arch, self.plugins)
-        return self._worker
-
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+        for slot in self.slots:
+            slot.close()
 
     # ---- sweeps --------------------------------------------------------------------------
 
@@ -290,21 +336,81 @@ class Runner:
                 "the first jobs, and Ctrl-C then --resume continues",
                 file=sys.stderr,
             )
-        rows = []
+        # with several slots a limit search (a long chain of probes) starts first: the others
+        # share the jobs meanwhile
+        units = [*todo, *searches] if len(self.slots) == 1 else [*searches, *todo]
+        pending = collections.deque(units)
+        rows: list[dict] = []
+        self._stopping.clear()
         try:
-            for job in todo:
-                row = self.run_job(job)
-                rows.append(row)
-                if self.show_progress:
-                    progress.update(f"{job.case.case_id} {job.backend}", *_summary(row))
-            for search in searches:
-                rows.append(self.find_limit(search, progress))
+            if len(self.slots) == 1:
+                self._drain(self.slots[0], pending, rows, progress)
+            else:
+                self._run_slots(pending, rows, progress)
         finally:
             self.close()
         return rows
 
-    def find_limit(self, s: LimitSearch, progress: Progress | None = None) -> dict:
-        """Bisection between a working and a failing value, each probe in a fresh process."""
+    def _drain(self, slot: Slot, pending: collections.deque, rows: list, progress) -> None:
+        """Take units from `pending` until it is empty; run each on `slot`."""
+        while not self._stopping.is_set():
+            with self._lock:
+                if not pending:
+                    return
+                unit = pending.popleft()
+            if isinstance(unit, LimitSearch):
+                row = self.find_limit(unit, progress, slot)
+            else:
+                row = self.run_job(unit, slot=slot)
+                self._progress(progress, slot, f"{unit.case.case_id} {unit.backend}", row)
+            rows.append(row)
+
+    def _run_slots(self, pending: collections.deque, rows: list, progress) -> None:
+        errors: list[BaseException] = []
+
+        def drain(slot: Slot) -> None:
+            try:
+                self._drain(slot, pending, rows, progress)
+            except Stopped:
+                pass
+            except BaseException as e:  # e.g. a full disk: the run stops, main re-raises it
+                if not self._stopping.is_set():
+                    errors.append(e)
+                self._stopping.set()
+
+        threads = [
+            threading.Thread(target=drain, args=(slot,), name=f"slot-{slot.device.slot}")
+            for slot in self.slots
+        ]
+        for t in threads:
+            t.daemon = True
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.2)  # short waits: Ctrl-C and SIGTERM reach this thread
+        finally:
+            self._stopping.set()
+            self.close()  # a worker busy with a job ends now; its thread writes nothing more
+            for t in threads:
+                t.join(timeout=10)
+        if errors:
+            raise errors[0]
+
+    def _progress(self, progress: Progress | None, slot: Slot, label: str, row: dict) -> None:
+        if progress is None or not self.show_progress:
+            return
+        if len(self.slots) > 1:
+            label = f"{slot.device.label} {label}"
+        with self._lock:
+            progress.update(label, *_summary(row))
+
+    def find_limit(
+        self, s: LimitSearch, progress: Progress | None = None, slot: Slot | None = None
+    ) -> dict:
+        """Bisection between a working and a failing value, each probe in a fresh process on
+        one slot (a limit belongs to one GPU model and kernel build)."""
+        slot = slot or self.slots[0]
         probes: dict[int, dict] = {}
 
         def probe(value: int) -> bool:
@@ -313,10 +419,9 @@ class Runner:
                 timing=dataclasses.replace(s.base.timing, warmup=1, iters=3),
                 tags=(*s.base.tags, "limit-probe"),
             )
-            row = self.run_job(Job(case, s.backend), fresh=True)
+            row = self.run_job(Job(case, s.backend), fresh=True, slot=slot)
             probes[value] = row
-            if progress is not None and self.show_progress:
-                progress.update(f"limit {s.axis}={value} {s.backend}", *_summary(row))
+            self._progress(progress, slot, f"limit {s.axis}={value} {s.backend}", row)
             return row["status"] not in FAILED
 
         lo, hi = s.lo, s.hi
@@ -334,8 +439,9 @@ class Runner:
         else:
             first_fail = lo
         fail_row = probes.get(first_fail) if first_fail is not None else None
+        first_probe = probes[s.lo]
         row = {
-            **self._row(Job(s.base, s.backend), {}),
+            **self._row(Job(s.base, s.backend), {"env": first_probe.get("env")}, slot),
             "kind": "limit",
             "case_id": s.limit_id,
             "axis": s.axis,
@@ -352,7 +458,7 @@ class Runner:
 
             sizes = {str(v): indexer_case.logits_bytes(s.at(v)) for v in sorted(probes)}
             row["info"] = {**(row.get("info") or {}), "logits_bytes": sizes}
-        self.writer.append(row)
+        self._write(row)
         return row
 
 
