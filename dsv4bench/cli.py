@@ -1,4 +1,4 @@
-"""dsv4bench command line: plan, run, bench, backends, env (and report/compare from report/)."""
+"""dsv4bench command line: plan, run, bench, merge, backends, env (and report/compare)."""
 
 from __future__ import annotations
 
@@ -187,30 +187,88 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _devices(spec: str | None, arch: str):
+    """The worker slots: `--gpus` (all, or indices), else one unpinned slot as always."""
+    from dsv4bench import devices
+
+    if spec is None:
+        return devices.default(arch)
+    present = devices.visible_gpus()
+    if present and arch == "cpu":
+        raise UsageError(f"--gpus {spec}: goes with a GPU run, not --arch cpu")
+    try:
+        chosen = devices.select(spec, present)
+    except devices.DeviceError as e:
+        raise UsageError(str(e)) from None
+    for d in chosen:
+        if d.arch != arch:
+            raise UsageError(f"--gpus {spec}: GPU {d.index} is {d.arch}, not {arch}")
+    return chosen
+
+
+def _shard(text: str | None):
+    from dsv4bench import shard
+
+    if text is None:
+        return None
+    try:
+        return shard.parse(text)
+    except shard.ShardError as e:
+        raise UsageError(str(e)) from None
+
+
+def _take_shard(part, jobs: list, limits: list) -> tuple[list, list]:
+    """The jobs and limit searches of shard `part`, with a line saying what it holds."""
+    from dsv4bench import shard
+
+    mine_jobs, mine_limits = shard.select(jobs, limits, part)
+    total = shard.total_ms([*jobs, *limits])
+    mine = shard.total_ms([*mine_jobs, *mine_limits])
+    print(
+        f"shard {part}: {len(mine_jobs)} of {len(jobs)} jobs, {len(mine_limits)} of "
+        f"{len(limits)} limit searches (expected {mine / 60000:.1f} of {total / 60000:.1f} "
+        "GPU-minutes)",
+        file=sys.stderr,
+    )
+    return mine_jobs, mine_limits
+
+
 def _run(args, paths: list[str]) -> int:
     from dsv4bench.results import ResultWriter, read_rows
     from dsv4bench.runner import Runner, unexpected_failures
 
     if args.retry_failed and not args.resume:
         raise UsageError("--retry-failed goes with --resume")
+    part = _shard(args.shard)
     _setup_backends(args)
     jobs, limits, specs = _load(paths, args.backend)
     arch = _arch(args.arch, f"--arch {args.arch}")
+    slots = _devices(args.gpus, arch)
+    if part is not None:
+        jobs, limits = _take_shard(part, jobs, limits)
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
     _record_command(out, args.resume)
-    print(f"{len(jobs)} jobs, {len(limits)} limit searches on {arch} -> {out}", file=sys.stderr)
+    where = arch if args.gpus is None else f"{arch}, GPUs {','.join(d.label for d in slots)}"
+    print(f"{len(jobs)} jobs, {len(limits)} limit searches on {where} -> {out}", file=sys.stderr)
     runner = Runner(
         ResultWriter(out),
         arch=arch,
         plugins=args.plugin,
         progress=not args.quiet,
+        devices=slots,
+        shard=str(part) if part else None,
     )
     writer = runner.writer
     if writer.torn:
         print(f"{writer.path}: torn last line moved to {writer.torn}", file=sys.stderr)
     rows = runner.run(jobs, limits, resume=args.resume, retry_failed=args.retry_failed)
-    if specs:
+    if specs and part is not None:  # a shard holds some of the kernel rows a curve sums
+        print(
+            "serving: TTFT/TPOT points come from all shards: `dsv4bench merge ... --serving FILE`",
+            file=sys.stderr,
+        )
+    elif specs:
         print(f"serving: {_serving_rows(specs, writer)} TTFT/TPOT points", file=sys.stderr)
     counts: dict[str, int] = {}
     for r in rows:
@@ -244,7 +302,33 @@ def cmd_bench(args) -> int:
         if not paths:
             raise UsageError(f"no scenarios for {arch} under {SCENARIO_DIR / arch}")
     args.arch = arch
+    if args.gpus is None and arch != "cpu":  # every GPU this process sees (one: as before)
+        args.gpus = "all"
     return _run(args, paths)
+
+
+def cmd_merge(args) -> int:
+    from dsv4bench import merge
+    from dsv4bench.results import ResultWriter
+
+    out = Path(args.out)
+    command = " ".join(["dsv4bench", *sys.argv[1:]])
+    try:
+        record = merge.merge(
+            [Path(p) for p in args.run_dir], out, allow_mixed=args.allow_mixed, command=command
+        )
+    except merge.MergeError as e:
+        raise UsageError(str(e)) from None
+    rows = sum(p["rows"] for p in record["parts"])
+    print(f"merged {len(record['parts'])} run(s), {rows} rows -> {out / 'results.jsonl'}")
+    if args.serving:
+        _setup_backends(args)
+        _jobs, _limits, specs = _load(args.serving, None)
+        print(
+            f"serving: {_serving_rows(specs, ResultWriter(out))} TTFT/TPOT points",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def cmd_backends(args) -> int:
@@ -329,6 +413,16 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="start over in an existing RUN_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--gpus",
+        metavar="all|I,J,...",
+        help="one worker per GPU, jobs to whichever is free (bench: all by default)",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run shard I of N (split by expected cost; `dsv4bench merge` joins them)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -377,6 +471,28 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser(
+        "merge",
+        help="join shard run directories into one (refuses mixed GPU models or builds)",
+    )
+    p.add_argument("run_dir", nargs="+", help="the shards' run directories")
+    p.add_argument("--out", metavar="RUN_DIR", required=True)
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="merge rows of different GPU models or kernel builds anyway",
+    )
+    p.add_argument(
+        "--serving",
+        action="append",
+        metavar="FILE",
+        help="serving scenario whose TTFT/TPOT points to compute from the merged rows",
+    )
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+    p.add_argument("--backend-opt", action="append", metavar="NAME.OPTION=VALUE")
+    p.add_argument("--flashmla-lib", metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=cmd_merge)
     p = sub.add_parser("backends", help="registered backends and the kernels they found")
     _common(p)
     p.set_defaults(func=cmd_backends)

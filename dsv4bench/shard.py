@@ -96,6 +96,12 @@ def assign(units: list, count: int, is_oracle: Callable[[str], bool]) -> dict[tu
     return where
 
 
+def total_ms(units: list, is_oracle: Callable[[str], bool] | None = None) -> int:
+    is_oracle = is_oracle or _is_oracle
+    costs = {unit_key(u): unit_cost(u, is_oracle) for u in units}
+    return sum(costs.values())
+
+
 def select(jobs: list, limits: list, shard: Shard, is_oracle: Callable[[str], bool] | None = None):
     """The jobs and limit searches of `shard`, in their original order."""
     is_oracle = is_oracle or _is_oracle
