@@ -102,12 +102,20 @@ def total_ms(units: list, is_oracle: Callable[[str], bool] | None = None) -> int
     return sum(costs.values())
 
 
+def split(jobs: list, limits: list, count: int, is_oracle: Callable[[str], bool] | None = None):
+    """[(jobs, limit searches) of shard 1, ..., of shard `count`], each in the run's order."""
+    where = assign([*jobs, *limits], count, is_oracle or _is_oracle)
+    parts = [([], []) for _ in range(count)]
+    for j in jobs:
+        parts[where[unit_key(j)] - 1][0].append(j)
+    for s in limits:
+        parts[where[unit_key(s)] - 1][1].append(s)
+    return parts
+
+
 def select(jobs: list, limits: list, shard: Shard, is_oracle: Callable[[str], bool] | None = None):
     """The jobs and limit searches of `shard`, in their original order."""
-    is_oracle = is_oracle or _is_oracle
-    where = assign([*jobs, *limits], shard.count, is_oracle)
-    mine = lambda u: where[unit_key(u)] == shard.index
-    return [j for j in jobs if mine(j)], [s for s in limits if mine(s)]
+    return split(jobs, limits, shard.count, is_oracle)[shard.index - 1]
 
 
 def _is_oracle(backend: str) -> bool:
