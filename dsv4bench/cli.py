@@ -136,9 +136,9 @@ def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
 EARLIER = "earlier-"  # --force's folder for a run directory's previous contents
 
 
-def _record_command(out: Path, resume: bool) -> None:
+def _record_command(out: Path, resume: bool, argv: list[str]) -> None:
     """command.txt: the command that made the run; a --resume adds its own line."""
-    line = " ".join(["dsv4bench", *sys.argv[1:]]) + "\n"
+    line = " ".join(["dsv4bench", *argv]) + "\n"
     with open(out / "command.txt", "a" if resume else "w") as f:
         f.write(line)
 
@@ -248,7 +248,7 @@ def _run(args, paths: list[str]) -> int:
         jobs, limits = _take_shard(part, jobs, limits)
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
-    _record_command(out, args.resume)
+    _record_command(out, args.resume, args.argv)
     where = arch if args.gpus is None else f"{arch}, GPUs {','.join(d.label for d in slots)}"
     print(f"{len(jobs)} jobs, {len(limits)} limit searches on {where} -> {out}", file=sys.stderr)
     runner = Runner(
@@ -312,7 +312,7 @@ def cmd_merge(args) -> int:
     from dsv4bench.results import ResultWriter
 
     out = Path(args.out)
-    command = " ".join(["dsv4bench", *sys.argv[1:]])
+    command = " ".join(["dsv4bench", *args.argv])
     try:
         record = merge.merge(
             [Path(p) for p in args.run_dir], out, allow_mixed=args.allow_mixed, command=command
@@ -523,7 +523,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `dsv4bench plan ... | head` ends quietly
     signal.signal(signal.SIGTERM, _terminate)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
+    args.argv = argv  # command.txt records it
     try:
         return args.func(args)
     except UsageError as e:

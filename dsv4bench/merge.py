@@ -123,10 +123,10 @@ def _check_same_setup(parts: list[Part]) -> None:
 
 def merge(paths: list[Path], out: Path, *, allow_mixed: bool = False, command: str = "") -> dict:
     """Write the merged run directory `out`; returns what merged.json records."""
-    if (out / RESULTS_FILE).exists():
-        raise MergeError(f"--out {out}: already holds results")
     parts = [read_part(Path(p)) for p in paths]
     missing = check_parts(parts, allow_mixed=allow_mixed)
+    if (out / RESULTS_FILE).exists():
+        raise MergeError(f"--out {out}: already holds results")
     if any(p.path.resolve() == out.resolve() for p in parts):
         raise MergeError(f"--out {out}: is one of the inputs")
     order = sorted(range(len(parts)), key=lambda i: (parts[i].index or 0, i))
