@@ -3,6 +3,8 @@ PYTHON ?= python3
 ARCH ?=
 OUT ?=
 RUNS ?= runs
+GPUS ?=
+SHARD ?=
 
 .PHONY: install ensure test test-slow bench report lint gpu-test
 
@@ -27,8 +29,9 @@ test-slow: install
 gpu-test: ensure
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu
 
+# every visible GPU (one worker each) unless GPUS=0,1 names some; SHARD=I/N runs one shard
 bench: ensure
-	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli bench $(if $(ARCH),--arch $(ARCH)) $(if $(OUT),--out $(OUT)) --runs $(RUNS)
+	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli bench $(if $(ARCH),--arch $(ARCH)) $(if $(OUT),--out $(OUT)) $(if $(GPUS),--gpus $(GPUS)) $(if $(SHARD),--shard $(SHARD)) --runs $(RUNS)
 
 report: ensure
 	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli report $(if $(OUT),$(OUT),$$(ls -d $(RUNS)/*/ | tail -n 1))

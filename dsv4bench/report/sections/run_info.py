@@ -75,7 +75,7 @@ def environment(rep) -> None:
     d = rep.doc
     d.heading("Environment")
     cols = ["gpu", "arch", "driver", "cuda", "torch", "triton", "git_commit"]
-    more = ["smem_per_block_optin", "sm_count", "python", "host"]
+    more = ["gpu_index", "gpu_uuid", "smem_per_block_optin", "sm_count", "python", "host"]
     cols += [c for c in more if any(e.get(c) for e in envs.values())]
     d.table(
         ["run", *cols],
