@@ -394,6 +394,7 @@ class Runner:
             self.close()  # a worker busy with a job ends now; its thread writes nothing more
             for t in threads:
                 t.join(timeout=10)
+            self.close()  # one a thread started while the stop began
         if errors:
             raise errors[0]
 
