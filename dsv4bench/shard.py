@@ -63,7 +63,7 @@ def case_cost_ms(case: Case, *, oracle_backend: bool = False) -> int:
 def limit_cost_ms(search, *, oracle_backend: bool = False) -> int:
     """A limit search: its expected probes, each a fresh process plus one job at the middle
     of the searched range."""
-    probes = 2 + max(0, (search.hi - search.lo).bit_length())
+    probes = 2 + max(0, ((search.hi - search.lo) // search.step).bit_length())
     middle = search.at((search.lo + search.hi) // 2)
     return probes * (START_MS + case_cost_ms(middle, oracle_backend=oracle_backend))
 

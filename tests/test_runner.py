@@ -104,7 +104,7 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     probed = []
 
-    def fake_job(job, fresh=False):
+    def fake_job(job, fresh=False, slot=None):
         b = job.case.batch_size
         probed.append(b)
         return {"status": "ok" if b < 4 else "crash", "message": f"batch {b}", "provider": None}
