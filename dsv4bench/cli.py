@@ -165,7 +165,10 @@ def cmd_plan(args) -> int:
 
     _setup_backends(args)
     archs_of: dict[str, list[str]] = {}
+    part = _shard(args.shard)
     jobs, limits, _specs = _load(args.scenario, args.backend, archs_of)
+    if part is not None:
+        jobs, limits = _take_shard(part, jobs, limits)
     counts: dict[tuple[str, str], int] = {}
     why_of: dict[str, str] = {}
     for job in jobs:
@@ -303,8 +306,20 @@ def cmd_bench(args) -> int:
             raise UsageError(f"no scenarios for {arch} under {SCENARIO_DIR / arch}")
     args.arch = arch
     if args.gpus is None and arch != "cpu":  # every GPU this process sees (one: as before)
-        args.gpus = "all"
+        args.gpus = _bench_gpus()
     return _run(args, paths)
+
+
+def _bench_gpus() -> str:
+    """bench's default: every visible GPU of GPU 0's model (one model per run)."""
+    from dsv4bench import devices
+
+    present = devices.visible_gpus()
+    same = [d for d in present if d.name == present[0].name] if present else []
+    if len(same) < len(present):
+        left = ",".join(str(d.index) for d in present if d not in same)
+        print(f"bench: GPU(s) {left} left out: not {same[0].name}", file=sys.stderr)
+    return ",".join(str(d.index) for d in same) or "all"
 
 
 def cmd_merge(args) -> int:
@@ -450,6 +465,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
     p.add_argument("scenario", nargs="+")
     p.add_argument("--arch", choices=ARCHS)
+    p.add_argument("--shard", metavar="I/N", help="only the jobs of shard I of N")
     _common(p)
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser(
