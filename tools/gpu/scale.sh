@@ -22,6 +22,10 @@ if [[ -z ${DSV4BENCH_FLASHMLA_LIB:-} && -d .kernels/flashmla-vllm-0.26.0 ]]; the
   export DSV4BENCH_FLASHMLA_LIB=.kernels/flashmla-vllm-0.26.0
 fi
 export PYTHONUNBUFFERED=1
+# both modes start from a cold Triton cache, so neither inherits the other's compiled kernels
+TRITON_CACHE_DIR=$(mktemp -d /tmp/dsv4bench-triton-XXXX)
+export TRITON_CACHE_DIR
+trap 'rm -rf "$TRITON_CACHE_DIR"' EXIT
 dir="$out/$mode"
 mkdir -p "$dir"
 nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv,noheader >"$dir/gpus.txt" 2>&1
