@@ -173,27 +173,35 @@ def _clock(seconds: float) -> str:
 
 
 class Slot:
-    """One device and its long-lived worker; a worker that dies is replaced on the same device."""
+    """One device and its long-lived workers, one per Backend.process_key (two builds of one
+    kernel library cannot share a process); a worker that dies is replaced on the same device."""
 
     def __init__(self, device: Device, factory: Callable[[Device], Worker]):
         self.device = device
         self._factory = factory
-        self.worker: Worker | None = None
+        self.workers: dict[str, Worker] = {}
 
     def new_worker(self) -> Worker:
         return self._factory(self.device)
 
-    def ensure_worker(self) -> Worker:
-        if self.worker is None or not self.worker.alive():
-            if self.worker is not None:
-                self.worker.stop()
-            self.worker = self.new_worker()
-        return self.worker
+    def ensure_worker(self, key: str = "") -> Worker:
+        worker = self.workers.get(key)
+        if worker is None or not worker.alive():
+            if worker is not None:
+                worker.stop()
+            worker = self.workers[key] = self.new_worker()
+        return worker
+
+    def drop(self, worker: Worker) -> None:
+        """Forget a stopped worker (the next job of its key starts a new one)."""
+        for key, w in list(self.workers.items()):
+            if w is worker:
+                del self.workers[key]
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
+        for worker in list(self.workers.values()):
+            worker.stop()
+        self.workers.clear()
 
 
 class Stopped(Exception):
@@ -296,15 +304,15 @@ class Runner:
             if self._stopping.is_set():
                 raise Stopped
             try:
-                worker = slot.new_worker() if fresh else slot.ensure_worker()
+                key = backends.get(job.backend).process_key()
+                worker = slot.new_worker() if fresh else slot.ensure_worker(key)
                 answer = self._run_in(worker, job)
             except RuntimeError as e:  # the worker would not even start
                 answer = {"status": "error", "message": str(e)}
                 worker = None
             if worker is not None and (fresh or not worker.alive()):
                 worker.stop()
-                if worker is slot.worker:
-                    slot.worker = None
+                slot.drop(worker)
         row = self._row(job, answer, slot)
         self._write(row)
         return row

@@ -459,3 +459,10 @@ def test_ops_without_out_have_no_poison(fake):
     p = FlashMLA(ops=no_out).prepare(case, decode_inputs(case), "cpu")
     assert p.poison is None and p.info["out_in_place"] is False
     assert not math.isnan(float(p.finish(p.run()).out[0, 0, 0, 0]))
+
+
+def test_each_build_keeps_a_worker_process_of_its_own():
+    # two builds both register torch.ops._flashmla_C: they cannot load into one process
+    a, b = FlashMLA(lib=".kernels/flashmla-vllm-0.26.0"), FlashMLA(lib=".kernels/x-0.33.0")
+    assert a.process_key() != b.process_key()
+    assert FlashMLA().process_key() == "" != a.process_key()

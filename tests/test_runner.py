@@ -116,6 +116,20 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
     assert row["message"] == "batch 5"
 
 
+def test_instances_with_their_own_process_key_get_their_own_worker(tmp_path):
+    backends.configure("isolated", {"build": "b1"}, "isolated-b1")
+    backends.configure("isolated", {"build": "b2"}, "isolated-b2")
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    names = ["isolated", "isolated-b1", "isolated-b2", "torch"]
+    rows = runner.run([Job(tiny(b), name) for b in (1, 2) for name in names])
+    assert [r["status"] for r in rows] == ["ok"] * 8
+    pid = {(r["params"]["batch_size"], r["backend"]): r["info"].get("pid") for r in rows}
+    for name in names[:3]:
+        assert pid[(1, name)] == pid[(2, name)]  # a worker per key, kept between cases
+    assert len({pid[(1, name)] for name in names[:3]}) == 3  # two builds never share one
+    assert pid[(1, "isolated")] is not None
+
+
 def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     raw = replace(tiny(1), scale_convention="raw")  # vLLM's non-power-of-two scales
