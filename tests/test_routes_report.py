@@ -39,7 +39,8 @@ def sweep(times: dict[int, tuple[float, float, float]], tokens=4096, backend="fl
     """Rows at each head count: (sparse-prefill, decode-mixed, decode-kernel) ms; None = crash."""
     rows = []
     for heads, per_route in times.items():
-        for route, ms in zip(("sparse-prefill", "decode-mixed", "decode-kernel"), per_route):
+        routes = ("sparse-prefill", "decode-mixed", "decode-kernel")
+        for route, ms in zip(routes, per_route, strict=True):
             status = "ok" if ms is not None else "crash"
             rows.append(row(backend, heads=heads, tokens=tokens, route=route, ms=ms, status=status))
     return rows

@@ -354,8 +354,9 @@ class ScenarioLoader(Parser):
             n.value if n.kind == "seq" else [n], self.names(n, None, "file"), strict=True
         ):
             paths = sorted(here.glob(pattern)) if glob.has_magic(pattern) else [here / pattern]
+            paths = [p for p in paths if p.is_file()]
             if not paths:
-                raise self.fail(item, f"{pattern!r} matches no file under {here}")
+                raise self.fail(item, f"{pattern!r} names no file under {here}")
             for path in (p.resolve() for p in paths):
                 if path == Path(self.file).resolve():
                     raise self.fail(item, f"{pattern!r} names this file itself")
