@@ -34,6 +34,9 @@ from dsv4bench.worker import MARK, PARENT_ENV
 STARTUP_TIMEOUT_S = 180.0
 LARGE_RUN = 3600  # jobs: at about a second each, an hour or more
 FAILED = ("crash", "timeout", "oom", "error")
+# A limit probe stops working when it fails or answers wrong (a kernel past an int32 offset
+# may run and write garbage): both end the search.
+PROBE_FAILED = (*FAILED, "incorrect")
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -431,7 +434,7 @@ class Runner:
             row = self.run_job(Job(case, s.backend), fresh=True, slot=slot)
             probes[value] = row
             self._progress(progress, slot, f"limit {s.axis}={value} {s.backend}", row)
-            return row["status"] not in FAILED
+            return row["status"] not in PROBE_FAILED
 
         lo, hi = s.lo, s.hi
         last_ok = first_fail = None
@@ -443,7 +446,7 @@ class Runner:
                 else:
                     hi = mid
             last_ok, first_fail = lo, hi
-        elif probes[lo]["status"] not in FAILED:  # hi works too
+        elif probes[lo]["status"] not in PROBE_FAILED:  # hi works too
             last_ok = hi
         else:
             first_fail = lo

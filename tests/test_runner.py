@@ -116,6 +116,19 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
     assert row["message"] == "batch 5"
 
 
+def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypatch):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+
+    def fake_job(job, fresh=False):
+        b = job.case.batch_size
+        return {"status": "ok" if b < 6 else "incorrect", "message": f"cos_diff at {b}"}
+
+    monkeypatch.setattr(runner, "run_job", fake_job)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", tiny(1)))
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (5, 6, "incorrect")
+    assert row["message"] == "cos_diff at 6"
+
+
 def test_instances_with_their_own_process_key_get_their_own_worker(tmp_path):
     backends.configure("isolated", {"build": "b1"}, "isolated-b1")
     backends.configure("isolated", {"build": "b2"}, "isolated-b2")

@@ -46,7 +46,9 @@ SHIPPED = {
     "indexer/sm90.yaml": (55, 114, 0),  # opt-in: not part of `make bench`
     "indexer/limits_sm90.yaml": (0, 0, 4),
     # opt-in (issue 13): the sm90 cases on two FlashMLA builds; the TP x route crossover
-    "engines/flashmla_builds_sm90.yaml": (96, 192, 4),
+    "engines/flashmla_builds_sm90.yaml": (96, 192, 0),
+    "engines/flashmla_route_limits_sm90.yaml": (0, 0, 4),
+    "engines/tp_route_crossover_sm90.yaml": (150, 150, 0),
 }
 
 
@@ -591,7 +593,34 @@ def test_flashmla_builds_scenario():
         "flashmla-0.26": ".kernels/flashmla-vllm-0.26.0",
         "flashmla-0.33": ".kernels/flashmla-vllm-0.33.0",
     }
+    assert sc.limits == []  # in flashmla_route_limits_sm90.yaml, run first
+
+
+def test_route_limits_cover_both_builds_and_both_decode_routes():
+    path = ROOT / "scenarios/engines/flashmla_route_limits_sm90.yaml"
+    sc = scenarios.load(path, known_backends=CATALOG)
     searched = {(s.backend, s.base.route, s.base.model, s.base.num_heads) for s in sc.limits}
     for build in ("flashmla-0.26", "flashmla-0.33"):
         assert (build, "decode-kernel", "v4-flash", 64) in searched
-        assert any(b == build and r == "decode-mixed" for b, r, _, _ in searched)
+        assert (build, "decode-mixed", "v3.2", 16) in searched  # vLLM's route: under 32 heads
+    for s in sc.limits:  # the hi point of a mixed search lies past the predicted 58254
+        assert s.lo < s.hi <= s.base.context_len and s.at(s.hi).tokens == s.hi
+
+
+def test_crossover_covers_tp_chunks_and_routes():
+    path = ROOT / "scenarios/engines/tp_route_crossover_sm90.yaml"
+    sc = scenarios.load(path, known_backends=CATALOG)
+    heads = {
+        m: sorted({c.num_heads for c in sc.cases if c.model == m}) for m in ("v3.2", "v4-flash")
+    }
+    assert heads == {"v3.2": [8, 16, 32, 64, 128], "v4-flash": [4, 8, 16, 32, 64]}
+    assert {c.tokens for c in sc.cases} == {1024, 2048, 4096, 8192, 16384}
+    crash = [c for c in sc.cases if "expect-failure" in c.tags]
+    assert {(c.route, c.tokens) for c in crash} == {("decode-kernel", 16384)} and len(crash) == 10
+    assert all(c.context_len == 32768 for c in sc.cases)
+
+
+def test_a_limit_one_apart_needs_no_step():
+    text = HEAD + "limit: {axis: batch_size, lo: 11622, hi: 11623, backend: flashmla}\n"
+    (search,) = load(text).limits
+    assert (search.lo, search.hi, search.step) == (11622, 11623, 1)

@@ -236,7 +236,7 @@ class ScenarioLoader(Parser):
             hi_at = Origin(m["hi"].line, m["hi"].path, 4)
             found.limit = (axis, lo, hi, m["backend"].value, lo_at, hi_at)
             found.step = m["step"].value if "step" in m else 1
-            if found.step >= hi - lo:
+            if "step" in m and found.step >= hi - lo:  # hi = lo + 1 needs no step
                 raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")
         return found
 
