@@ -438,7 +438,10 @@ class Runner:
 
         lo, hi = s.lo, s.hi
         last_ok = first_fail = None
-        if probe(lo) and not probe(hi):
+        lo_works = probe(lo)
+        if probes[lo]["status"] == "unsupported":  # no kernel to search (a build not found)
+            pass
+        elif lo_works and not probe(hi):
             while hi - lo > s.step:
                 mid = lo + max(1, (hi - lo) // 2 // s.step) * s.step
                 if probe(mid):
@@ -452,6 +455,8 @@ class Runner:
             first_fail = lo
         fail_row = probes.get(first_fail) if first_fail is not None else None
         first_probe = probes[s.lo]
+        if last_ok is None and first_fail is None:
+            fail_row = first_probe
         row = {
             **self._row(Job(s.base, s.backend), {"env": first_probe.get("env")}, slot),
             "kind": "limit",

@@ -125,6 +125,10 @@ def test_two_builds_side_by_side():
     assert "time 0.900x flashmla-0.26's (geometric mean over 2 cases, 0.90..0.90)" in text
     assert "decode-kernel v3.2 h64 tokens limit: last ok 11600, first fail 11616 (to 16)" in text
     assert "last ok 11622, first fail 11623 (crash)" in paragraph(old)
+    (lim,) = [r for r in rows if r["kind"] == "limit" and r["backend"] == "flashmla-0.33"]
+    lim.update(last_ok=None, first_fail=None, status="unsupported")  # 0.33 not found
+    (group,) = instance_groups(rows)
+    assert "limit: not searched (unsupported)" in paragraph(group[1])
     assert math.isclose(new.speed, 0.9)
 
 

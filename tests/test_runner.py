@@ -129,6 +129,13 @@ def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypa
     assert row["message"] == "cos_diff at 6"
 
 
+def test_a_search_without_a_kernel_says_unsupported_not_no_failure(tmp_path):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", replace(tiny(1), op="remap")))
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (None, None, "unsupported")
+    assert "no remap kernel" in row["message"] and row["probes"] == {"1": "unsupported"}
+
+
 def test_instances_with_their_own_process_key_get_their_own_worker(tmp_path):
     backends.configure("isolated", {"build": "b1"}, "isolated-b1")
     backends.configure("isolated", {"build": "b2"}, "isolated-b2")

@@ -21,6 +21,8 @@ class Limit:
     step: int = 1
 
     def text(self) -> str:
+        if self.first_fail is None and self.last_ok is None:
+            return f"not searched ({self.status})"
         if self.first_fail is None:
             return f"no failure up to {self.last_ok}"
         if self.last_ok is None:

@@ -216,6 +216,8 @@ def _limit_sentence(r: dict) -> str:
     route = f", {param(r, 'route')}" if r.get("op") == "prefill" else ""
     who = f"{r.get('backend')} ({param(r, 'model')}{route}, {r.get('axis')})"
     ok, fail = r.get("last_ok"), r.get("first_fail")
+    if fail is None and ok is None:  # nothing to search: the backend could not run it
+        return f"{who}: not searched ({r['status']}: {short(r.get('message'), 120)})."
     if fail is None:
         return f"{who}: no failure up to {ok}."
     if ok is None:
