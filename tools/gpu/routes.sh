@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 13 items 1-3 on one sm90 GPU, in order of value, each part under its own timeout
-# (530 s in all; about 8.5 minutes expected on an H200):
-#   1. scenarios/engines/flashmla_route_limits_sm90.yaml -> OUT/builds     (timeout 210 s)
-#      the decode-kernel limit of the 0.33.0 build (to 16 tokens), the decode-mixed limit of
-#      both builds (V3.2 TP 8, to 1024 tokens), the 0.26.0 decode-kernel limit confirmed
-#      (11622 ok / 11623 fails); about 21 probes of a fresh process each (~10 s)
+# (540 s in all; about 8.5 minutes expected on an H200):
+#   1. scenarios/engines/flashmla_route_limits_sm90.yaml -> OUT/builds     (timeout 220 s)
+#      the decode-kernel limit of the 0.33.0 build (to 16 tokens: 8 probes), the decode-mixed
+#      limit of both builds (V3.2 TP 8, to 1024 tokens: 6 probes each), the 0.26.0
+#      decode-kernel limit confirmed (11622 ok / 11623 fails: 2 probes); each probe a fresh
+#      process, ~6 s when it crashes and ~11 s when it runs (results/sm90/h100-bench/run.log)
 #   2. scenarios/engines/tp_route_crossover_sm90.yaml -> OUT/crossover     (timeout 170 s)
 #      150 jobs on the 0.26.0 build, 10 of them expected crashes (a worker restart each)
 #   3. scenarios/engines/flashmla_builds_sm90.yaml -> OUT/builds, --resume  (timeout 150 s)
@@ -38,7 +39,7 @@ part() {  # part NAME TIMEOUT_S RUN_ARGS...
   echo "$name rc=$rc wall_s=$(( $(date +%s) - t0 ))" | tee -a "$out/status.txt"
 }
 
-part limits 210 scenarios/engines/flashmla_route_limits_sm90.yaml --out "$out/builds"
+part limits 220 scenarios/engines/flashmla_route_limits_sm90.yaml --out "$out/builds"
 part crossover 170 scenarios/engines/tp_route_crossover_sm90.yaml --out "$out/crossover"
 part builds 150 scenarios/engines/flashmla_builds_sm90.yaml --out "$out/builds" --resume
 echo "total wall_s=$(( $(date +%s) - start ))" | tee -a "$out/status.txt"
