@@ -119,7 +119,7 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
 def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypatch):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
 
-    def fake_job(job, fresh=False):
+    def fake_job(job, fresh=False, slot=None):
         b = job.case.batch_size
         return {"status": "ok" if b < 6 else "incorrect", "message": f"cos_diff at {b}"}
 
