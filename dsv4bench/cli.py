@@ -380,11 +380,20 @@ def cmd_compare(args) -> int:
 
     if args.time_threshold <= 0:
         raise UsageError(f"--time-threshold {args.time_threshold}: expected a positive fraction")
-    out = Path(args.out) if args.out else Path(args.new)
+    if args.new is None and not args.backends:
+        raise UsageError("compare: NEW is needed unless --backends A B compares two instances")
+    if args.backends and args.backends[0] == args.backends[1]:
+        raise UsageError(f"--backends: expected two different instances, got {args.backends[0]}")
+    new = Path(args.new or args.base)
+    out = Path(args.out) if args.out else new
     out = out if out.is_dir() or not out.suffix else out.parent
     try:
         code, files = compare(
-            Path(args.base), Path(args.new), out, time_threshold=args.time_threshold
+            Path(args.base),
+            new,
+            out,
+            time_threshold=args.time_threshold,
+            backends=tuple(args.backends) if args.backends else None,
         )
     except ReportInputError as e:
         raise UsageError(str(e)) from None
@@ -526,7 +535,13 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("base")
-    p.add_argument("new")
+    p.add_argument("new", nargs="?", help="default with --backends: BASE (one run, two instances)")
+    p.add_argument(
+        "--backends",
+        nargs=2,
+        metavar=("A", "B"),
+        help="compare backend instance A (of BASE) with instance B (of NEW), e.g. two builds",
+    )
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
     p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
     p.add_argument("--debug", action="store_true")

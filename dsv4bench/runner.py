@@ -34,6 +34,9 @@ from dsv4bench.worker import MARK, PARENT_ENV
 STARTUP_TIMEOUT_S = 180.0
 LARGE_RUN = 3600  # jobs: at about a second each, an hour or more
 FAILED = ("crash", "timeout", "oom", "error")
+# A limit probe stops working when it fails or answers wrong (a kernel past an int32 offset
+# may run and write garbage): both end the search.
+PROBE_FAILED = (*FAILED, "incorrect")
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -173,27 +176,35 @@ def _clock(seconds: float) -> str:
 
 
 class Slot:
-    """One device and its long-lived worker; a worker that dies is replaced on the same device."""
+    """One device and its long-lived workers, one per Backend.process_key (two builds of one
+    kernel library cannot share a process); a worker that dies is replaced on the same device."""
 
     def __init__(self, device: Device, factory: Callable[[Device], Worker]):
         self.device = device
         self._factory = factory
-        self.worker: Worker | None = None
+        self.workers: dict[str, Worker] = {}
 
     def new_worker(self) -> Worker:
         return self._factory(self.device)
 
-    def ensure_worker(self) -> Worker:
-        if self.worker is None or not self.worker.alive():
-            if self.worker is not None:
-                self.worker.stop()
-            self.worker = self.new_worker()
-        return self.worker
+    def ensure_worker(self, key: str = "") -> Worker:
+        worker = self.workers.get(key)
+        if worker is None or not worker.alive():
+            if worker is not None:
+                worker.stop()
+            worker = self.workers[key] = self.new_worker()
+        return worker
+
+    def drop(self, worker: Worker) -> None:
+        """Forget a stopped worker (the next job of its key starts a new one)."""
+        for key, w in list(self.workers.items()):
+            if w is worker:
+                del self.workers[key]
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
+        for worker in list(self.workers.values()):
+            worker.stop()
+        self.workers.clear()
 
 
 class Stopped(Exception):
@@ -296,15 +307,15 @@ class Runner:
             if self._stopping.is_set():
                 raise Stopped
             try:
-                worker = slot.new_worker() if fresh else slot.ensure_worker()
+                key = backends.get(job.backend).process_key()
+                worker = slot.new_worker() if fresh else slot.ensure_worker(key)
                 answer = self._run_in(worker, job)
             except RuntimeError as e:  # the worker would not even start
                 answer = {"status": "error", "message": str(e)}
                 worker = None
             if worker is not None and (fresh or not worker.alive()):
                 worker.stop()
-                if worker is slot.worker:
-                    slot.worker = None
+                slot.drop(worker)
         row = self._row(job, answer, slot)
         self._write(row)
         return row
@@ -423,11 +434,14 @@ class Runner:
             row = self.run_job(Job(case, s.backend), fresh=True, slot=slot)
             probes[value] = row
             self._progress(progress, slot, f"limit {s.axis}={value} {s.backend}", row)
-            return row["status"] not in FAILED
+            return row["status"] not in PROBE_FAILED
 
         lo, hi = s.lo, s.hi
         last_ok = first_fail = None
-        if probe(lo) and not probe(hi):
+        lo_works = probe(lo)
+        if probes[lo]["status"] == "unsupported":  # no kernel to search (a build not found)
+            pass
+        elif lo_works and not probe(hi):
             while hi - lo > s.step:
                 mid = lo + max(1, (hi - lo) // 2 // s.step) * s.step
                 if probe(mid):
@@ -435,12 +449,14 @@ class Runner:
                 else:
                     hi = mid
             last_ok, first_fail = lo, hi
-        elif probes[lo]["status"] not in FAILED:  # hi works too
+        elif probes[lo]["status"] not in PROBE_FAILED:  # hi works too
             last_ok = hi
         else:
             first_fail = lo
         fail_row = probes.get(first_fail) if first_fail is not None else None
         first_probe = probes[s.lo]
+        if last_ok is None and first_fail is None:
+            fail_row = first_probe
         row = {
             **self._row(Job(s.base, s.backend), {"env": first_probe.get("env")}, slot),
             "kind": "limit",

@@ -242,3 +242,63 @@ def test_contention_inflating_medians_is_not_a_regression_but_a_slower_fast_tail
     assert ratio > 10 and not regressed and "p10 within threshold" in verdict
     ratio, verdict, regressed = time_change(quiet, slowed, 9.0)
     assert regressed and "slower beyond noise" in verdict
+
+
+# ---- two backend instances of one run (e.g. two FlashMLA builds) ----------------------------
+
+
+def limit_row(backend: str, last_ok: int) -> dict:
+    r = row("limit-tokens-prefill-x", backend, status="crash")
+    r.update(kind="limit", axis="tokens", last_ok=last_ok, first_fail=last_ok + 1, timing=None)
+    return r
+
+
+def two_builds(slow_b: float = 1.0, limit_b: int = 11622) -> list[dict]:
+    rows = []
+    for backend, factor, limit in (("fm-0.26", 1.0, 11622), ("fm-0.33", slow_b, limit_b)):
+        rows += [row("decode-a", backend, ms=0.1 * factor), row("decode-b", backend, ms=0.2)]
+        rows.append(limit_row(backend, limit))
+    return rows + [row("decode-a", "triton", ms=0.3)]  # a third backend: left out
+
+
+def test_two_instances_of_one_run_are_compared_by_case(tmp_path):
+    run = write(tmp_path / "run", two_builds())
+    code, files = compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-0.33"))
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert code == 0 and "3 matched" in md and "0 only in base, 0 only in new" in md
+    assert "backend `fm-0.26`" in md and "backend `fm-0.33`" in md
+    assert "fm-0.26 -> fm-0.33" in md and "triton" not in md
+
+
+def test_a_slower_build_with_a_lower_limit_regresses(tmp_path, capsys):
+    run = write(tmp_path / "run", two_builds(slow_b=1.3, limit_b=9000))
+    code, _ = compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-0.33"))
+    out = capsys.readouterr().out
+    assert code == 1 and "1 time" in out and "1 limit" in out
+    # the other way round, the faster build with the higher limit is no regression
+    code, _ = compare.compare(run, run, tmp_path / "back", backends=("fm-0.33", "fm-0.26"))
+    assert code == 0
+
+
+def test_an_instance_without_rows_is_named(tmp_path):
+    import pytest
+
+    from dsv4bench.report import ReportInputError
+
+    run = write(tmp_path / "run", two_builds())
+    with pytest.raises(ReportInputError, match="no rows of backend 'fm-9'.*fm-0.26, fm-0.33"):
+        compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-9"))
+
+
+def test_cli_compare_one_run_two_instances(tmp_path, capsys):
+    from dsv4bench import cli
+
+    run = write(tmp_path / "run", two_builds(slow_b=1.3))
+    assert cli.main(["compare", str(run), "--backends", "fm-0.26", "fm-0.33"]) == 1
+    assert (run / "compare.md").exists()
+    assert "1 time" in capsys.readouterr().out
+    assert cli.main(["compare", str(run)]) == 2  # NEW is needed without --backends
+    assert "NEW is needed unless --backends" in capsys.readouterr().err
+    assert cli.main(["compare", str(run), "--backends", "fm-0.26", "fm-0.26"]) == 2
+    assert cli.main(["compare", str(run), "--backends", "fm-0.26", "nope"]) == 2
+    assert "no rows of backend 'nope'" in capsys.readouterr().err

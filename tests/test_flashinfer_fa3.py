@@ -250,9 +250,10 @@ def test_prefill_matches_the_oracle(base, kv_dtype):
 
 
 def test_decode_kernel_route_and_explicit_head_padding():
-    case = make_case("prefill", **V4, tokens=8, context_len=600, route="decode-kernel")
-    p, acc, _, got = run_case(case)
-    assert acc["cos_diff"] < 5e-6 and got.out.shape == (8, 12, 512)
+    for route in ("decode-kernel", "decode-mixed"):  # (T, 1) or (1, T) decode-shaped inputs
+        case = make_case("prefill", **V4, tokens=8, context_len=600, route=route)
+        p, acc, _, got = run_case(case)
+        assert acc["cos_diff"] < 5e-6 and got.out.shape == (8, 12, 512)
     padded = make_case(**{**V32, "head_padding": "64"}, batch_size=1, context_len=512)
     p, acc, _, got = run_case(padded)
     assert p.info["padded_heads"] == 64 and got.out.shape[2] == 16 and acc["cos_diff"] < 5e-6

@@ -58,7 +58,17 @@ class FakeKernel:
         self, q, kv, indices, topk_length, sink, sched, splits, ekv, eidx, elen, d_v, scale, out
     ):
         b, s_q, h, _ = q.shape
-        self.calls.append({"q": q, "sink": sink, "sched": sched, "extra_kv": ekv, "scale": scale})
+        self.calls.append(
+            {
+                "q": q,
+                "sink": sink,
+                "sched": sched,
+                "extra_kv": ekv,
+                "scale": scale,
+                "indices": indices,
+            }
+        )
+        self.calls[-1]["extra_indices"] = eidx
         if sched is None:
             sched = torch.zeros(SCHED_PARTS, 8, dtype=torch.int32)
             splits = torch.arange(b + 1, dtype=torch.int32)
@@ -359,6 +369,55 @@ def test_prefill_decode_kernel_route_shapes(fake):
     assert torch.equal(res.lse, expected)
 
 
+@pytest.mark.parametrize(
+    "route, b, s_q",
+    [("decode-kernel", 5, 1), ("decode-mixed", 1, 5)],  # sglang (T, 1, h, d); vLLM (1, T, h, d)
+)
+def test_prefill_decode_routes_hand_the_kernel_their_shapes(fake, route, b, s_q):
+    from dsv4bench.inputs import make_inputs
+
+    case = make_case(
+        V4,
+        op="prefill",
+        tokens=5,
+        route=route,
+        num_heads=16,
+        context_len=256,
+        extra_topk=64,
+        compress_ratio=4,
+        window=128,
+        page_size=64,
+        sink=True,
+    )
+    x = make_inputs(case, "cpu")
+    p = fake_backend().prepare(case, x, "cpu")
+    call = fake.calls[0]
+    assert call["q"].shape == (b, s_q, 64, 512)  # 16 heads padded to 64
+    assert torch.equal(call["q"][:, :, :16].reshape(5, 16, 512), x["q"].reshape(5, 16, 512))
+    assert call["indices"].shape == (b, s_q, 128)
+    assert call["extra_indices"].shape == (b, s_q, 64)
+    res = p.finish(p.run())
+    # token t is (t, 0) on decode-kernel and (0, t) on decode-mixed: the fake writes h + 10*s +
+    # 100*b there, and finish() must put it back in row t of (T, h, d_v) and (T, h)
+    expected = FakeKernel._value(b, s_q, 16).reshape(5, 16)
+    assert res.out.shape == (5, 16, 512) and res.lse.shape == (5, 16)
+    assert torch.equal(res.out[..., 0], expected.bfloat16())
+    assert torch.equal(res.lse, expected)
+
+
+def test_decode_mixed_route_is_supported_and_needs_the_decode_rules():
+    mixed = {**V4, "op": "prefill", "tokens": 64, "route": "decode-mixed"}
+    assert FlashMLA().supports(make_case(**mixed), "sm90") is None
+    reason = FlashMLA().supports(make_case(**{**mixed, "topk": 100}), "sm90")
+    assert reason is not None and "topk % 64 == 0" in reason
+    v32_mixed = {**V32, "op": "prefill", "tokens": 64, "route": "decode-mixed", "extra_topk": 64}
+    reason = FlashMLA().supports(make_case(**v32_mixed), "sm90")
+    assert reason is not None and "takes no extra cache" in reason
+    # the decode kernel's padding (64 for 8 heads), not the bf16 prefill's 128 on Blackwell
+    case = make_case(V4, op="prefill", route="decode-mixed", tokens=8, num_heads=8)
+    assert padded_heads(case, "sm100") == (64, None)
+
+
 def test_sparse_prefill_pads_and_takes_lse_not_max_logits(fake):
     case = make_case(V4, op="prefill", tokens=6, num_heads=8, sink=True)
     x = {
@@ -400,3 +459,10 @@ def test_ops_without_out_have_no_poison(fake):
     p = FlashMLA(ops=no_out).prepare(case, decode_inputs(case), "cpu")
     assert p.poison is None and p.info["out_in_place"] is False
     assert not math.isnan(float(p.finish(p.run()).out[0, 0, 0, 0]))
+
+
+def test_each_build_keeps_a_worker_process_of_its_own():
+    # two builds both register torch.ops._flashmla_C: they cannot load into one process
+    a, b = FlashMLA(lib=".kernels/flashmla-vllm-0.26.0"), FlashMLA(lib=".kernels/x-0.33.0")
+    assert a.process_key() != b.process_key()
+    assert FlashMLA().process_key() == "" != a.process_key()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -97,7 +99,11 @@ def test_sample_requests():
     assert invariance.sample_requests(9) == [0, 4, 8]
 
 
-@pytest.mark.parametrize("case", [_decode(), _prefill()], ids=["decode", "prefill"])
+@pytest.mark.parametrize(
+    "case",
+    [_decode(), _prefill(), dataclasses.replace(_prefill(), route="decode-mixed")],
+    ids=["decode", "prefill", "prefill-decode-mixed"],  # mixed: a token is sliced along s_q
+)
 def test_the_oracle_is_deterministic_and_batch_invariant(case):
     x = inputs.make_inputs(case, "cpu")
     prepared = get("torch").prepare(case, x, "cpu")

@@ -184,6 +184,16 @@ def make_rows() -> list[dict]:
             ms=None,
         )
     )
+    # TP x route crossover: a 4K chunk at 64 (above), 32 and 8 heads, sparse-prefill vs
+    # decode-mixed; and a second instance of flashmla (another build) beside the first
+    chunk = dict(tokens=4096, context_len=32768)
+    for h in (32, 8):
+        for route, ms in (("sparse-prefill", 0.65), ("decode-mixed", 0.03 * h)):
+            rows.append(case_row("prefill", "flashmla", num_heads=h, route=route, ms=ms, **chunk))
+    rows.append(case_row("prefill", "flashmla", route="decode-mixed", ms=2.0, **chunk))
+    for b in (1, 64):
+        rows.append(case_row("decode", "flashmla-b", model="v32", batch_size=b, ms=0.03))
+        rows[-1]["backend_base"] = "flashmla"
     # crash boundary: decode-kernel route probes around the scheduler limit
     probe_statuses = {}
     for t in (1024, 8192, 11000, 11600, 11622, 11623, 11640, 11673, 12000, 16384):
@@ -328,6 +338,8 @@ def test_full_report(tmp_path):
         if f.suffix == ".png":
             _check_png(f)
     md = (out / "report.md").read_text()
+    assert "Backend instances side by side" in md and "**flashmla-b**: 2 of 2 cases ok" in md
+    assert "flashmla v4-flash chunk 4K: decode-mixed wins at h <= 8" in md
     for section in (
         "Serving: TPOT",
         "Serving: TTFT",

@@ -116,6 +116,39 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
     assert row["message"] == "batch 5"
 
 
+def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypatch):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+
+    def fake_job(job, fresh=False, slot=None):
+        b = job.case.batch_size
+        return {"status": "ok" if b < 6 else "incorrect", "message": f"cos_diff at {b}"}
+
+    monkeypatch.setattr(runner, "run_job", fake_job)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", tiny(1)))
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (5, 6, "incorrect")
+    assert row["message"] == "cos_diff at 6"
+
+
+def test_a_search_without_a_kernel_says_unsupported_not_no_failure(tmp_path):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", replace(tiny(1), op="remap")))
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (None, None, "unsupported")
+    assert "no remap kernel" in row["message"] and row["probes"] == {"1": "unsupported"}
+
+
+def test_instances_with_their_own_process_key_get_their_own_worker(tmp_path):
+    backends.configure("isolated", {"build": "b1"}, "isolated-b1")
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    names = ["isolated", "isolated-b1", "torch"]  # "isolated" shares torch's worker (key "")
+    rows = runner.run([Job(tiny(b), name) for b in (1, 2) for name in names])
+    assert [r["status"] for r in rows] == ["ok"] * 6
+    pid = {(r["params"]["batch_size"], r["backend"]): r["info"].get("pid") for r in rows}
+    for name in names[:2]:
+        assert pid[(1, name)] == pid[(2, name)]  # a worker per key, kept between cases
+    assert pid[(1, "isolated")] != pid[(1, "isolated-b1")]  # a build never shares one
+    assert pid[(1, "isolated")] is not None
+
+
 def test_arch_scale_reading_is_compared_with_its_own_oracle_and_the_exact_one(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     raw = replace(tiny(1), scale_convention="raw")  # vLLM's non-power-of-two scales

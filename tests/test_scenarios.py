@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4bench import scenarios
-from dsv4bench.case import OPS, Case
+from dsv4bench.case import OPS, ROUTES, Case
 from dsv4bench.scenarios import ScenarioError, load_text, validate_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,10 +26,13 @@ KNOWN = {
     "reference-f64",
 }
 
+# KNOWN with the backends' declared options (backends.catalog()): files with instances load
+CATALOG = {name: {} for name in KNOWN} | {"flashmla": {"lib": None}, "flashinfer": {"kv_dtype": ""}}
+
 # Expected (cases, jobs, limit searches) per shipped file: a change here is a change in how
 # long the sweep takes, so it should be deliberate.
 SHIPPED = {
-    "smoke.yaml": (21, 42, 0),
+    "smoke.yaml": (22, 44, 0),
     "sm90/decode_batch.yaml": (39, 87, 0),
     "sm90/prefill_chunk.yaml": (24, 53, 1),
     "sm90/head_padding.yaml": (20, 40, 0),
@@ -42,6 +45,10 @@ SHIPPED = {
     "sm120/decode_batch.yaml": (8, 24, 0),
     "indexer/sm90.yaml": (55, 114, 0),  # opt-in: not part of `make bench`
     "indexer/limits_sm90.yaml": (0, 0, 8),
+    # opt-in (issue 13): the sm90 cases on two FlashMLA builds; the TP x route crossover
+    "engines/flashmla_builds_sm90.yaml": (96, 192, 0),
+    "engines/flashmla_route_limits_sm90.yaml": (0, 0, 4),
+    "engines/tp_route_crossover_sm90.yaml": (150, 150, 0),
 }
 
 
@@ -76,7 +83,7 @@ def test_every_shipped_file_is_listed():
 @pytest.mark.parametrize("rel", sorted(SHIPPED))
 def test_shipped_scenario_loads_and_expands(rel):
     path = ROOT / "scenarios" / rel
-    sc = scenarios.load(path, known_backends=KNOWN)
+    sc = scenarios.load(path, known_backends=CATALOG)
     cases = scenarios.expand(sc)
     assert (len(cases), len(sc.jobs()), len(sc.limits)) == SHIPPED[rel]
     assert len({c.case_id for c in cases}) == len(cases)
@@ -95,7 +102,7 @@ def test_smoke_covers_every_op_on_the_cpu():
     assert "cpu" in sc.arch and sc.backends == ["torch", "reference-f64"]
     assert {c.op for c in sc.cases} == set(OPS)
     assert {c.layout for c in sc.cases} == {"v32", "v4"}
-    assert {c.route for c in sc.cases if c.op == "prefill"} == {"sparse-prefill", "decode-kernel"}
+    assert {c.route for c in sc.cases if c.op == "prefill"} == set(ROUTES)
     assert any(c.extra_topk and c.sink for c in sc.cases if c.op == "decode")
     assert max(c.context_len * c.batch_size for c in sc.cases) <= 4096  # seconds on a CPU
 
@@ -510,3 +517,110 @@ def test_expansion_count_is_the_product(batches, s_qs, models):
     sc = load_text(text, "p.yaml", known_backends=KNOWN)
     assert len(sc.cases) == len(batches) * len(s_qs) * len(models)
     assert len({c.case_id for c in sc.cases}) == len(sc.cases)
+
+
+# ---- include: another file's cases on this file's backends ---------------------------------
+
+INCLUDED = """\
+name: inc
+op: decode
+model: v3.2
+backends: [flashmla, triton]
+timing: {iters: 7}
+tags: [orig]
+cases:
+  - batch_size: [1, 2]
+  - batch_size: 4
+    backends: [torch]
+limit: {axis: batch_size, lo: 8, hi: 16, backend: flashmla}
+"""
+
+
+def test_include_runs_another_files_cases_on_this_files_backends(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.yaml").write_text(INCLUDED)
+    (tmp_path / "sub" / "b.yaml").write_text(INCLUDED.replace("name: inc", "name: inc-b"))
+    main = tmp_path / "main.yaml"
+    main.write_text(
+        "name: builds\nbackends:\n  - {name: flashmla, as: fm-a, lib: /a}\n"
+        "  - {name: flashmla, as: fm-b, lib: /b}\ntags: [mine]\ninclude: sub/*.yaml\n"
+        "limit: {axis: tokens, lo: 8, hi: 16, backend: fm-b, op: prefill, model: v4-flash,"
+        " route: decode-mixed, context_len: 64}\n"
+    )
+    sc = scenarios.load(main, known_backends=CATALOG)
+    assert sc.included == [str(tmp_path / "sub" / n) for n in ("a.yaml", "b.yaml")]
+    # the same three points in both files run once, tagged with both names
+    assert [c.batch_size for c in sc.cases] == [1, 2, 4]
+    assert all(c.scenario == "builds" and c.timing.iters == 7 for c in sc.cases)
+    assert all({"orig", "inc", "inc-b", "mine"} <= set(c.tags) for c in sc.cases)
+    # this file's backends for every case (not the entry's [torch]); its own limit only
+    assert [b for _, b in sc.jobs()] == ["fm-a", "fm-b"] * 3
+    assert [(s.axis, s.backend, s.base.route) for s in sc.limits] == [
+        ("tokens", "fm-b", "decode-mixed")
+    ]
+
+
+@pytest.mark.parametrize(
+    "include, files, message",
+    [
+        ("nothing/*.yaml", {}, "include[0]: 'nothing/*.yaml' names no file under"),
+        ("gone.yaml", {}, "include[0]: 'gone.yaml' names no file under"),
+        ("main.yaml", {}, "include[0]: 'main.yaml' names this file itself"),
+        ("n.yaml", {"n.yaml": INCLUDED + "include: a.yaml\n", "a.yaml": INCLUDED}, "do not nest"),
+        ("bad.yaml", {"bad.yaml": INCLUDED.replace("[1, 2]", "[1, -2]")}, "bad.yaml:8:"),
+    ],
+)
+def test_include_errors_name_the_line(tmp_path, include, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    main = tmp_path / "main.yaml"
+    main.write_text(f"name: m\nbackends: [flashmla]\ninclude: [{include}]\n")
+    with pytest.raises(ScenarioError) as e:
+        scenarios.load(main, known_backends=CATALOG)
+    assert message in str(e.value)
+    if "bad.yaml" not in message:  # the included file's own errors name its own line
+        assert str(e.value).startswith(f"{main}:3: include[0]: ")
+
+
+def test_flashmla_builds_scenario():
+    path = ROOT / "scenarios/engines/flashmla_builds_sm90.yaml"
+    sc = scenarios.load(path, known_backends=CATALOG)
+    sm90 = {}
+    for f in sorted((ROOT / "scenarios/sm90").glob("*.yaml")):
+        sm90 |= {c.case_id: c for c in scenarios.load(f, known_backends=CATALOG).cases}
+    assert {c.case_id for c in sc.cases} == set(sm90)  # the whole shipped sm90 set, once
+    assert {i["name"]: i["options"]["lib"] for i in sc.instances} == {
+        "flashmla-0.26": ".kernels/flashmla-vllm-0.26.0",
+        "flashmla-0.33": ".kernels/flashmla-vllm-0.33.0",
+    }
+    assert sc.limits == []  # in flashmla_route_limits_sm90.yaml, run first
+
+
+def test_route_limits_cover_both_builds_and_both_decode_routes():
+    path = ROOT / "scenarios/engines/flashmla_route_limits_sm90.yaml"
+    sc = scenarios.load(path, known_backends=CATALOG)
+    searched = {(s.backend, s.base.route, s.base.model, s.base.num_heads) for s in sc.limits}
+    for build in ("flashmla-0.26", "flashmla-0.33"):
+        assert (build, "decode-kernel", "v4-flash", 64) in searched
+        assert (build, "decode-mixed", "v3.2", 16) in searched  # vLLM's route: under 32 heads
+    for s in sc.limits:  # the hi point of a mixed search lies past the predicted 58254
+        assert s.lo < s.hi <= s.base.context_len and s.at(s.hi).tokens == s.hi
+
+
+def test_crossover_covers_tp_chunks_and_routes():
+    path = ROOT / "scenarios/engines/tp_route_crossover_sm90.yaml"
+    sc = scenarios.load(path, known_backends=CATALOG)
+    heads = {
+        m: sorted({c.num_heads for c in sc.cases if c.model == m}) for m in ("v3.2", "v4-flash")
+    }
+    assert heads == {"v3.2": [8, 16, 32, 64, 128], "v4-flash": [4, 8, 16, 32, 64]}
+    assert {c.tokens for c in sc.cases} == {1024, 2048, 4096, 8192, 16384}
+    crash = [c for c in sc.cases if "expect-failure" in c.tags]
+    assert {(c.route, c.tokens) for c in crash} == {("decode-kernel", 16384)} and len(crash) == 10
+    assert all(c.context_len == 32768 for c in sc.cases)
+
+
+def test_a_limit_one_apart_needs_no_step():
+    text = HEAD + "limit: {axis: batch_size, lo: 11622, hi: 11623, backend: flashmla}\n"
+    (search,) = load(text).limits
+    assert (search.lo, search.hi, search.step) == (11622, 11623, 1)

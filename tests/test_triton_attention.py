@@ -192,6 +192,7 @@ BACKEND_CASES = {
     "decode-v32-mtp": _case("decode", batch_size=1, s_q=2, **V32),
     "prefill-v4-sparse": _case("prefill", tokens=4, num_heads=1),
     "prefill-v32-decode-kernel": _case("prefill", tokens=3, route="decode-kernel", **V32),
+    "prefill-v4-decode-mixed": _case("prefill", tokens=3, route="decode-mixed"),  # (1, T) queries
 }
 
 
@@ -243,6 +244,8 @@ GPU_CASES = [
          context_len=8192, tokens=512),
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=32, layout="v32", topk=2048,
          context_len=4096, tokens=256, route="decode-kernel"),
+    dict(op="prefill", model="v3.2", d_qk=576, num_heads=16, layout="v32", topk=2048,
+         context_len=4096, tokens=256, route="decode-mixed"),
 ]  # fmt: skip
 
 

@@ -139,6 +139,12 @@ class Backend:
         """How this backend reads a V3.2 fp32 scale on arch: None (exact), "bf16" or "e8m0"."""
         return None
 
+    def process_key(self) -> str:
+        """Backends with the same key share a worker process. An instance whose options load
+        process-wide state (a kernel library registering fixed torch op names: two builds of
+        one library cannot live in one process) returns a key of its own."""
+        return ""
+
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         raise NotImplementedError
 

@@ -253,6 +253,10 @@ class FlashMLA(Backend):
     def provider(self) -> Provider:
         return self.kernel_ops().provider
 
+    def process_key(self) -> str:
+        # every build registers torch.ops._flashmla_C: a second build cannot load beside it
+        return f"flashmla.lib={self._lib}" if self._lib else ""
+
     def v32_scale_reading(self, arch: str) -> str | None:
         return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale
 

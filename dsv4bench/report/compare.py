@@ -3,6 +3,8 @@ time, accuracy, status and measured limits; compare.md and a PNG of time ratios.
 
 Rows are matched by (case_id, backend); where one side holds the key twice (a resumed run),
 its last row counts. Limit-probe rows are not matched one by one: their limit rows are.
+With `backends=(A, B)` two backend instances are compared instead (one run may hold both, e.g.
+two FlashMLA builds): base is A's rows, new is B's, matched by case_id under the name "A -> B".
 
 Regression rules: RULES below (any one makes the exit code 1). Cases present on one side only
 are listed, never failures.
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from dsv4bench.report import plots
 from dsv4bench.report.load import (
+    ReportInputError,
     accuracy_failure,
     is_probe,
     load_rows,
@@ -178,21 +181,44 @@ def compare_rows(base_rows: list[dict], new_rows: list[dict], threshold: float) 
 # ----------------------------------------------------------------------------- output
 
 
+def instance_rows(rows: list[dict], backend: str, label: str, where: Path) -> list[dict]:
+    """The rows of one backend instance, renamed `label` so that two instances match."""
+    picked = [{**r, "backend": label} for r in rows if r.get("backend") == backend]
+    if not picked:
+        found = sorted({str(r.get("backend")) for r in rows if r.get("backend")})
+        raise ReportInputError(
+            f"{where}: no rows of backend {backend!r} (has: {', '.join(found) or 'none'})"
+        )
+    return picked
+
+
 def compare(
-    base: Path, new: Path, out_dir: Path, *, time_threshold: float = 0.05
+    base: Path,
+    new: Path,
+    out_dir: Path,
+    *,
+    time_threshold: float = 0.05,
+    backends: tuple[str, str] | None = None,
 ) -> tuple[int, list[Path]]:
     """Write compare.md (and compare-ratios.png) into out_dir; print a short summary.
+    backends (A, B): compare instance A's rows of `base` with instance B's rows of `new`.
     Returns (1 if any regression else 0, written files)."""
     from dsv4bench.report import compare_doc  # it reads this module's Entry and rules
 
     base, new, out_dir = Path(base), Path(new), Path(out_dir)
     base_rows, new_rows = load_rows(base, "base"), load_rows(new, "new")
+    if backends is not None:
+        label = f"{backends[0]} -> {backends[1]}"
+        base_rows = instance_rows(base_rows, backends[0], label, base)
+        new_rows = instance_rows(new_rows, backends[1], label, new)
     entries = compare_rows(base_rows, new_rows, time_threshold)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     png = _ratio_png(entries, out_dir, time_threshold)
     doc = compare_doc.document(
-        compare_doc.Comparison(entries, base, new, time_threshold, png, base_rows, new_rows)
+        compare_doc.Comparison(
+            entries, base, new, time_threshold, png, base_rows, new_rows, backends
+        )
     )
     md = out_dir / "compare.md"
     md.write_text(doc.to_markdown())

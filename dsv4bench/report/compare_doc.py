@@ -31,6 +31,7 @@ class Comparison:
     png: Path | None  # the time-ratio plot, when any case was timed on both sides
     base_rows: list[dict]
     new_rows: list[dict]
+    backends: tuple[str, str] | None = None  # two instances compared: base's A, new's B
 
     def matched(self, kind: str) -> list[Entry]:
         """Entries present on both sides whose base row is of this kind (case or limit)."""
@@ -66,8 +67,8 @@ def summary(doc: Doc, c: Comparison) -> None:
     n = counts(c.entries)
     doc.bullets(
         [
-            f"base: `{c.base}`",
-            f"new: `{c.new}`",
+            f"base: `{c.base}`" + (f", backend `{c.backends[0]}`" if c.backends else ""),
+            f"new: `{c.new}`" + (f", backend `{c.backends[1]}`" if c.backends else ""),
             f"time threshold: {c.threshold:g} (median and p10 ratios > {1 + c.threshold:g}, "
             f"n >= {MIN_SAMPLES} on both sides, new p10 > base p90)",
         ]

@@ -16,6 +16,8 @@ from dsv4bench.report.doc import Doc
 from dsv4bench.report.load import load_runs, run_labels
 from dsv4bench.report.sections import (
     accuracy,
+    builds,
+    crossover,
     failures,
     kernels,
     limits,
@@ -38,6 +40,8 @@ SECTIONS = (
     _winners,  # which backend is fastest per shape (report/winners.py)
     accuracy.accuracy,
     limits.crash_boundary,
+    builds.builds,  # instances of one backend side by side (two FlashMLA builds)
+    crossover.crossover,  # TP x route crossover: decode routes vs sparse prefill
     padding.head_padding,
     measurement.measurement,  # profiler agreement, graph vs eager, memory, determinism
     run_info.environment,

@@ -4,6 +4,7 @@ entries expanded into Cases (each checked by the rules, blaming the most specifi
 
 from __future__ import annotations
 
+import glob
 import itertools
 import math
 import re
@@ -84,6 +85,7 @@ class Scenario:
     # backend instances the file defines ({name: flashmla, as: ..., OPTION: VALUE} entries):
     # [{"name", "base", "options", "origin"}], for backends.configure
     instances: list[dict] = field(default_factory=list)
+    included: list[str] = field(default_factory=list)  # the files whose cases it runs (include)
 
     def backends_for(self, case: Case) -> tuple[str, ...]:
         """The backends this case runs on: its entry's `backends`, else the scenario's."""
@@ -109,6 +111,7 @@ TOP_KEYS = (
     "cases",
     "limit",
     "tags",
+    "include",
 )
 ENTRY_KEYS = (*AXES, "tags", "backends")
 LIMIT_KEYS = ("axis", "lo", "hi", "step", "backend", "tags", *AXES)
@@ -147,6 +150,7 @@ class TopLevel:
     sweep: Values = field(default_factory=dict)
     entries: list[Entry] | None = None
     limits: list[Entry] = field(default_factory=list)
+    include: list[Scenario] = field(default_factory=list)  # files whose cases this one runs
 
 
 class ScenarioLoader(Parser):
@@ -232,7 +236,7 @@ class ScenarioLoader(Parser):
             hi_at = Origin(m["hi"].line, m["hi"].path, 4)
             found.limit = (axis, lo, hi, m["backend"].value, lo_at, hi_at)
             found.step = m["step"].value if "step" in m else 1
-            if found.step >= hi - lo:
+            if "step" in m and found.step >= hi - lo:  # hi = lo + 1 needs no step
                 raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")
         return found
 
@@ -270,9 +274,11 @@ class ScenarioLoader(Parser):
         )
         sweep_points = product_of(top.sweep)
         entries = top.entries
-        if entries is None:  # a lone limit search runs no plain cases
-            entries = [] if top.limits and not top.sweep else [Entry(root, {}, [])]
+        if entries is None:  # a lone limit search (or include) runs no plain cases of its own
+            alone = (top.limits or top.include) and not top.sweep
+            entries = [] if alone else [Entry(root, {}, [])]
         cases, case_backends = self.expand_cases(top, entries, sweep_points, common)
+        self.add_included(top, cases, case_backends)
         searches = self.expand_limits(top, sweep_points, common)
         ops = sorted({c.op for c in cases.values()} | {s.base.op for s in searches.values()})
         op = top.base["op"][0] if "op" in top.base else (ops[0] if len(ops) == 1 else "mixed")
@@ -288,6 +294,7 @@ class ScenarioLoader(Parser):
             tags=top.tags,
             case_backends={k: v for k, v in case_backends.items() if v != tuple(top.backends)},
             instances=[e for e in self.instances.values() if e["name"] != e["base"]],
+            included=[sc.source for sc in top.include],
         )
 
     def top_level(self, root: Node) -> TopLevel:
@@ -324,6 +331,8 @@ class ScenarioLoader(Parser):
                     what = f"expected a non-empty list of mappings, got {show_value(n)}"
                     raise self.fail(n, what)
                 top.entries = [self.entry(c, limit=False) for c in n.value]
+            elif key == "include":
+                top.include = self.included(n)
             elif key == "limit":
                 items = n.value if n.kind == "seq" else [n]
                 if not items:
@@ -334,6 +343,47 @@ class ScenarioLoader(Parser):
         if top.backends is None:
             raise self.fail(root, "required key missing (a list, or all)", "backends")
         return top
+
+    def included(self, n: Node) -> list[Scenario]:
+        """`include`: scenario files (paths or globs relative to this file's folder), loaded
+        and checked on their own; their cases run here (see add_included)."""
+        here = Path(self.file).resolve().parent
+        found: list[Scenario] = []
+        seen: set[Path] = set()
+        for item, pattern in zip(
+            n.value if n.kind == "seq" else [n], self.names(n, None, "file"), strict=True
+        ):
+            paths = sorted(here.glob(pattern)) if glob.has_magic(pattern) else [here / pattern]
+            paths = [p for p in paths if p.is_file()]
+            if not paths:
+                raise self.fail(item, f"{pattern!r} names no file under {here}")
+            for path in (p.resolve() for p in paths):
+                if path == Path(self.file).resolve():
+                    raise self.fail(item, f"{pattern!r} names this file itself")
+                if path in seen:
+                    continue
+                seen.add(path)
+                known = self.known_options or self.known_backends
+                sc = load(path, known_backends=known)  # its own errors name its own lines
+                if sc.included:
+                    raise self.fail(item, f"{path.name} includes files too; includes do not nest")
+                found.append(sc)
+        return found
+
+    def add_included(self, top: TopLevel, cases: dict, case_backends: dict) -> None:
+        """The included files' cases as their files define them (sizes, timing, tolerance,
+        seed, tags, plus their scenario's name as a tag), after this file's own, on this file's
+        backends; their limit searches and per-entry backends are not taken."""
+        for sc in top.include:
+            for case in sc.cases:
+                tags = unique((*case.tags, sc.name, *top.tags))
+                case = replace(case, scenario=top.name, tags=tags)
+                chosen = tuple(top.backends)
+                if case.case_id in cases:  # in two files, or also an own point: it runs once
+                    case = replace(case, tags=unique(cases[case.case_id].tags + case.tags))
+                    chosen = unique(case_backends[case.case_id] + chosen)
+                cases[case.case_id] = case
+                case_backends[case.case_id] = chosen
 
     def axis_map(self, n: Node, key: str, top: TopLevel) -> None:
         """`defaults` (axis: one value) or `sweep` (axis: values)."""

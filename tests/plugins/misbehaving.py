@@ -5,6 +5,7 @@ batch 6: SIGKILL, as the out-of-memory killer),
 hangs when seed == 3, raises when seed == 2; otherwise it is the oracle.
 slowed: the oracle plus a sleep (a deliberately slowed backend).
 wrong: the oracle with its output scaled (a deliberately wrong backend).
+isolated: the oracle, recording its worker's pid; instances with a `build` get their own worker.
 """
 
 from __future__ import annotations
@@ -69,7 +70,24 @@ class Wrong(_Oracle):
         return Prepared(run=call, finish=lambda o: Output(o.out * self.factor, o.lse))
 
 
-for _b in (Crashy(), Slowed(), Wrong()):
+class Isolated(_Oracle):
+    """Records its process id; an instance with a `build` keeps a worker of its own, as two
+    FlashMLA builds must (both register the same torch op names)."""
+
+    name = "isolated"
+    options = {"build": ""}
+
+    def __init__(self, build: str = ""):
+        self.build = build
+
+    def process_key(self) -> str:
+        return f"build={self.build}" if self.build else ""
+
+    def prepare(self, case, inputs, device):
+        return Prepared(run=oracle_call(case, inputs), info={"pid": os.getpid()})
+
+
+for _b in (Crashy(), Slowed(), Wrong(), Isolated()):
     register(_b, replace=True)
 
 

@@ -17,6 +17,7 @@ from dsv4bench.report.load import (
 )
 
 THRESHOLD_COLORS = {"sglang": "#9467bd", "predicted": "#ff7f0e"}
+DECODE_ROUTES = ("decode-kernel", "decode-mixed")  # prefill routes through the decode kernel
 
 
 def crash_boundary(rep) -> None:
@@ -25,14 +26,16 @@ def crash_boundary(rep) -> None:
     points = _status_points(rep)
     limits = [r for r in rep.rows if r["kind"] == "limit"]
     if not points and not limits:
-        rep.left_out.append("Crash boundary: no decode-kernel route rows and no limit rows.")
+        rep.left_out.append("Crash boundary: no decode-route rows and no limit rows.")
         return
     d = rep.doc
     d.heading("Crash boundary: decode-kernel route")
     d.para(
         "FlashMLA's decode scheduler needs `4*(5b+1)` bytes of shared memory for batch `b`; "
         "sglang's DSv4 path sends a prefill chunk to the decode kernel with `b` = chunk "
-        f"tokens while `tokens <= {hardware.SGLANG_DSV4_THRESHOLD}`. Each point is one run "
+        f"tokens while `tokens <= {hardware.SGLANG_DSV4_THRESHOLD}`. vLLM's mixed batch "
+        "(route decode-mixed, lanes marked so) sends it as one request of `s_q` = chunk "
+        "tokens, `b` = 1. Each point is one run "
         "in a fresh process; vertical lines are the engine threshold, the limit predicted "
         "from the GPU's per-block shared memory, and the measured limit per lane."
     )
@@ -70,7 +73,7 @@ def _status_points(rep) -> dict[tuple[str, float], tuple[str, str, str]]:
     probes among them."""
     points: dict[tuple[str, float], tuple[str, str, str]] = {}
     for r in case_rows(rep.rows):
-        if r.get("op") == "prefill" and param(r, "route") == "decode-kernel":
+        if r.get("op") == "prefill" and param(r, "route") in DECODE_ROUTES:
             x = param(r, "tokens")
         elif r.get("op") == "decode" and is_probe(r):
             x = param(r, "batch_size")
@@ -128,7 +131,7 @@ def _figure(rep, points: dict, limits: list[dict], predicted: dict) -> None:
             "#d62728",
         )
         for r in limits
-        if r.get("first_fail") is not None and r["first_fail"] <= threshold
+        if r.get("first_fail") is not None and r["first_fail"] <= threshold and not _mixed(r)
     ]
     spts = [plots.StatusPoint(lane, x, st) for (lane, x), (st, _, _) in sorted(points.items())]
     axis_names = sorted({r.get("axis") or "tokens" for r in limits}) or ["tokens"]
@@ -168,7 +171,12 @@ def _predicted_sentence(limit: int, smem: int, where: str) -> str:
 
 def _lane(rep, r: dict) -> str:
     model = param(r, "model") or "?"
-    return f"{rep.who(r)} · {model}"
+    return f"{rep.who(r)} · {model}" + (" · decode-mixed" if _mixed(r) else "")
+
+
+def _mixed(r: dict) -> bool:
+    """A row of vLLM's mixed-batch route: b = 1, so sglang's threshold does not apply."""
+    return r.get("op") == "prefill" and param(r, "route") == "decode-mixed"
 
 
 def _predicted_limits(rep) -> dict[int, tuple[int, str]]:
@@ -205,13 +213,21 @@ def _limit_sentence(r: dict) -> str:
     from dsv4bench import hardware
 
     thr = hardware.SGLANG_DSV4_THRESHOLD
-    who = f"{r.get('backend')} ({param(r, 'model')}, {r.get('axis')})"
+    route = f", {param(r, 'route')}" if r.get("op") == "prefill" else ""
+    who = f"{r.get('backend')} ({param(r, 'model')}{route}, {r.get('axis')})"
     ok, fail = r.get("last_ok"), r.get("first_fail")
+    if fail is None and ok is None:  # nothing to search: the backend could not run it
+        return f"{who}: not searched ({r['status']}: {short(r.get('message'), 120)})."
     if fail is None:
         return f"{who}: no failure up to {ok}."
     if ok is None:
         return f"{who}: fails already at the lowest probe {fail} ({r['status']})."
     text = f"{who}: last ok **{ok}**, first failure **{fail}** ({r['status']})"
+    step = r.get("step") or 1
+    if fail - ok > 1:
+        text += f" (searched to a step of {step})"
+    if _mixed(r):
+        return text + "; one request of `s_q` = chunk tokens, not sglang's routing."
     if fail <= thr:
         return (
             text + f"; sglang's threshold {thr} routes chunks of {fail}..{thr} tokens "
