@@ -457,8 +457,8 @@ class _Parser(argparse.ArgumentParser):
 EXIT_STATUS = """exit status:
   0  done; run/bench: every case ok, unsupported, or failed where a failure is the result
      (limit-search probes, cases tagged expect-failure)
-  1  run/bench: a case was incorrect or errored, or crashed, timed out or ran out of memory
-     unexpectedly (all rows are still written); compare: a regression
+  1  run/bench: a case was incorrect, errored outside a limit search, or crashed, timed out
+     or ran out of memory unexpectedly (all rows are still written); compare: a regression
   2  bad input (scenario, flags, paths) or an I/O error; nothing written is lost
   130, 143  interrupted (Ctrl-C, SIGTERM): rows written so far are kept; --resume goes on"""
 

@@ -483,7 +483,8 @@ EXPECT_FAILURE = "expect-failure"  # a case tag: crashing, hanging or running ou
 
 
 def unexpected_failures(rows: list[dict]) -> list[dict]:
-    """Case rows that make a run fail (exit 1): `incorrect` or `error` anywhere; `crash`,
+    """Case rows that make a run fail (exit 1): `incorrect` anywhere; `error` unless the case is
+    a limit-search probe (a kernel refusing a size there is where the limit is); `crash`,
     `timeout` or `oom` unless the case is a limit-search probe or tagged expect-failure."""
     bad = []
     last = {(r.get("case_id"), r.get("backend")): r for r in rows}  # a retried case's last row
@@ -491,8 +492,12 @@ def unexpected_failures(rows: list[dict]) -> list[dict]:
         if r.get("kind") != "case":
             continue
         tags = r.get("tags") or []
-        expected = "limit-probe" in tags or EXPECT_FAILURE in tags
-        if r["status"] in ("incorrect", "error") or (r["status"] in FAILED and not expected):
+        probe = "limit-probe" in tags
+        expected = probe or EXPECT_FAILURE in tags
+        if r["status"] == "error":
+            if not probe:
+                bad.append(r)
+        elif r["status"] == "incorrect" or (r["status"] in FAILED and not expected):
             bad.append(r)
     return bad
 

@@ -230,3 +230,21 @@ def test_a_long_run_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     runner.run([Job(replace(tiny(1), op="remap"), "crashy")] * 2)  # unsupported: no worker
     assert "2 jobs: a long run" in capsys.readouterr().err
+
+
+def test_exit_status_failures_exempt_limit_probes_except_wrong_answers():
+    from dsv4bench.runner import unexpected_failures
+
+    def row(case_id, status, tags=()):
+        return {"kind": "case", "case_id": case_id, "backend": "b", "status": status, "tags": tags}
+
+    rows = [
+        row("probe-error", "error", ["limit-probe"]),  # a kernel refusing the size: the limit
+        row("probe-crash", "crash", ["limit-probe"]),
+        row("probe-wrong", "incorrect", ["limit-probe"]),
+        row("plain-error", "error"),
+        row("tagged-crash", "crash", ["expect-failure"]),
+        row("tagged-error", "error", ["expect-failure"]),
+    ]
+    bad = {r["case_id"] for r in unexpected_failures(rows)}
+    assert bad == {"probe-wrong", "plain-error", "tagged-error"}
