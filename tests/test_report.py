@@ -575,3 +575,28 @@ def test_tpot_backends_from_several_scenarios(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "flashmla (serving-a)" in md and "flashmla (serving-b)" in md
     assert "| torch |" in md
+
+
+def test_a_cpu_run_has_no_empty_peak_panel_and_says_why(tmp_path, monkeypatch):
+    from dsv4bench.report import plots
+
+    figures = {}
+    save = plots.save
+
+    def keep(fig, path):
+        figures[Path(path).name] = [ax for ax in fig.axes if ax.get_visible()]
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save", keep)
+    rows = []
+    for heads in (8, 16):  # one batch size per family: points, not lines
+        row = case_row("decode", "torch", num_heads=heads, batch_size=2)
+        row["derived"]["peak_fraction"] = None
+        row["env"] = {**ENV, "gpu": None, "arch": "cpu"}
+        rows.append(row)
+    build_report([write_run(tmp_path / "cpu", rows)], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "No fraction-of-peak panel: these rows ran on cpu" in md
+    (ax,) = figures["kernel-decode-v4-flash.png"]  # the TFLOP/s panel alone
+    assert ax.get_title() == "achieved TFLOP/s at batch size 2"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["torch 8 heads", "torch 16 heads"]

@@ -116,8 +116,8 @@ def figure(items: list[Shape], path: Path) -> Path | None:
         return None
     backends = sorted({b for v in families.values() for s in v for b in s.times if b != BASELINE})
     colors = plots.colors_for(backends)
-    nrows, ncols = plots._grid(len(families))
-    fig, axes = plots._figure(nrows, ncols, "Time relative to FlashMLA (below 1: faster)")
+    nrows, ncols = plots.grid(len(families))
+    fig, axes = plots.figure(nrows, ncols, "Time relative to FlashMLA (below 1: faster)")
     handles = {}
     for ax, (fam, members) in zip(axes, sorted(families.items()), strict=False):
         members.sort(key=lambda s: _size(s.params)[1])
@@ -135,7 +135,7 @@ def figure(items: list[Shape], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     for ax in axes[len(families) :]:
         ax.set_visible(False)
-    plots._shared_legend(fig, handles)
+    plots.shared_legend(fig, handles)
     return plots.save(fig, path)
 
 

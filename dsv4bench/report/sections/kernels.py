@@ -73,25 +73,28 @@ def _figure(rep, op: str, model: str, mrows: list[dict], xkey: str, xlabel: str)
         pk = [(x, y) for x, y in pk if y is not None]
         if pk:
             pk_series.append(plots.Series(label, [x for x, _ in pk], [y for _, y in pk], **style))
-    panels = [
-        plots.Panel("achieved TFLOP/s", xlabel, "TFLOP/s (useful heads)", tf_series),
-        plots.Panel(
-            "fraction of peak (binding roof)",
-            xlabel,
-            "fraction of peak",
-            pk_series,
-            ypercent=True,
-            note="no peak known for this device (CPU run?)",
-            hlines=(
-                [(1.0, "100% of peak", "0.4")]
-                if any(y >= 1.0 for s in pk_series for y in s.ys)
-                else []
-            ),
-        ),
-    ]
+    panels = [plots.Panel("achieved TFLOP/s", xlabel, "TFLOP/s (useful heads)", tf_series)]
+    if pk_series:
+        reaches_peak = any(y >= 1.0 for s in pk_series for y in s.ys)
+        panels.append(
+            plots.Panel(
+                "fraction of peak (binding roof)",
+                xlabel,
+                "fraction of peak",
+                pk_series,
+                ypercent=True,
+                hlines=[(1.0, "100% of peak", "0.4")] if reaches_peak else [],
+            )
+        )
     fig = plots.line_figure(f"{op} kernel throughput vs {xlabel}: {model}", panels, max_cols=2)
     d.heading(f"{op}: {model}", 3)
     d.image(rep.save(fig, make_slug("kernel", op, model)), f"{op} throughput {model}")
+    if not pk_series:
+        devices = sorted({str((r.get("env") or {}).get("gpu") or "cpu") for r in plotted})
+        d.para(
+            f"No fraction-of-peak panel: these rows ran on {', '.join(devices)}, which has no "
+            "known peak bf16 rate or bandwidth (dsv4bench/hardware.py lists the GPUs it knows)."
+        )
     if single:
         d.para(
             f"{single} families measured at a single {xkey} value are not drawn "
