@@ -66,3 +66,37 @@ def test_measurement_sections(tmp_path):
     assert (tmp_path / "rep" / "memory-per-call.png").exists()
     assert "1 of 6 rows not bitwise deterministic" in md
     assert "5 of 6 rows not batch invariant" in md
+
+
+def test_memory_lines_per_family_and_all_zero_panels_named_not_drawn(tmp_path, monkeypatch):
+    from dsv4bench.report import plots
+
+    drawn = {}
+    save = plots.save
+
+    def keep(fig, path):
+        drawn[path.name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save", keep)
+    rows = []
+    for i in range(3):  # two contexts at the same batch sizes: two lines, not a zigzag
+        for ctx, mib in ((8192, 16 + i), (65536, 40 + i)):
+            r = _row(i, memory={"scratch_bytes": mib * 2**20, "output_bytes": 0})
+            r["params"]["context_len"] = ctx
+            r["case_id"] += f"-{ctx}"
+            rows.append(r)
+        zero = _row(i, memory={"scratch_bytes": 0, "output_bytes": 0})
+        zero.update(op="prefill", case_id=f"prefill-{i}")
+        zero["params"].update(tokens=1024 * 2**i, batch_size=1)
+        rows.append(zero)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build_report([run], tmp_path / "rep")
+    fig = drawn["memory-per-call.png"]
+    (ax,) = [a for a in fig.axes if a.get_visible()]  # the all-zero prefill panel is not drawn
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
+    assert sorted(list(ln.get_ydata()) for ln in lines) == [[16, 17, 18], [40, 41, 42]]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Not drawn, every call 0 MiB of scratch: prefill v3.2 (flashmla)." in md

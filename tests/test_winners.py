@@ -44,3 +44,29 @@ def test_section_has_table_and_figure(tmp_path):
     assert "| decode v3.2 h128 | batch 64 | flashinfer | 0.1 | flashmla 0.11 | 1.10x |" in text
     assert "triton: unsupported" in text
     assert [p.name for p in images] == ["winners-ratio.png"] and images[0].stat().st_size > 0
+
+
+def test_figure_draws_a_line_per_variant_and_leaves_one_size_families_to_the_table(
+    tmp_path, monkeypatch
+):
+    from dsv4bench.report import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "line_figure", lambda *a, **k: drawn.append(a[1]) or None)
+    monkeypatch.setattr(plots, "save", lambda fig, path: path)
+    rows = []
+    for ctx in (8192, 65536):  # one family, two contexts at the same batch sizes
+        for b, ms in ((1, 0.02), (64, 0.1)):
+            cid = f"b{b}-{ctx}"
+            rows.append(row(cid, "flashmla", ms, batch_size=b, context_len=ctx))
+            rows.append(row(cid, "triton", ms * 2, batch_size=b, context_len=ctx))
+    rows.append(row("h8", "flashmla", 0.5, op="prefill", tokens=4096, num_heads=8))
+    rows.append(row("h8", "triton", 0.4, op="prefill", tokens=4096, num_heads=8))
+    text, _ = winners.markdown(rows, tmp_path)
+    ((panel,),) = drawn  # the one-size prefill family is not a panel
+    assert [(s.label, s.xs) for s in panel.series] == [
+        ("triton ctx 8K", [1, 64]),
+        ("triton ctx 64K", [1, 64]),
+    ]
+    assert "1 shape families measured at a single size are in the table" in text
+    assert "| prefill v3.2 h8 | chunk 4096 | triton |" in text

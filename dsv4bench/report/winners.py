@@ -8,12 +8,14 @@ count: an incorrect or unsupported backend never wins. Times are the median of t
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4bench.report import plots
+from dsv4bench.report import grouping, plots
 from dsv4bench.report.doc import Doc
+from dsv4bench.report.fmt import natural_text_key
 
 BASELINE = "flashmla"
 
@@ -105,38 +107,73 @@ def table_rows(items: list[Shape]) -> list[list]:
     return out
 
 
-def figure(items: list[Shape], path: Path) -> Path | None:
-    """Ratio to FlashMLA against batch/chunk size, one panel per curve family."""
+def _variant(p: dict) -> tuple:
+    """What tells shapes of one family apart besides their size (context, top-k, page ...)."""
+    size = "tokens" if p.get("op") == "prefill" else "batch_size"
+    return tuple(sorted((k, json.dumps(v)) for k, v in p.items() if k not in (size, "seed")))
+
+
+def figure(items: list[Shape], path: Path) -> tuple[Path | None, int]:
+    """Ratio to FlashMLA against batch/chunk size, one panel per curve family and one line per
+    backend and family variant (a context, a page size), so that no line joins two problems.
+    Returns (the PNG or None, how many families were measured at a single size only: those
+    are in the table, not drawn, unless no family has a curve)."""
     families: dict[str, list[Shape]] = defaultdict(list)
     for s in items:
         if s.times.get(BASELINE) and len(s.times) > 1:
             families[_family(s.params)].append(s)
-    families = {f: v for f, v in families.items() if len(v) > 1}  # a curve needs two points
+    curves = {f: v for f, v in families.items() if _has_curve(v)}
     if not families:
-        return None
-    backends = sorted({b for v in families.values() for s in v for b in s.times if b != BASELINE})
+        return None, 0
+    drawn = curves or families
+    backends = sorted({b for v in drawn.values() for s in v for b in s.times if b != BASELINE})
     colors = plots.colors_for(backends)
-    nrows, ncols = plots.grid(len(families))
-    fig, axes = plots.figure(nrows, ncols, "Time relative to FlashMLA (below 1: faster)")
-    handles = {}
-    for ax, (fam, members) in zip(axes, sorted(families.items()), strict=False):
-        members.sort(key=lambda s: _size(s.params)[1])
-        kind = _size(members[0].params)[0]
-        for b in backends:
-            pts = [(_size(s.params)[1], s.ratio(b)) for s in members if s.ratio(b)]
-            if pts:
-                (line,) = ax.plot(*zip(*pts, strict=True), marker="o", color=colors[b], label=b)
-                handles[b] = line
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_title(fam, fontsize=10)
-        ax.set_xlabel("batch size" if kind == "batch" else "chunk tokens")
-        ax.set_ylabel("time / FlashMLA time")
-        ax.grid(True, alpha=0.3)
-    for ax in axes[len(families) :]:
-        ax.set_visible(False)
-    plots.shared_legend(fig, handles)
-    return plots.save(fig, path)
+    panels = [_panel(fam, members, colors) for fam, members in sorted(drawn.items())]
+    fig = plots.line_figure("Time relative to FlashMLA (below 1: faster)", panels)
+    return plots.save(fig, path), len(families) - len(drawn)
+
+
+def _has_curve(members: list[Shape]) -> bool:
+    sizes: dict[tuple, set] = defaultdict(set)
+    for s in members:
+        sizes[_variant(s.params)].add(_size(s.params)[1])
+    return any(len(v) > 1 for v in sizes.values())
+
+
+def _panel(fam: str, members: list[Shape], colors: dict | None = None) -> plots.Panel:
+    groups: dict[tuple, list[Shape]] = defaultdict(list)
+    for s in members:
+        for b in s.times:
+            if b != BASELINE and s.ratio(b):
+                groups[(b, _variant(s.params))].append(s)
+    curves = {g: v for g, v in groups.items() if len({_size(s.params) for s in v}) > 1}
+    groups = curves or groups  # variants at one size only: in the table
+    labels = grouping.line_variants(groups)
+    variants = sorted({labels[g][0] for g in groups}, key=natural_text_key)
+    series = []
+    for g in sorted(groups, key=lambda g: (g[0], variants.index(labels[g][0]))):
+        b, short = g[0], labels[g][1]
+        i = variants.index(labels[g][0])
+        pts = sorted((_size(s.params)[1], s.ratio(b)) for s in groups[g])
+        series.append(
+            plots.Series(
+                f"{b} {short}" if short else b,
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                color=(colors or {}).get(b),
+                marker=plots.MARKERS[i % len(plots.MARKERS)],
+                linestyle=plots.LINESTYLES[i % len(plots.LINESTYLES)],
+            )
+        )
+    kind = _size(members[0].params)[0]
+    return plots.Panel(
+        fam,
+        "batch size" if kind == "batch" else "chunk tokens",
+        "time / FlashMLA time",
+        series,
+        logx=True,
+        hlines=[(1.0, "FlashMLA (= 1)", "black")],
+    )
 
 
 def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
@@ -168,10 +205,12 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
         ],
         table_rows(items),
     )
-    png = figure(items, out_dir / "winners-ratio.png")
+    png, single = figure(items, out_dir / "winners-ratio.png")
     if png is None:
         return []
     doc.image(png, "time relative to FlashMLA against batch and chunk size")
+    if single:
+        doc.para(f"{single} shape families measured at a single size are in the table, not drawn.")
     return [png]
 
 

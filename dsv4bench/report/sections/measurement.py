@@ -6,7 +6,7 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
-from dsv4bench.report import plots
+from dsv4bench.report import grouping, plots
 from dsv4bench.report.fmt import code_span, fmt_num, pct
 from dsv4bench.report.load import case_rows, median_ms, param
 from dsv4bench.timing import AGREEMENT
@@ -117,22 +117,25 @@ def _x_of(r: dict) -> int | None:
     return b * s_q if isinstance(b, int) and isinstance(s_q, int) else None
 
 
-def _series_by_backend(rep, rows, value) -> dict[str, list[plots.Series]]:
-    """One panel per model, one line per backend (x: batch x s_q, or tokens)."""
-    panels: dict[str, dict[str, list]] = {}
+def _series_by_family(rep, rows, value) -> dict[str, list[plots.Series]]:
+    """One panel per op and model, one line per backend and case family (the params other
+    than the size differ: context, heads, route, s_q), so no line joins two families; x: batch
+    x s_q, or tokens."""
+    by_panel: dict[str, list[dict]] = {}
     for r in rows:
-        y, x = value(r), _x_of(r)
-        if y is None or x is None:
-            continue
-        key = f"{r.get('op')} {param(r, 'model')}"
-        panels.setdefault(key, {}).setdefault(rep.who(r), []).append((x, y))
-    return {
-        key: [
-            plots.Series(label, [x for x, _ in sorted(pts)], [y for _, y in sorted(pts)])
-            for label, pts in sorted(lines.items())
-        ]
-        for key, lines in sorted(panels.items())
-    }
+        if value(r) is not None and _x_of(r) is not None:
+            by_panel.setdefault(f"{r.get('op')} {param(r, 'model')}", []).append(r)
+    panels = {}
+    for key, prows in sorted(by_panel.items()):
+        groups = grouping.line_groups(rep, prows, {"batch_size", "tokens", "seed", "model"})
+        lines = {g: rs for g, rs in groups.items() if len({_x_of(r) for r in rs}) > 1}
+        groups = lines or groups  # families at one size only: in the table, not drawn
+        series = []
+        for gkey, label, style, _full in grouping.line_styles(rep, groups):
+            pts = sorted((_x_of(r), value(r)) for r in groups[gkey])
+            series.append(plots.Series(label, [x for x, _ in pts], [y for _, y in pts], **style))
+        panels[key] = series
+    return panels
 
 
 def _launch_overhead(rep, rows: list[dict]) -> bool:
@@ -148,7 +151,7 @@ def _launch_overhead(rep, rows: list[dict]) -> bool:
         "graph removes, largest at small batches. A capture that failed is shown with its "
         "message (an engine bug class)."
     )
-    overhead = _series_by_backend(
+    overhead = _series_by_family(
         rep,
         [r for r in have if r.get("op") == "decode"],
         lambda r: (
@@ -196,16 +199,24 @@ def _memory(rep, rows: list[dict]) -> bool:
         "leaves allocated (`scratch`); `outputs` is what it leaves allocated. Counted by "
         "torch's allocator: memory a library takes with its own cudaMalloc is not seen."
     )
-    scratch = _series_by_backend(
+    scratch = _series_by_family(
         rep, have, lambda r: _timing(r)["memory"].get("scratch_bytes", 0) / MIB
     )
-    if any(y for series in scratch.values() for s in series for y in s.ys):
-        panels = [
-            plots.Panel(key, "batch x s_q, or tokens", "scratch MiB", series)
-            for key, series in scratch.items()
-        ]
+    zero = sorted(k for k, series in scratch.items() if not any(y for s in series for y in s.ys))
+    panels = [
+        plots.Panel(key, "batch x s_q (decode), tokens (prefill)", "scratch MiB", series)
+        for key, series in scratch.items()
+        if key not in zero
+    ]
+    if panels:
         fig = plots.line_figure("Scratch memory per call", panels)
         d.image(rep.save(fig, "memory-per-call"), "memory per call")
+    if zero:
+        d.para(
+            "Not drawn, every call 0 MiB of scratch: "
+            + "; ".join(f"{k} ({', '.join(s.label for s in scratch[k])})" for k in zero)
+            + "."
+        )
     d.table(
         ["case_id", "backend", "s_q", "scratch MiB", "outputs MiB"],
         [
