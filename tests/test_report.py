@@ -577,17 +577,23 @@ def test_tpot_backends_from_several_scenarios(tmp_path):
     assert "| torch |" in md
 
 
-def test_a_cpu_run_has_no_empty_peak_panel_and_says_why(tmp_path, monkeypatch):
+@pytest.fixture
+def kept_figures(monkeypatch) -> dict:
+    """name.png -> the figure, for every figure the report saves."""
     from dsv4bench.report import plots
 
     figures = {}
     save = plots.save
 
     def keep(fig, path):
-        figures[Path(path).name] = [ax for ax in fig.axes if ax.get_visible()]
+        figures[Path(path).name] = fig
         return save(fig, path)
 
     monkeypatch.setattr(plots, "save", keep)
+    return figures
+
+
+def test_a_cpu_run_has_no_empty_peak_panel_and_says_why(tmp_path, kept_figures):
     rows = []
     for heads in (8, 16):  # one batch size per family: points, not lines
         row = case_row("decode", "torch", num_heads=heads, batch_size=2)
@@ -597,6 +603,44 @@ def test_a_cpu_run_has_no_empty_peak_panel_and_says_why(tmp_path, monkeypatch):
     build_report([write_run(tmp_path / "cpu", rows)], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "No fraction-of-peak panel: these rows ran on cpu" in md
-    (ax,) = figures["kernel-decode-v4-flash.png"]  # the TFLOP/s panel alone
+    fig = kept_figures["kernel-decode-v4-flash.png"]
+    (ax,) = [a for a in fig.axes if a.get_visible()]  # the TFLOP/s panel alone
     assert ax.get_title() == "achieved TFLOP/s at batch size 2"
     assert [t.get_text() for t in ax.get_yticklabels()] == ["torch 8 heads", "torch 16 heads"]
+
+
+def test_ttft_shows_where_the_sglang_threshold_and_safe_part_ways(tmp_path, kept_figures):
+    rows = []
+    for route in ("threshold:11673", "safe"):
+        for chunk in (8192, 11648):
+            for prompt in (16384, 32768):
+                crash = route != "safe" and chunk == 11648  # the decode kernel above 11622
+                parts = [part(f"prefill-t{chunk}-{route}", "flashmla", "crash" if crash else "ok")]
+                rows.append(
+                    serving_row(
+                        "ttft",
+                        "flashmla",
+                        None if crash else prompt * 1e-3,
+                        parts,
+                        case_id=f"ttft-L{prompt}-C{chunk}-{route}",
+                        route=route,
+                        threshold=11622 if route == "safe" else 11673,
+                        prompt_len=prompt,
+                        chunk_size=chunk,
+                    )
+                )
+    build_report([write_run(tmp_path / "run", rows)], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert (
+        "Chunks of 11648 tokens lie between the measured decode-route limit (11622) and 11673: "
+        "`threshold:11673` sends them to the decode kernel (2 of 2 points failed: crash), "
+        "`safe` to sparse prefill (0 of 2 points failed)."
+    ) in md
+    threshold, safe = [a for a in kept_figures["ttft-v4-flash.png"].axes if a.get_visible()]
+    marks = [ln for ln in threshold.get_lines() if ln.get_marker() == "x"]
+    assert [list(ln.get_xdata()) for ln in marks] == [[16384, 32768]]  # chunk 11648 failed
+    assert len([ln for ln in safe.get_lines() if len(ln.get_xdata()) == 2]) == 2  # both chunks
+    rows = [r for r in rows if r["chunk_size"] == 8192]
+    build_report([write_run(tmp_path / "old", rows)], tmp_path / "old-out")
+    md = (tmp_path / "old-out" / "report.md").read_text()
+    assert "`threshold:11673` and `safe` route every chunk alike here" in md

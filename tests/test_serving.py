@@ -652,3 +652,33 @@ def test_bad_serving_file_names_file_line_and_key(tmp_path):
     with pytest.raises(ScenarioError) as e:
         sv.load_spec(bad, known_backends={"torch"})
     assert str(e.value).startswith(f"{bad}:5: backends:") and "nope" in str(e.value)
+
+
+def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
+    from dsv4bench import backends, hardware
+
+    path = Path(__file__).parent.parent / "scenarios" / "serving" / "v4_flash_sm90.yaml"
+    spec = sv.load_spec(path, known_backends=backends.names())
+    limit = 11622  # the decode-route limit measured on sm90 (H100 and H200)
+    between = [c for c in spec.chunk_sizes if limit < c <= hardware.SGLANG_DSV4_THRESHOLD]
+    assert len(between) >= 2 and {"threshold:11673", "safe"} <= set(spec.routes)
+    small = dataclasses.replace(
+        spec,
+        prompt_lens=[32 * K],
+        chunk_sizes=between,
+        routes=["threshold:11673", "safe"],
+        backends=["kern"],
+        helper_backends=["kern"],
+    )
+    p = sv.plan(small, safe_limit=limit)
+    # the decode kernel dies above the limit (FlashMLA's scheduler); everything else runs
+    rows = []
+    for c in p.cases:
+        crash = c.op == "prefill" and c.route == "decode-kernel" and c.tokens > limit
+        status = "crash" if crash else "ok"
+        rows.append(_case_row(c.case_id, "kern", None if crash else 0.1, status))
+    points = {(r["route"], r["chunk_size"]): r for r in sv.aggregate(p, rows)}
+    for chunk in between:
+        threshold, safe = points[("threshold:11673", chunk)], points[("safe", chunk)]
+        assert threshold["status"] == "crash" and threshold["value_ms"] is None
+        assert safe["status"] == "ok" and safe["value_ms"] > 0

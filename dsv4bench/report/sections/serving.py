@@ -294,7 +294,45 @@ def ttft_curves(rep, rows: list[dict]) -> None:
     )
     for title, slug, mrows in _serving_figures(rows):
         _ttft_figure(rep, title, slug, mrows)
+        _routing_note(rep, mrows)
         _ttft_tables(rep, title, mrows)
+
+
+def _routing_note(rep, rows: list[dict]) -> None:
+    """Where a threshold route and `safe` part ways: the chunks between the measured limit and
+    the threshold, and what became of them on each route (or that none was run)."""
+    safe = {r.get("threshold") for r in rows if str(r.get("route")) == "safe"}
+    safe = sorted(v for v in safe if is_num(v))
+    thresholds = sorted(
+        {str(r.get("route")) for r in rows if str(r.get("route")).startswith("threshold:")}
+    )
+    if len(safe) != 1 or not thresholds:
+        return
+    limit = safe[0]
+    for route in thresholds:
+        n = int(route.split(":", 1)[1])
+        if n <= limit:
+            continue
+        between = sorted(
+            {
+                r.get("chunk_size")
+                for r in rows
+                if is_num(r.get("chunk_size")) and limit < r["chunk_size"] <= n
+            }
+        )
+        if not between:
+            rep.doc.para(
+                f"`{route}` and `safe` route every chunk alike here: no chunk size between the "
+                f"measured decode-route limit ({limit}) and {n} was run, the only sizes where "
+                "they differ."
+            )
+            continue
+        rep.doc.para(
+            f"Chunks of {', '.join(str(c) for c in between)} tokens lie between the measured "
+            f"decode-route limit ({limit}) and {n}: `{route}` sends them to the decode kernel "
+            f"({_tally(rows, route, between)}), `safe` to sparse prefill "
+            f"({_tally(rows, 'safe', between)})."
+        )
 
 
 def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
@@ -357,6 +395,15 @@ def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
     )
     rep.doc.heading(f"TTFT: {title}", 3)
     rep.doc.image(rep.save(fig, make_slug("ttft", slug)), f"TTFT vs prompt length, {title}")
+
+
+def _tally(rows: list[dict], route: str, chunks: list[int]) -> str:
+    pts = [r for r in rows if str(r.get("route")) == route and r.get("chunk_size") in chunks]
+    failed = [r for r in pts if r.get("value_ms") is None]
+    states = sorted({str(r.get("status")) for r in failed})
+    return f"{len(failed)} of {len(pts)} points failed" + (
+        f": {', '.join(states)}" if states else ""
+    )
 
 
 def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
