@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
+from in_process import main_in_process
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
@@ -11,3 +17,19 @@ def pytest_configure(config):
     # One thread, as the runner's CPU workers: on a small shared machine (CI's 2 cores) a busy
     # neighbour stalls every OpenMP barrier, and a 0.5 s test becomes 15 s.
     torch.set_num_threads(int(os.environ.get("DSV4BENCH_TEST_THREADS", "1")))
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """main_in_process from the checkout's root: run_cli(*args, env=None) -> (exit code,
+    stdout, stderr); `env` is set for the rest of the test (workers inherit it)."""
+    monkeypatch.chdir(ROOT)
+
+    def run(*args, env: dict | None = None) -> tuple[int, str, str]:
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        code = main_in_process(*args)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

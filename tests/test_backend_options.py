@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -154,7 +152,7 @@ def test_a_kernel_is_judged_on_what_it_reads_and_the_conversion_shows():
     assert hidden["status"] == "incorrect" and "conversion" not in hidden["info"]
 
 
-def test_a_run_holds_two_instances_side_by_side_and_rows_name_them(tmp_path):
+def test_a_run_holds_two_instances_side_by_side_and_rows_name_them(tmp_path, run_cli):
     scenario = tmp_path / "o.yaml"
     scenario.write_text(
         textwrap.dedent("""
@@ -166,11 +164,11 @@ def test_a_run_holds_two_instances_side_by_side_and_rows_name_them(tmp_path):
         defaults: {batch_size: 1, context_len: 128, topk: 64, num_heads: 4}
         """)
     )
-    cmd = [sys.executable, "-m", "dsv4bench.cli", "run", scenario, "--out", tmp_path / "run"]
-    cmd += ["--plugin", PLUGIN, "--backend-opt", "wrong.factor=1.02", "--quiet"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert p.returncode == 1, p.stderr  # the `wrong` instance's row is incorrect
-    assert "wrong: incorrect" in p.stderr
+    # in this process; the workers, processes of their own, build the same two instances
+    args = ["run", scenario, "--out", tmp_path / "run", "--plugin", PLUGIN]
+    code, _, err = run_cli(*args, "--backend-opt", "wrong.factor=1.02", "--quiet")
+    assert code == 1, err  # the `wrong` instance's row is incorrect
+    assert "wrong: incorrect" in err
     rows = {r["backend"]: r for r in read_rows(tmp_path / "run")}
     assert rows["wrong"]["status"] == "incorrect"
     assert rows["wrong"]["backend_options"] == {"factor": 1.02}
@@ -179,8 +177,6 @@ def test_a_run_holds_two_instances_side_by_side_and_rows_name_them(tmp_path):
         "wrong",
         {"factor": 1.0},
     )
-    bad = subprocess.run(
-        [*cmd[:-3], "--backend-opt", "wrong.factor=big"], capture_output=True, text=True, cwd=ROOT
-    )
-    assert bad.returncode == 2
-    assert bad.stderr.strip() == "dsv4bench: --backend-opt: wrong.factor: expected float, got 'big'"
+    code, _, err = run_cli(*args, "--backend-opt", "wrong.factor=big")
+    assert code == 2
+    assert err.strip() == "dsv4bench: --backend-opt: wrong.factor: expected float, got 'big'"

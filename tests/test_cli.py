@@ -6,12 +6,12 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from in_process import main_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "scenarios" / "smoke.yaml"
@@ -46,21 +46,6 @@ def ci_compare(out: Path) -> subprocess.CompletedProcess:
     )
 
 
-def here(capsys, *args) -> tuple[int, str, str]:
-    """The CLI in this process (no interpreter start): (exit code, stdout, stderr). For commands
-    that load no plugin, since a plugin's backends would stay registered here."""
-    from dsv4bench import cli as dsv4cli
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGPIPE)}
-    try:
-        code = dsv4cli.main([str(a) for a in args])
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def decode_only(tmp_path: Path) -> Path:
     """A quick scenario: the smoke file's decode points only."""
     text = """
@@ -87,16 +72,16 @@ def quick_run(tmp_path_factory) -> Path:
     """One run of decode_only's scenario, shared (copy it before changing it)."""
     tmp = tmp_path_factory.mktemp("quick")
     out = tmp / "run"
-    cli("run", decode_only(tmp), "--out", out, "--quiet", check=0)
+    assert main_in_process("run", decode_only(tmp), "--out", out, "--quiet") == 0
     return out
 
 
-def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path, run_cli):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
     out = tmp_path / "run"
     for cmd in (("plan", bad), ("run", bad, "--out", out)):
-        code, _, err = here(capsys, *cmd)
+        code, _, err = run_cli(*cmd)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1, err
         assert f"{bad}:5: sweep.batch_size[1]" in lines[0]
@@ -104,45 +89,48 @@ def test_malformed_scenario_is_one_line_exit_2_and_writes_nothing(tmp_path, caps
     assert not out.exists()
 
 
-def test_bad_flags_exit_2(tmp_path, capsys):
-    code, _, err = here(capsys, "plan", SMOKE, "--backend", "nope")
+def test_bad_flags_exit_2(tmp_path, capsys, run_cli):
+    code, _, err = run_cli("plan", SMOKE, "--backend", "nope")
     assert code == 2 and "unknown backend" in err
     with pytest.raises(SystemExit) as e:  # argparse's own one-line error
-        here(capsys, "run", SMOKE, "--arch", "sm75")
+        run_cli("run", SMOKE, "--arch", "sm75")
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
-    p = cli("run", SMOKE, "--plugin", "no.such.module", "--out", tmp_path / "r", check=2)
-    assert "cannot import" in p.stderr and not (tmp_path / "r").exists()
+    code, _, err = run_cli("run", SMOKE, "--plugin", "no.such.module", "--out", tmp_path / "r")
+    assert code == 2 and "cannot import" in err and not (tmp_path / "r").exists()
 
 
-def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path, quick_run):
+def test_run_refuses_to_overwrite_then_resumes_and_forces(tmp_path, quick_run, run_cli):
     quick = decode_only(tmp_path)
     out = tmp_path / "run"
     shutil.copytree(quick_run, out)
     first = (out / "results.jsonl").read_text()
     assert len(first.splitlines()) == 2
-    p = cli("run", quick, "--out", out, check=2)
-    assert "--resume" in p.stderr and (out / "results.jsonl").read_text() == first
+    code, _, err = run_cli("run", quick, "--out", out)
+    assert code == 2 and "--resume" in err and (out / "results.jsonl").read_text() == first
     (out / "results.jsonl").write_text(first[:-30])  # killed while writing the last row
-    p = cli("run", quick, "--out", out, "--resume", "--quiet", check=0)
-    assert "torn last line moved to" in p.stderr and (out / "results.jsonl.torn").exists()
+    code, _, err = run_cli("run", quick, "--out", out, "--resume", "--quiet")
+    assert code == 0 and "torn last line moved to" in err
+    assert (out / "results.jsonl.torn").exists()
     again = (out / "results.jsonl").read_text()
     assert [json.loads(line)["case_id"] for line in again.splitlines()] == [
         json.loads(line)["case_id"] for line in first.splitlines()
     ]  # the torn row ran again, whole
-    p = cli("run", quick, "--out", out, "--resume", check=0)
+    assert run_cli("run", quick, "--out", out, "--resume")[0] == 0
     assert (out / "results.jsonl").read_text() == again  # nothing left to do
     commands = (out / "command.txt").read_text().splitlines()
     assert len(commands) == 3 and "--resume" not in commands[0] and "--resume" in commands[2]
     (out / "report.md").write_text("an old report\n")
     (out / "old.png").write_bytes(b"")
-    cli("run", quick, "--out", out, "--force", "--quiet", check=0)
+    assert run_cli("run", quick, "--out", out, "--force", "--quiet")[0] == 0
     (earlier,) = out.glob("earlier-*")  # the earlier run, reports and plots too, kept aside
     assert (earlier / "results.jsonl").read_text() == again
     assert (earlier / "report.md").exists() and (earlier / "old.png").exists()
     assert not (out / "report.md").exists() and not (out / "old.png").exists()
 
 
-def test_crashes_become_rows_while_other_cases_run_and_unexpected_ones_fail_the_run(tmp_path):
+def test_crashes_become_rows_while_other_cases_run_and_unexpected_ones_fail_the_run(
+    tmp_path, run_cli
+):
     text = """
 name: crash-test
 op: decode
@@ -157,7 +145,8 @@ cases:
     path = tmp_path / "crash.yaml"
     path.write_text(text)
     out = tmp_path / "run"
-    p = cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out, "--quiet", check=1)
+    code, _, err = run_cli("run", path, "--plugin", "tests.plugins.misbehaving", "--out", out)
+    assert code == 1, err
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     status = {(r["params"]["batch_size"], r["backend"]): r["status"] for r in rows}
     assert status == {
@@ -172,44 +161,47 @@ cases:
     (b5,) = [
         r["case_id"] for r in rows if r["params"]["batch_size"] == 5 and r["backend"] == "torch"
     ]
-    assert f"1 case(s) failed (crash), e.g. {b5} crashy: crash" in p.stderr
+    assert f"1 case(s) failed (crash), e.g. {b5} crashy: crash" in err
 
 
-def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path, quick_run, capsys):
+def test_compare_flags_slowed_and_wrong_builds_and_passes_unchanged(tmp_path, quick_run, run_cli):
     quick = decode_only(tmp_path)
     base = quick_run
-    assert here(capsys, "compare", base, base, "--out", tmp_path / "same")[0] == 0
+    assert run_cli("compare", base, base, "--out", tmp_path / "same")[0] == 0
     for mode in ("slow", "wrong"):
         new = tmp_path / mode
-        env = {"DSV4BENCH_REGRESSION": mode}
+        # 50 ms per call: 20x these cases' times, far past the 5% threshold and their noise
+        env = {"DSV4BENCH_REGRESSION": mode, "DSV4BENCH_REGRESSION_DELAY_S": "0.05"}
         plugin = ("--plugin", "tests.plugins.regressed")
         # a wrong build's rows are `incorrect`: run itself fails; a slow one passes
-        cli("run", quick, *plugin, "--out", new, "--quiet", env=env, check=int(mode == "wrong"))
-        code, out, _ = here(capsys, "compare", base, new, "--out", tmp_path / f"cmp-{mode}")
+        code, _, err = run_cli("run", quick, *plugin, "--out", new, "--quiet", env=env)
+        assert code == int(mode == "wrong"), err
+        code, out, _ = run_cli("compare", base, new, "--out", tmp_path / f"cmp-{mode}")
         assert code == 1 and "regress" in out.lower()
         assert (tmp_path / f"cmp-{mode}" / "compare.md").exists()
 
 
-def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path):
+def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path, run_cli):
     out = tmp_path / "ci"
     env = {"DSV4BENCH_REGRESSION": "slow", "DSV4BENCH_REGRESSION_DELAY_S": "0.05"}
     plugin = ("--plugin", "tests/plugins/regressed.py", "--backend", "torch")
-    cli("run", SMOKE, *plugin, "--out", out / "smoke", "--quiet", env=env, check=0)
+    assert run_cli("run", SMOKE, *plugin, "--out", out / "smoke", "--quiet", env=env)[0] == 0
     p = ci_compare(out)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "compare: REGRESSION" in p.stdout and " 0 time" not in p.stdout
     assert (out / "compare" / "compare.md").exists()
 
 
-def test_report_from_a_run(tmp_path, quick_run, capsys):
+def test_report_from_a_run(tmp_path, quick_run, run_cli):
     out = tmp_path / "run"
     shutil.copytree(quick_run, out)
-    assert here(capsys, "report", out)[0] == 0
+    assert run_cli("report", out)[0] == 0
     assert (out / "report.html").exists() and list(out.glob("*.png"))
 
 
-@pytest.mark.parametrize("backend,code", [("torch", 0), ("wrong", 1)])
-def test_benchmarks_fail_on_accuracy(tmp_path, backend, code):
+def test_benchmarks_fail_on_accuracy_and_record_the_rest(tmp_path):
+    # one pytest process for both backends: the right one's benchmarks pass into the JSON,
+    # the wrong one's fail the session
     p = subprocess.run(
         [
             sys.executable,
@@ -225,7 +217,9 @@ def test_benchmarks_fail_on_accuracy(tmp_path, backend, code):
             "--plugin",
             "tests.plugins.misbehaving",
             "--bench-backend",
-            backend,
+            "torch",
+            "--bench-backend",
+            "wrong",
             "--benchmark-json",
             str(tmp_path / "bench.json"),
         ],
@@ -234,23 +228,26 @@ def test_benchmarks_fail_on_accuracy(tmp_path, backend, code):
         cwd=ROOT,
         timeout=600,
     )
-    assert p.returncode == code, p.stdout[-2000:]
-    if code == 0:
-        data = json.loads((tmp_path / "bench.json").read_text())
-        assert {b["extra_info"]["status"] for b in data["benchmarks"]} == {"ok"}
+    assert p.returncode == 1, p.stdout[-2000:]
+    assert "2 failed, 2 passed" in p.stdout, p.stdout[-2000:]
+    failed = [line for line in p.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 2 and all(line.split(" ")[1].endswith("-wrong]") for line in failed)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    benchmarks = [b["extra_info"] for b in data["benchmarks"]]
+    assert [(b["backend"], b["status"]) for b in benchmarks] == [("torch", "ok")] * 2
 
 
-def test_bench_for_a_gpu_this_machine_lacks_is_refused(tmp_path):
+def test_bench_for_a_gpu_this_machine_lacks_is_refused(tmp_path, run_cli):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")
-    p = cli("bench", "--arch", "sm90", "--out", tmp_path / "r", check=2)
-    assert p.stderr.strip() == "dsv4bench: make bench ARCH=sm90: this machine has no GPU"
+    code, _, err = run_cli("bench", "--arch", "sm90", "--out", tmp_path / "r")
+    assert code == 2 and err.strip() == "dsv4bench: make bench ARCH=sm90: this machine has no GPU"
     assert not (tmp_path / "r").exists()
 
 
-def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
+def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path, run_cli):
     import torch
 
     from dsv4bench.backends.reference_f64 import ReferenceF64
@@ -258,8 +255,8 @@ def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")
     out = tmp_path / "ci" / "smoke"
-    p = cli("bench", "--out", out, "--quiet", check=0)
-    assert f"results: {out / 'results.jsonl'}" in p.stdout
+    code, stdout, err = run_cli("bench", "--out", out, "--quiet")
+    assert code == 0 and f"results: {out / 'results.jsonl'}" in stdout, err
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["scenario"] for r in rows} == {"smoke"}
     assert all(r["status"] == "ok" for r in rows if r["op"] in ReferenceF64.ops)
