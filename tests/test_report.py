@@ -324,10 +324,17 @@ def _check_png(path: Path) -> None:
     assert b"IEND" in data[-16:]
 
 
-def test_full_report(tmp_path):
-    run = write_run(tmp_path / "run-h100", make_rows())
-    out = tmp_path / "out"
-    files = build_report([run], out)
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """The report of make_rows(), built once for the tests that read it: (run dir, files)."""
+    tmp = tmp_path_factory.mktemp("full")
+    run = write_run(tmp / "run-h100", make_rows())
+    return run, build_report([run], tmp / "out")
+
+
+def test_full_report(full_report):
+    _, files = full_report
+    out = files[0].parent
     names = {f.name for f in files}
     assert {"report.md", "report.html", "accuracy.png", "crash-boundary.png"} <= names
     assert {"tpot-v4-flash.png", "ttft-v4-flash.png"} <= names
@@ -372,9 +379,8 @@ def test_full_report(tmp_path):
     assert "<link" not in page and "@import" not in page
 
 
-def test_report_is_deterministic(tmp_path):
-    run = write_run(tmp_path / "run", make_rows()[:40])
-    a = build_report([run], tmp_path / "a")
+def test_report_is_deterministic(tmp_path, full_report):
+    run, a = full_report  # every section and figure kind, built a second time
     b = build_report([run], tmp_path / "b")
     assert [f.name for f in a] == [f.name for f in b]
     for fa, fb in zip(a, b, strict=True):
