@@ -18,11 +18,13 @@ ensure:
 	@PYTHONPATH=. $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
 
 # benchmarks/ runs once per case as a test (--benchmark-disable: no timing table). Target: under
-# 3 minutes on 2 quiet cores. The `slow` tests (full-size shapes) are `make test-slow`, which CI
-# runs too (about 2 minutes more).
+# 3 minutes on 2 quiet cores.
 test: install
 	$(PYTHON) -m pytest -q -rs --benchmark-disable -m "not slow and not gpu"
 
+# The tests marked `slow`, at full size: the oracle's memory bound at FlashMLA's prefill
+# benchmark shape (32768 tokens x 64 heads x top-640) on the CPU, and the serving model's
+# sampled cases on the oracle. About 2 minutes on 2 cores; CI runs it after `make test`.
 test-slow: install
 	$(PYTHON) -m pytest -q -rs -m slow
 
