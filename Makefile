@@ -17,10 +17,11 @@ install:
 ensure:
 	@PYTHONPATH=. $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
 
-# benchmarks/ runs once per case as a test (--benchmark-disable: no timing table). Target: under
-# 3 minutes on 2 quiet cores.
+# benchmarks/ runs once per case as a test (--benchmark-disable: no timing table). Two test
+# processes (pytest-xdist), each taking whole files, so module fixtures are built once. Target:
+# under 3 minutes on 2 quiet cores (about 2; one process: about 3.5).
 test: install
-	$(PYTHON) -m pytest -q -rs --benchmark-disable -m "not slow and not gpu"
+	$(PYTHON) -m pytest -q -rs --benchmark-disable -n 2 --dist loadfile -m "not slow and not gpu"
 
 # The tests marked `slow`, at full size: the oracle's memory bound at FlashMLA's prefill
 # benchmark shape (32768 tokens x 64 heads x top-640) on the CPU, and the serving model's

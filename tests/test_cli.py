@@ -206,34 +206,37 @@ def test_report_from_a_run(tmp_path, quick_run, run_cli):
     assert (out / "report.html").exists() and list(out.glob("*.png"))
 
 
-def test_benchmarks_fail_on_accuracy_and_record_the_rest(tmp_path):
-    # one pytest process for both backends: the right one's benchmarks pass into the JSON,
-    # the wrong one's fail the session
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "benchmarks",
-            "--benchmark-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--scenario",
-            str(decode_only(tmp_path)),
-            "--plugin",
-            "tests.plugins.misbehaving",
-            "--bench-backend",
-            "torch",
-            "--bench-backend",
-            "wrong",
-            "--benchmark-json",
-            str(tmp_path / "bench.json"),
-        ],
+def pytest_run(*args) -> subprocess.CompletedProcess:
+    """A pytest session of its own, as a user starts one: not marked as the child of an xdist
+    worker (`make test` runs two), which would switch pytest-benchmark off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
         timeout=600,
+    )
+
+
+def test_benchmarks_fail_on_accuracy_and_record_the_rest(tmp_path):
+    # one pytest process for both backends: the right one's benchmarks pass into the JSON,
+    # the wrong one's fail the session
+    p = pytest_run(
+        "benchmarks",
+        "--benchmark-only",
+        "-q",
+        "--scenario",
+        decode_only(tmp_path),
+        "--plugin",
+        "tests.plugins.misbehaving",
+        "--bench-backend",
+        "torch",
+        "--bench-backend",
+        "wrong",
+        "--benchmark-json",
+        tmp_path / "bench.json",
     )
     assert p.returncode == 1, p.stdout[-2000:]
     assert "2 failed, 2 passed" in p.stdout, p.stdout[-2000:]
@@ -368,16 +371,6 @@ def test_a_dotted_plugin_loads_from_the_current_directory_as_in_the_readme(monke
     assert "tests.plugins.misbehaving" in sys.modules and "crashy" in backends.names()
 
 
-def pytest_run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-
-
 def test_pytest_output_stays_short(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nop: decode\nbackends: [torch]\nsweep:\n  batch_size: [1, -4]\n")
@@ -388,5 +381,9 @@ def test_pytest_output_stays_short(tmp_path):
     assert p.returncode == 0 and "SKIPPED" not in p.stdout  # no line per skipped unit test
     make_test = (ROOT / "Makefile").read_text().split("\ntest:")[1].splitlines()[1]
     flags = shlex.split(make_test.split("pytest", 1)[1])
+    # in one process: under xdist pytest-benchmark switches itself off, table or not
+    for opt in ("-n", "--dist"):
+        if opt in flags:
+            del flags[flags.index(opt) : flags.index(opt) + 2]
     p = pytest_run(*flags, "benchmarks", "--scenario", decode_only(tmp_path))
     assert p.returncode == 0 and "Name (time in" not in p.stdout  # no benchmark table
