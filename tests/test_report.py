@@ -650,3 +650,9 @@ def test_ttft_shows_where_the_sglang_threshold_and_safe_part_ways(tmp_path, kept
     build_report([write_run(tmp_path / "old", rows)], tmp_path / "old-out")
     md = (tmp_path / "old-out" / "report.md").read_text()
     assert "`threshold:11673` and `safe` route every chunk alike here" in md
+    # a last, shorter chunk can fall between them too: 28034 = 16384 + 11650
+    for r in rows:
+        r.update(prompt_len=28034, chunk_size=16384)
+    build_report([write_run(tmp_path / "last", rows)], tmp_path / "last-out")
+    md = (tmp_path / "last-out" / "report.md").read_text()
+    assert "Chunks of 11650 tokens lie between the measured decode-route limit (11622)" in md

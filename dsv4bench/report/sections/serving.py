@@ -299,8 +299,9 @@ def ttft_curves(rep, rows: list[dict]) -> None:
 
 
 def _routing_note(rep, rows: list[dict]) -> None:
-    """Where a threshold route and `safe` part ways: the chunks between the measured limit and
-    the threshold, and what became of them on each route (or that none was run)."""
+    """Where a threshold route and `safe` part ways: the points with a chunk (a last, shorter
+    one included) between the measured limit and the threshold, and what became of them on
+    each route; or that no point has one."""
     safe = {r.get("threshold") for r in rows if str(r.get("route")) == "safe"}
     safe = sorted(v for v in safe if is_num(v))
     thresholds = sorted(
@@ -313,26 +314,36 @@ def _routing_note(rep, rows: list[dict]) -> None:
         n = int(route.split(":", 1)[1])
         if n <= limit:
             continue
-        between = sorted(
-            {
-                r.get("chunk_size")
-                for r in rows
-                if is_num(r.get("chunk_size")) and limit < r["chunk_size"] <= n
-            }
-        )
+        between = {
+            id(r): sizes
+            for r in rows
+            if str(r.get("route")) in (route, "safe") and (sizes := _chunks_between(r, limit, n))
+        }
         if not between:
             rep.doc.para(
-                f"`{route}` and `safe` route every chunk alike here: no chunk size between the "
-                f"measured decode-route limit ({limit}) and {n} was run, the only sizes where "
-                "they differ."
+                f"`{route}` and `safe` route every chunk alike here: no point has a chunk "
+                f"between the measured decode-route limit ({limit}) and {n} tokens, the only "
+                "sizes where they differ."
             )
             continue
+        sizes = sorted({t for ts in between.values() for t in ts})
+        shown = ", ".join(str(t) for t in sizes[:6]) + (", ..." if len(sizes) > 6 else "")
         rep.doc.para(
-            f"Chunks of {', '.join(str(c) for c in between)} tokens lie between the measured "
-            f"decode-route limit ({limit}) and {n}: `{route}` sends them to the decode kernel "
+            f"Chunks of {shown} tokens lie between the measured decode-route limit ({limit}) "
+            f"and {n}: `{route}` sends them to the decode kernel "
             f"({_tally(rows, route, between)}), `safe` to sparse prefill "
             f"({_tally(rows, 'safe', between)})."
         )
+
+
+def _chunks_between(row: dict, lo: int, hi: int) -> list[int]:
+    """The chunk lengths of a TTFT point in (lo, hi]."""
+    from dsv4bench.serving import chunks
+
+    prompt, size = row.get("prompt_len"), row.get("chunk_size")
+    if not (is_num(prompt) and is_num(size)) or prompt <= 0 or size <= 0:
+        return []
+    return [c.tokens for c in chunks(int(prompt), int(size)) if lo < c.tokens <= hi]
 
 
 def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
@@ -397,8 +408,9 @@ def _ttft_figure(rep, title: str, slug: list, mrows: list[dict]) -> None:
     rep.doc.image(rep.save(fig, make_slug("ttft", slug)), f"TTFT vs prompt length, {title}")
 
 
-def _tally(rows: list[dict], route: str, chunks: list[int]) -> str:
-    pts = [r for r in rows if str(r.get("route")) == route and r.get("chunk_size") in chunks]
+def _tally(rows: list[dict], route: str, points: dict) -> str:
+    """How many of a route's points among `points` (by id) failed, and how."""
+    pts = [r for r in rows if str(r.get("route")) == route and id(r) in points]
     failed = [r for r in pts if r.get("value_ms") is None]
     states = sorted({str(r.get("status")) for r in failed})
     return f"{len(failed)} of {len(pts)} points failed" + (
