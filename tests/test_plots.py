@@ -94,3 +94,16 @@ def test_a_single_size_gets_one_tick_not_a_made_up_range():
     )
     ax = fig.axes[0]
     assert list(ax.get_xticks()) == [2] and ax.get_xlim() == (1, 4)
+
+
+def test_dot_rows_sharing_a_label_keep_what_told_their_lines_apart():
+    series = [
+        plots.Series("chunk 4K", [64], [1.5], linestyle="-"),
+        plots.Series("chunk 4K", [64], [0.8], linestyle="--"),
+    ]
+    fig = plots.line_figure("t", [plots.Panel("p", "heads", "ratio", series)])
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "chunk 4K (solid line)",
+        "chunk 4K (dashed line)",
+    ]

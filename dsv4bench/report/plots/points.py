@@ -45,11 +45,25 @@ def _at(panel) -> str:
     return f" at {panel.xlabel.split(' (')[0]} {ax_.plain(xs.pop())}"
 
 
-def _row_label(s, panel, shared: bool) -> str:
-    if shared:
-        return s.label
-    x = next(iter([*s.xs, *s.failed_xs]), None)
-    return s.label if x is None else f"{s.label} ({panel.xlabel.split(' (')[0]} {ax_.plain(x)})"
+STYLE_WORDS = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}
+
+
+def _row_labels(panel, shared: bool) -> list[str]:
+    """A row's label: the series', with its size where sizes differ, and with the line style
+    it would have had where two series share a label (what told them apart as lines)."""
+    labels = []
+    for s in panel.series:
+        x = next(iter([*s.xs, *s.failed_xs]), None)
+        labels.append(
+            s.label
+            if shared or x is None
+            else f"{s.label} ({panel.xlabel.split(' (')[0]} {ax_.plain(x)})"
+        )
+    shared_labels = {lab for lab in labels if labels.count(lab) > 1}
+    return [
+        f"{lab} ({STYLE_WORDS.get(s.linestyle, s.linestyle)} line)" if lab in shared_labels else lab
+        for lab, s in zip(labels, panel.series, strict=True)
+    ]
 
 
 def _dot_panel(ax, panel, palette: dict, handles: dict) -> None:
@@ -70,7 +84,7 @@ def _dot_panel(ax, panel, palette: dict, handles: dict) -> None:
         )
         ax.set_yticks([])
         return
-    labels = [_row_label(s, panel, bool(at)) for s in panel.series]
+    labels = _row_labels(panel, bool(at))
     failed_at = blended_transform_factory(ax.transAxes, ax.transData)
     for i, s in enumerate(panel.series):
         color = s.color or palette[s.label]
