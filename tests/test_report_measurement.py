@@ -90,6 +90,9 @@ def test_memory_lines_per_family_and_all_zero_panels_named_not_drawn(tmp_path, m
         zero.update(op="prefill", case_id=f"prefill-{i}")
         zero["params"].update(tokens=1024 * 2**i, batch_size=1)
         rows.append(zero)
+    dequant = _row(0, memory={"scratch_bytes": 2**20, "output_bytes": 0})
+    dequant.update(op="dequant", case_id="dequant-0")  # its size is no batch: table only
+    rows.append(dequant)
     run = tmp_path / "run"
     run.mkdir()
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -100,3 +103,4 @@ def test_memory_lines_per_family_and_all_zero_panels_named_not_drawn(tmp_path, m
     assert sorted(list(ln.get_ydata()) for ln in lines) == [[16, 17, 18], [40, 41, 42]]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Not drawn, every call 0 MiB of scratch: prefill v3.2 (flashmla)." in md
+    assert "In the table only: dequant: no batch or chunk size to draw against." in md

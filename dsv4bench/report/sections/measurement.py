@@ -120,22 +120,37 @@ def _x_of(r: dict) -> int | None:
 def _series_by_family(rep, rows, value) -> dict[str, list[plots.Series]]:
     """One panel per op and model, one line per backend and case family (the params other
     than the size differ: context, heads, route, s_q), so no line joins two families; x: batch
-    x s_q, or tokens."""
+    x s_q (decode) or tokens (prefill). Drawn: families measured at two sizes or more, and rows
+    made as parts of serving points (a scatter of shapes) only where nothing else was
+    measured; a panel without such a family is left to the table (an empty list)."""
     by_panel: dict[str, list[dict]] = {}
     for r in rows:
-        if value(r) is not None and _x_of(r) is not None:
+        if r.get("op") in ("decode", "prefill") and value(r) is not None and _x_of(r):
             by_panel.setdefault(f"{r.get('op')} {param(r, 'model')}", []).append(r)
     panels = {}
     for key, prows in sorted(by_panel.items()):
+        prows = [r for r in prows if "serving" not in (r.get("tags") or [])] or prows
         groups = grouping.line_groups(rep, prows, {"batch_size", "tokens", "seed", "model"})
         lines = {g: rs for g, rs in groups.items() if len({_x_of(r) for r in rs}) > 1}
-        groups = lines or groups  # families at one size only: in the table, not drawn
         series = []
-        for gkey, label, style, _full in grouping.line_styles(rep, groups):
-            pts = sorted((_x_of(r), value(r)) for r in groups[gkey])
+        for gkey, label, style, _full in grouping.line_styles(rep, lines):
+            pts = sorted((_x_of(r), value(r)) for r in lines[gkey])
             series.append(plots.Series(label, [x for x, _ in pts], [y for _, y in pts], **style))
         panels[key] = series
     return panels
+
+
+def _left_to_table(d, drawn: dict[str, list], rows: list[dict]) -> None:
+    """Say which ops and models the figure leaves to the table, and why."""
+    one_size = sorted(k for k, series in drawn.items() if not series)
+    others = sorted({str(r.get("op")) for r in rows} - {"decode", "prefill"})
+    bits = []
+    if one_size:
+        bits.append(f"{', '.join(one_size)}: every family at one size")
+    if others:
+        bits.append(f"{', '.join(others)}: no batch or chunk size to draw against")
+    if bits:
+        d.para("In the table only: " + "; ".join(bits) + ".")
 
 
 def _launch_overhead(rep, rows: list[dict]) -> bool:
@@ -160,13 +175,15 @@ def _launch_overhead(rep, rows: list[dict]) -> bool:
             else None
         ),
     )
-    if overhead:
-        panels = [
-            plots.Panel(key, "batch x s_q", "eager loop - graph loop (ms per call)", series)
-            for key, series in overhead.items()
-        ]
+    panels = [
+        plots.Panel(key, "batch x s_q", "eager loop - graph loop (ms per call)", series)
+        for key, series in overhead.items()
+        if series
+    ]
+    if panels:
         fig = plots.line_figure("Launch overhead removed by a CUDA graph", panels)
         d.image(rep.save(fig, "launch-overhead"), "launch overhead")
+    _left_to_table(d, overhead, [])
     d.table(
         ["case_id", "backend", "eager ms", "graph ms", "eager loop", "graph loop", "capture"],
         [
@@ -202,11 +219,13 @@ def _memory(rep, rows: list[dict]) -> bool:
     scratch = _series_by_family(
         rep, have, lambda r: _timing(r)["memory"].get("scratch_bytes", 0) / MIB
     )
-    zero = sorted(k for k, series in scratch.items() if not any(y for s in series for y in s.ys))
+    zero = sorted(
+        k for k, series in scratch.items() if series and not any(y for s in series for y in s.ys)
+    )
     panels = [
         plots.Panel(key, "batch x s_q (decode), tokens (prefill)", "scratch MiB", series)
         for key, series in scratch.items()
-        if key not in zero
+        if series and key not in zero
     ]
     if panels:
         fig = plots.line_figure("Scratch memory per call", panels)
@@ -217,6 +236,7 @@ def _memory(rep, rows: list[dict]) -> bool:
             + "; ".join(f"{k} ({', '.join(s.label for s in scratch[k])})" for k in zero)
             + "."
         )
+    _left_to_table(d, scratch, have)
     d.table(
         ["case_id", "backend", "s_q", "scratch MiB", "outputs MiB"],
         [
