@@ -103,4 +103,4 @@ def test_memory_lines_per_family_and_all_zero_panels_named_not_drawn(tmp_path, m
     assert sorted(list(ln.get_ydata()) for ln in lines) == [[16, 17, 18], [40, 41, 42]]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Not drawn, every call 0 MiB of scratch: prefill v3.2 (flashmla)." in md
-    assert "In the table only: dequant: no batch or chunk size to draw against." in md
+    assert "In the table only: dequant: the figure draws decode and prefill calls only." in md

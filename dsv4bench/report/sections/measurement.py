@@ -148,7 +148,7 @@ def _left_to_table(d, drawn: dict[str, list], rows: list[dict]) -> None:
     if one_size:
         bits.append(f"{', '.join(one_size)}: every family at one size")
     if others:
-        bits.append(f"{', '.join(others)}: no batch or chunk size to draw against")
+        bits.append(f"{', '.join(others)}: the figure draws decode and prefill calls only")
     if bits:
         d.para("In the table only: " + "; ".join(bits) + ".")
 
