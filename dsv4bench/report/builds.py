@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dsv4bench.report.limit_lanes import merge_limits
 from dsv4bench.report.load import case_rows, is_probe, median_ms, param
 
 
@@ -93,7 +94,7 @@ def _summarize(name: str, base: str, reference: str, rows: list[dict]) -> Instan
         mine, ref = median_ms(r), ref_ms.get(r["case_id"])
         if r["status"] == "ok" and mine and ref:
             inst.ratios.append(mine / ref)
-    for r in rows:
+    for r in merge_limits(rows):
         if r.get("kind") == "limit" and r["backend"] == name:
             inst.limits.append(
                 Limit(

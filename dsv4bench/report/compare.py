@@ -2,7 +2,8 @@
 time, accuracy, status and measured limits; compare.md and a PNG of time ratios.
 
 Rows are matched by (case_id, backend); where one side holds the key twice (a resumed run),
-its last row counts. Limit-probe rows are not matched one by one: their limit rows are.
+its last row counts. Limit-probe rows are not matched one by one: their limit rows are, by
+lane (every param but the searched axis), several searches of one lane joined.
 With `backends=(A, B)` two backend instances are compared instead (one run may hold both, e.g.
 two FlashMLA builds): base is A's rows, new is B's, matched by case_id under the name "A -> B".
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4bench.report import plots
+from dsv4bench.report.limit_lanes import lane_id, merge_limits
 from dsv4bench.report.load import (
     ReportInputError,
     accuracy_failure,
@@ -158,9 +160,13 @@ def judge(entry: Entry, threshold: float) -> None:
 
 
 def _keyed(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """Case rows by (case_id, backend); limit rows by (lane, backend), a lane's searches joined
+    (dsv4bench.report.limit_lanes), so searches that started at different sizes still match."""
     out: dict[tuple[str, str], dict] = {}
-    for r in rows:
-        if r.get("kind") in ("case", "limit") and not is_probe(r):
+    for r in merge_limits(rows):
+        if r.get("kind") == "limit":
+            out[(lane_id(r), str(r.get("backend")))] = r
+        elif r.get("kind") == "case" and not is_probe(r):
             out[(str(r.get("case_id")), str(r.get("backend")))] = r
     return out
 

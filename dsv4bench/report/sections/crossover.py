@@ -53,7 +53,13 @@ def _sentence(c: Crossover) -> str:
         if not c.compared(route):
             continue
         x = c.crossover(route)
-        where = f"wins at h <= {x}" if x else "never wins at the smallest head count"
+        if x:
+            where = f"wins at h <= {x}"
+        elif c.wins(route):
+            where = f"loses at the smallest head count, h{min(c.compared(route))}"
+        else:
+            hs = c.compared(route)
+            where = f"loses at every measured head count (h{min(hs)}..h{max(hs)})"
         if not c.monotone(route):
             where += f" (wins at h{','.join(map(str, c.wins(route))) or ' none'}: not monotone)"
         parts.append(f"{route} {where}")

@@ -9,6 +9,7 @@ from dsv4bench.report import plots
 from dsv4bench.report.fmt import (
     code_span,
 )
+from dsv4bench.report.limit_lanes import merge_limits
 from dsv4bench.report.load import (
     case_rows,
     is_probe,
@@ -24,14 +25,16 @@ def crash_boundary(rep) -> None:
     from dsv4bench import hardware
 
     points = _status_points(rep)
-    limits = [r for r in rep.rows if r["kind"] == "limit"]
+    mixed = any(lane.endswith("decode-mixed") for lane, _ in points)
+    limits = [r for r in merge_limits(rep.rows) if r["kind"] == "limit"]
     if not points and not limits:
         rep.left_out.append("Crash boundary: no decode-route rows and no limit rows.")
         return
     d = rep.doc
-    d.heading("Crash boundary: decode-kernel route")
+    d.heading("Crash boundary: decode-kernel route" + (" and decode-mixed" if mixed else ""))
     d.para(
-        "FlashMLA's decode scheduler needs `4*(5b+1)` bytes of shared memory for batch `b`; "
+        "FlashMLA's decode scheduler (the build in vLLM 0.26.0) needs `4*(5b+1)` bytes of "
+        "shared memory for batch `b` (other builds may differ: the measured limits per lane); "
         "sglang's DSv4 path sends a prefill chunk to the decode kernel with `b` = chunk "
         f"tokens while `tokens <= {hardware.SGLANG_DSV4_THRESHOLD}`. vLLM's mixed batch "
         "(route decode-mixed, lanes marked so) sends it as one request of `s_q` = chunk "
@@ -46,7 +49,7 @@ def crash_boundary(rep) -> None:
             [_predicted_sentence(lim, smem, where) for lim, (smem, where) in predicted.items()]
         )
     if limits:
-        d.bullets([_limit_sentence(r) for r in limits])
+        d.bullets([_limit_sentence(r, predicted) for r in limits])
         d.table(
             ["lane", "axis", "last ok", "first fail", "status", "message", "probes"],
             [
@@ -140,8 +143,9 @@ def _figure(rep, points: dict, limits: list[dict], predicted: dict) -> None:
         if axis_names == ["tokens"]
         else (" / ".join(axis_names) + " (decode batch b)")
     )
+    mixed = any(p.lane.endswith("decode-mixed") for p in spts)
     fig = plots.status_figure(
-        "Status vs size on the decode-kernel route",
+        "Status vs size on the decode-kernel route" + (" and decode-mixed" if mixed else ""),
         spts,
         markers,
         xlabel,
@@ -204,12 +208,14 @@ def _zoom(points, markers) -> tuple[float, float] | None:
     lo, hi = lo - pad, hi + pad
     inside = [p for p in points if lo <= p.x <= hi] + [m for m in markers if m.lane]
     xs = [p.x for p in points] + marks
+    if lo <= min(xs) and hi >= max(xs):  # the window holds everything: nothing to zoom
+        return None
     if not inside or max(xs) / max(1.0, min(xs)) < 4 * hi / lo:
         return None
     return (lo, hi)
 
 
-def _limit_sentence(r: dict) -> str:
+def _limit_sentence(r: dict, predicted: dict | None = None) -> str:
     from dsv4bench import hardware
 
     thr = hardware.SGLANG_DSV4_THRESHOLD
@@ -228,6 +234,11 @@ def _limit_sentence(r: dict) -> str:
         text += f" (searched to a step of {step})"
     if _mixed(r):
         return text + "; one request of `s_q` = chunk tokens, not sglang's routing."
+    if r.get("axis") == "tokens" and predicted and fail - ok == 1 and ok not in predicted:
+        text += (
+            f"; not the predicted {', '.join(map(str, sorted(predicted)))}: this build's "
+            "scheduler needs a different amount of shared memory per request"
+        )
     if fail <= thr:
         return (
             text + f"; sglang's threshold {thr} routes chunks of {fail}..{thr} tokens "
