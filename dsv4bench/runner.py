@@ -32,6 +32,7 @@ from dsv4bench.scenarios import LimitSearch
 from dsv4bench.worker import MARK, PARENT_ENV
 
 STARTUP_TIMEOUT_S = 180.0
+WORKER_EXIT_S = 30.0  # how long a worker that answered `crash` may take to exit (CUDA teardown)
 LARGE_RUN = 3600  # jobs: at about a second each, an hour or more
 FAILED = ("crash", "timeout", "oom", "error")
 # A limit probe stops working when it fails or answers wrong (a kernel past an int32 offset
@@ -290,9 +291,13 @@ class Runner:
             if worker.proc.returncode == -signal.SIGKILL:  # nothing here sends it: the OOM killer
                 status, msg = "oom", f"{msg} (the host's out-of-memory killer, most likely)"
             return {"status": status, "message": msg}
-        if not worker.alive() or answer.get("status") == "crash":
-            time.sleep(0.2)
-            if not worker.alive():
+        # the worker exits after a crash or a failed graph capture (worker.main): wait for it,
+        # so that the next job gets a fresh worker, not this one on its way out
+        exiting = answer.get("status") == "crash" or "graph_error" in (answer.get("timing") or {})
+        if exiting or not worker.alive():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=WORKER_EXIT_S if exiting else 0.2)
+            if not worker.alive() and answer.get("status") != "ok":
                 answer["message"] = f"{answer.get('message', '')} ({worker.failure()})".strip()
         return answer
 

@@ -181,3 +181,34 @@ def test_route_keys_and_line_names():
     ]
     assert serving.line_suffix({"c128_index": "step"}) == " (C128 index per step)"
     assert serving.line_suffix({"c128_index": "none"}) == serving.line_suffix({}) == ""
+
+
+def test_a_point_with_an_oracle_helper_part_is_marked(tmp_path):
+    # the H200 engines run: Triton's dequant rows were lost, the points took the oracle's
+    # (torch, host-bound) dequant times, 10-30x a kernel's: those cells say so
+    spec = sv.spec_from_dict(
+        {
+            "model": "v4-flash",
+            "tp": 8,
+            "prompt_lens": [5602],
+            "chunk_sizes": [8192],
+            "routes": ["sparse-prefill", "decode-kernel"],
+            "backends": ["flashmla", "triton"],
+        }
+    )
+    p = sv.plan(spec, safe_limit=11622)
+    rows = []
+    for c in p.cases:
+        if c.op in ("prefill", "decode"):
+            rows += [_case_row(c, b, 1.0) for b in ("flashmla", "triton")]
+        else:
+            rows += [_case_row(c, "triton", None, "crash"), _case_row(c, "torch", 0.3)]
+    serving_rows = sv.aggregate(p, rows)
+    for r in serving_rows:
+        r["_run"] = "run"
+    md = _report(tmp_path, serving_rows).doc.to_markdown()
+    prefill = next(x for x in md.splitlines() if x.startswith("| sparse-prefill | 8192 | 5602 |"))
+    decode = next(x for x in md.splitlines() if x.startswith("| decode-kernel | 8192 | 5602 |"))
+    assert serving_backends.ORACLE_MARK in prefill
+    assert serving_backends.ORACLE_MARK not in decode  # no helper part on the decode route
+    assert serving_backends.ORACLE_NOTE in md

@@ -72,6 +72,15 @@ def test_crash_hang_and_error_become_rows_and_the_sweep_goes_on(tmp_path):
     assert written[0]["provider"]["name"] == "crashy"
 
 
+def test_the_job_after_an_in_process_cuda_error_gets_a_fresh_worker(tmp_path):
+    # the worker answers `crash` and then exits (its CUDA context is poisoned); the next job
+    # must not be sent to that exiting process (H200 run: 9 rows "worker exited with code 3")
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    rows = runner.run([Job(tiny(1, seed=5), "crashy"), Job(tiny(1, seed=7), "crashy")])
+    assert [r["status"] for r in rows] == ["crash", "ok"]
+    assert "illegal memory access" in rows[0]["message"]
+
+
 def test_unsupported_is_recorded_with_its_reason(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     (row,) = runner.run([Job(replace(tiny(1), op="remap"), "crashy")])

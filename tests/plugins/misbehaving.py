@@ -2,7 +2,9 @@
 
 crashy: kills its own process on batch_size >= 4 (like FlashMLA's exit(1) on a scheduler error;
 batch 6: SIGKILL, as the out-of-memory killer),
-hangs when seed == 3, raises when seed == 2; otherwise it is the oracle.
+hangs when seed == 3, raises when seed == 2; raises a CUDA error when seed == 5 (caught in
+the worker, which answers `crash` and then exits, slowly: as a CUDA context's teardown is);
+otherwise it is the oracle.
 slowed: the oracle plus a sleep (a deliberately slowed backend).
 wrong: the oracle with its output scaled (a deliberately wrong backend).
 isolated: the oracle, recording its worker's pid; instances with a `build` get their own worker.
@@ -10,6 +12,7 @@ isolated: the oracle, recording its worker's pid; instances with a `build` get t
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import time
@@ -41,6 +44,9 @@ class Crashy(_Oracle):
             time.sleep(3600)
         if case.seed == 2:
             raise RuntimeError("crashy refuses seed 2")
+        if case.seed == 5:
+            atexit.register(time.sleep, 1.0)  # the worker's exit after its answer takes a while
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (crashy)")
         return super().prepare(case, inputs, device)
 
 

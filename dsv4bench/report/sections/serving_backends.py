@@ -8,6 +8,7 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
+from dsv4bench import backends as registry
 from dsv4bench.report import plots
 from dsv4bench.report.fmt import fmt_num, kilo, make_slug, natural_text_key
 from dsv4bench.report.sections.serving import (
@@ -21,6 +22,12 @@ from dsv4bench.report.sections.serving import (
 from dsv4bench.serving.aggregate import ENVELOPE
 
 ENVELOPE_STYLE = {"color": "black", "linestyle": "--", "marker": "*"}
+ORACLE_MARK = "†"
+ORACLE_NOTE = (
+    f"{ORACLE_MARK}: a dequant, remap or indexer part of this point is timed only on the oracle "
+    "(a reference row: host-bound, not a kernel time) because its kernel row failed; the value "
+    "is an upper bound, and the failed row is under Failures."
+)
 
 
 def serving_backends(rep) -> None:
@@ -68,10 +75,27 @@ def _style(backends: list[str]) -> dict[str, dict]:
     }
 
 
+def _is_oracle(backend: str | None) -> bool:
+    try:
+        return bool(backend) and registry.get(backend).is_oracle
+    except KeyError:  # a plugin's backend not loaded here
+        return False
+
+
+def oracle_helper(r: dict) -> bool:
+    """Whether a helper part (not attention) of serving row `r` came from the oracle."""
+    return any(
+        p.get("role") != "attention" and p.get("status") == "ok" and _is_oracle(p.get("backend"))
+        for p in r.get("parts") or []
+    )
+
+
 def _cell(r: dict | None) -> str:
     if r is None:
         return ""
-    return fmt_num(r.get("value_ms")) if r.get("value_ms") is not None else str(r.get("status"))
+    if r.get("value_ms") is None:
+        return str(r.get("status"))
+    return fmt_num(r["value_ms"]) + (f" {ORACLE_MARK}" if oracle_helper(r) else "")
 
 
 def _fastest(rep, rows: list[dict]) -> str:
@@ -144,6 +168,8 @@ def _tpot(rep, title: str, slug: str, rows: list[dict]) -> None:
         table,
         caption=f"TPOT per backend (ms), {title}",
     )
+    if any(oracle_helper(r) for r in rows):
+        rep.doc.para(ORACLE_NOTE)
 
 
 # ---- TTFT -----------------------------------------------------------------------------------
@@ -205,6 +231,8 @@ def _ttft(rep, title: str, slug: str, rows: list[dict]) -> None:
     rep.doc.image(rep.save(fig, make_slug("ttft-backends", slug)), f"TTFT per backend, {title}")
     _ttft_by_backend(rep, title, rows, backends, routes, chunks)
     _ttft_by_route(rep, title, rows, backends, routes, chunks)
+    if any(oracle_helper(r) for r in rows):
+        rep.doc.para(ORACLE_NOTE)
 
 
 def _prompts(rows: list[dict]) -> list[int]:
