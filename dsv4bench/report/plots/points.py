@@ -28,7 +28,9 @@ def point_figure(title: str, panels, max_cols: int = 3, *, ncols=None, legend=No
     palette = colors_for(s.label for p in panels for s in p.series)
     handles: dict[str, object] = {}
     if legend:  # what colors and markers mean beyond the labels on the axis
-        handles = {lab: Line2D([], [], linestyle="none", **style) for lab, style in legend.items()}
+        handles = {
+            lab: Line2D([], [], **{"linestyle": "none", **style}) for lab, style in legend.items()
+        }
     for ax, panel in zip(axes, panels, strict=False):
         _dot_panel(ax, panel, palette, handles)
     for ax in axes[len(panels) :]:
