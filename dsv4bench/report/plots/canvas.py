@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dsv4bench.report.plots.style import DPI, PANEL_H, PANEL_W, plt
+from dsv4bench.report.plots.style import DPI, NOTE_COLOR, PANEL_H, PANEL_W, plt
 
 PAD_INCHES = 0.12
 LEGEND_MAX_COLS = 6
@@ -74,6 +74,11 @@ def shared_legend(fig, handles: dict[str, object], max_cols: int = LEGEND_MAX_CO
         box = legend.get_window_extent(renderer)
     w_in, h_in = fig.get_size_inches()
     fig.set_size_inches(max(w_in, box.width / fig.dpi + 0.3), h_in + box.height / fig.dpi + 0.1)
+
+
+def note(ax, text: str) -> None:
+    """Grey text in the middle of a panel that has nothing to draw, saying why."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color=NOTE_COLOR)
 
 
 def save(fig, path: Path) -> Path:

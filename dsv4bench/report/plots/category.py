@@ -10,7 +10,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from dsv4bench.report.plots import axes as ax_
 from dsv4bench.report.plots import canvas
-from dsv4bench.report.plots.style import MARKERS, NOTE_COLOR, PANEL_W, colors_for, plt
+from dsv4bench.report.plots.style import MARKERS, PANEL_W, colors_for, plt
 
 
 @dataclass
@@ -167,15 +167,7 @@ def category_figure(
         for k in range(1, len(cats)):
             ax.axvline(k - 0.5, color="0.85", lw=0.8)
         if not any(p.value is not None for p in points):
-            ax.text(
-                0.5,
-                0.5,
-                "no values",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                color=NOTE_COLOR,
-            )
+            canvas.note(ax, "no values")
     axes[-1].set_xticks(
         range(len(cats)), cats, rotation=20 if rotate else 0, ha="right" if rotate else "center"
     )

@@ -15,7 +15,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from dsv4bench.report.plots import axes as ax_
 from dsv4bench.report.plots import canvas
-from dsv4bench.report.plots.style import FAILED_LABEL, NOTE_COLOR, REPEATED_LABEL, colors_for
+from dsv4bench.report.plots.style import FAILED_LABEL, REPEATED_LABEL, colors_for
 
 
 @dataclass
@@ -131,15 +131,7 @@ def _draw_panel(ax, panel: Panel, palette: dict, handles: dict, marks: dict, own
     for y, label, color in panel.hlines:
         handles.setdefault(label, ax.axhline(y, color=color, linestyle="--", lw=1.2))
     if not panel.series:
-        ax.text(
-            0.5,
-            0.5,
-            panel.note or "no data",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-            color=NOTE_COLOR,
-        )
+        canvas.note(ax, panel.note or "no data")
     ax.set_title(panel.title)
     ax.set_xlabel(panel.xlabel)
 

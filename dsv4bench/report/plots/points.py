@@ -13,7 +13,7 @@ from matplotlib.transforms import blended_transform_factory
 from dsv4bench.report.plots import axes as ax_
 from dsv4bench.report.plots import canvas
 from dsv4bench.report.plots.axes import percent
-from dsv4bench.report.plots.style import FAILED_LABEL, NOTE_COLOR, PANEL_H, colors_for
+from dsv4bench.report.plots.style import FAILED_LABEL, PANEL_H, colors_for
 
 ROW_H = 0.28  # inches per series row
 
@@ -75,15 +75,7 @@ def _dot_panel(ax, panel, palette: dict, handles: dict) -> None:
     ax.set_xlabel(panel.ylabel)
     ax.grid(axis="y", visible=False)
     if not panel.series:
-        ax.text(
-            0.5,
-            0.5,
-            panel.note or "no data",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-            color=NOTE_COLOR,
-        )
+        canvas.note(ax, panel.note or "no data")
         ax.set_yticks([])
         return
     labels = _row_labels(panel, bool(at))
