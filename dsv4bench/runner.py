@@ -454,7 +454,7 @@ class Runner:
                 else:
                     hi = mid
             last_ok, first_fail = lo, hi
-        elif probes[lo]["status"] not in PROBE_FAILED:  # hi works too
+        elif lo_works:  # hi works too
             last_ok = hi
         else:
             first_fail = lo
