@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench import backends, hardware
-from dsv4bench.worker import Cache, check
+from dsv4bench import backends
+from dsv4bench.measure import hardware
+from dsv4bench.run.worker import Cache, check
 
 
 def test_case(benchmark, scenario_job):

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from dsv4bench.case import ARCHS
+from dsv4bench.cases.case import ARCHS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"
@@ -48,7 +48,7 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
     """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs.
     `archs`, if given, gets each scenario's `arch` list by scenario name."""
     from dsv4bench import backends, scenarios, serving
-    from dsv4bench.runner import Job
+    from dsv4bench.run.runner import Job
 
     known = backends.names()
     for name in only_backends or []:
@@ -65,7 +65,7 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
                 spec = serving.load_spec(path, known_backends=backends.names())
                 specs.append(spec)
                 if archs is not None:  # serving files name no arch: every one
-                    from dsv4bench.case import ARCHS
+                    from dsv4bench.cases.case import ARCHS
 
                     archs[spec.scenario] = list(ARCHS)
                 jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
@@ -84,7 +84,7 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
 def _serving_rows(specs, writer) -> int:
     """Serving rows (TTFT/TPOT points) from the run's case and limit rows; returns the count."""
     from dsv4bench import serving
-    from dsv4bench.results import read_rows
+    from dsv4bench.rows.results import read_rows
 
     rows = read_rows(writer.path)
     written = 0
@@ -105,7 +105,7 @@ def _serving_rows(specs, writer) -> int:
 
 def _arch(wanted: str | None, flag: str) -> str:
     """The architecture to run on: `wanted` (cpu, or this machine's GPU) or what is present."""
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     present = hardware.arch_of(0)
     if wanted and wanted not in ("cpu", present):
@@ -115,7 +115,7 @@ def _arch(wanted: str | None, flag: str) -> str:
 
 
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
-    from dsv4bench.results import RESULTS_FILE
+    from dsv4bench.rows.results import RESULTS_FILE
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file, not a run directory")
@@ -150,7 +150,7 @@ def _default_out(runs: str, arch: str) -> Path:
 def _plan_archs(wanted: str | None, scenario_archs: list[str]) -> tuple[list[str], str]:
     """The architectures to plan for and why: --arch, else this machine's GPU, else (no GPU)
     the architectures the scenario names."""
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     if wanted:
         return [wanted], "--arch"
@@ -192,7 +192,7 @@ def cmd_plan(args) -> int:
 
 def _devices(spec: str | None, arch: str):
     """The worker slots: `--gpus` (all, or indices), else one unpinned slot as always."""
-    from dsv4bench import devices
+    from dsv4bench.run import devices
 
     if spec is None:
         return devices.default(arch)
@@ -210,7 +210,7 @@ def _devices(spec: str | None, arch: str):
 
 
 def _shard(text: str | None):
-    from dsv4bench import shard
+    from dsv4bench.run import shard
 
     if text is None:
         return None
@@ -222,7 +222,7 @@ def _shard(text: str | None):
 
 def _take_shard(part, jobs: list, limits: list) -> tuple[list, list]:
     """The jobs and limit searches of shard `part`, with a line saying what it holds."""
-    from dsv4bench import shard
+    from dsv4bench.run import shard
 
     mine_jobs, mine_limits = shard.select(jobs, limits, part)
     total = shard.total_ms([*jobs, *limits])
@@ -237,8 +237,8 @@ def _take_shard(part, jobs: list, limits: list) -> tuple[list, list]:
 
 
 def _run(args, paths: list[str]) -> int:
-    from dsv4bench.results import ResultWriter, read_rows
-    from dsv4bench.runner import Runner, unexpected_failures
+    from dsv4bench.rows.results import ResultWriter, read_rows
+    from dsv4bench.run.runner import Runner, unexpected_failures
 
     if args.retry_failed and not args.resume:
         raise UsageError("--retry-failed goes with --resume")
@@ -312,7 +312,7 @@ def cmd_bench(args) -> int:
 
 def _bench_gpus() -> str:
     """bench's default: every visible GPU of GPU 0's model (one model per run)."""
-    from dsv4bench import devices
+    from dsv4bench.run import devices
 
     present = devices.visible_gpus()
     same = [d for d in present if d.name == present[0].name] if present else []
@@ -323,8 +323,8 @@ def _bench_gpus() -> str:
 
 
 def cmd_merge(args) -> int:
-    from dsv4bench import merge
-    from dsv4bench.results import ResultWriter
+    from dsv4bench.rows.results import ResultWriter
+    from dsv4bench.run import merge
 
     out = Path(args.out)
     command = " ".join(["dsv4bench", *args.argv])

@@ -62,7 +62,8 @@ def collect() -> dict:
         "cpu": platform.processor() or platform.machine(),
     }
     if torch.cuda.is_available():
-        from dsv4bench import devices, hardware
+        from dsv4bench.measure import hardware
+        from dsv4bench.run import devices
 
         props = torch.cuda.get_device_properties(0)
         env["gpu"] = props.name

@@ -10,11 +10,11 @@ import pytest
 
 from dsv4bench import backends
 from dsv4bench.backends import Backend, OptionError, Prepared
-from dsv4bench.case import Case, Timing
-from dsv4bench.oracle import oracle_call
-from dsv4bench.results import read_rows
+from dsv4bench.cases.case import Case, Timing
+from dsv4bench.cases.oracle import oracle_call
+from dsv4bench.rows.results import read_rows
+from dsv4bench.run.worker import Cache, check
 from dsv4bench.scenarios import ScenarioError, load_text
-from dsv4bench.worker import Cache, check
 
 PLUGIN = "tests.plugins.misbehaving"
 ROOT = Path(__file__).resolve().parent.parent

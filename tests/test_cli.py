@@ -278,7 +278,7 @@ def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path, run_cli):
 
 def test_io_errors_are_one_line_exit_2_and_keep_what_was_written(tmp_path, capsys, monkeypatch):
     from dsv4bench import cli as dsv4cli
-    from dsv4bench.results import ResultWriter, read_rows
+    from dsv4bench.rows.results import ResultWriter, read_rows
 
     quick = decode_only(tmp_path)
     afile = tmp_path / "afile"

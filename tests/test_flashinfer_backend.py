@@ -24,12 +24,12 @@ import types
 import pytest
 import torch
 
-from dsv4bench import metrics
 from dsv4bench.backends import flashinfer as fi
 from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.flashinfer import FlashInfer, KernelOps
-from dsv4bench.case import Case
-from dsv4bench.inputs import make_inputs
+from dsv4bench.cases.case import Case
+from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.measure import metrics
 from reference import attention, layouts
 
 V32 = dict(model="v3.2", d_qk=576, layout="v32", num_heads=128, topk=2048, page_size=64)

@@ -17,13 +17,13 @@ import math
 import pytest
 import torch
 
-from dsv4bench import metrics
 from dsv4bench.backends import flashinfer_fa3 as fa3
 from dsv4bench.backends.base import Provider
 from dsv4bench.backends.flashinfer import FlashInfer, KernelOps
 from dsv4bench.backends.torch_ref import oracle_call
-from dsv4bench.case import Case
-from dsv4bench.inputs import make_inputs
+from dsv4bench.cases.case import Case
+from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.measure import metrics
 from reference import attention
 
 V32 = dict(model="v3.2", d_qk=576, layout="v32", num_heads=16, topk=200, page_size=64)

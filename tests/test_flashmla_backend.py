@@ -21,7 +21,7 @@ import torch
 from dsv4bench.backends import flashmla
 from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.flashmla import FlashMLA, KernelOps, ops_from_namespace, padded_heads
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 from reference.layout_table import LAYOUTS
 
 DECODE_SCHEMA = (
@@ -374,7 +374,7 @@ def test_prefill_decode_kernel_route_shapes(fake):
     [("decode-kernel", 5, 1), ("decode-mixed", 1, 5)],  # sglang (T, 1, h, d); vLLM (1, T, h, d)
 )
 def test_prefill_decode_routes_hand_the_kernel_their_shapes(fake, route, b, s_q):
-    from dsv4bench.inputs import make_inputs
+    from dsv4bench.cases.inputs import make_inputs
 
     case = make_case(
         V4,

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dsv4bench import hardware
-from dsv4bench.case import ARCHS
+from dsv4bench.cases.case import ARCHS
+from dsv4bench.measure import hardware
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

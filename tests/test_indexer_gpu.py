@@ -8,11 +8,11 @@ import textwrap
 import pytest
 import torch
 
-from dsv4bench import inputs
 from dsv4bench.backends.torch_ref import oracle_call
-from dsv4bench.metrics import accuracy
+from dsv4bench.cases import inputs
+from dsv4bench.measure.metrics import accuracy
+from dsv4bench.measure.topk import compare_topk
 from dsv4bench.scenarios import load_text
-from dsv4bench.topk import compare_topk
 from reference.indexer import topk_indices
 
 pytestmark = [

@@ -9,10 +9,11 @@ import textwrap
 import pytest
 import torch
 
-from dsv4bench import indexer_case, inputs, worker
 from dsv4bench.backends import Backend, Output, Prepared, Unsupported
 from dsv4bench.backends.deepgemm import DeepGEMM
 from dsv4bench.backends.torch_ref import TorchReference, oracle_call
+from dsv4bench.cases import indexer_case, inputs
+from dsv4bench.run import worker
 from dsv4bench.scenarios import ScenarioError, load_text
 from reference import indexer
 
@@ -163,8 +164,8 @@ triton = pytest.importorskip("triton", reason="needs triton (pip install triton)
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_kernels_match_the_oracle_in_the_interpreter(name: str) -> None:
     from dsv4bench.backends import triton_indexer
-    from dsv4bench.metrics import accuracy
-    from dsv4bench.topk import compare_topk
+    from dsv4bench.measure.metrics import accuracy
+    from dsv4bench.measure.topk import compare_topk
 
     case = _tiny(**CASES[name])
     x = inputs.make_inputs(case, "cpu")

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import torch
 
-from dsv4bench.case import Case
-from dsv4bench.inputs import fingerprint, make_inputs
-from dsv4bench.oracle import oracle_call
+from dsv4bench.cases.case import Case
+from dsv4bench.cases.inputs import fingerprint, make_inputs
+from dsv4bench.cases.oracle import oracle_call
 
 V4 = Case(
     scenario="t",

@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from dsv4bench import inputs, invariance
 from dsv4bench.backends import Backend, Output, Prepared, get
-from dsv4bench.case import Case, Timing
+from dsv4bench.cases import inputs
+from dsv4bench.cases.case import Case, Timing
+from dsv4bench.measure import invariance
 
 
 def _decode(batch_size: int = 4, **kw) -> Case:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench import case as case_module
-from dsv4bench import metrics
-from dsv4bench.case import Case
+from dsv4bench.cases import case as case_module
+from dsv4bench.cases.case import Case
+from dsv4bench.measure import metrics
 from reference import layout_table
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench import metrics
 from dsv4bench.backends import triton_kernels as tk
 from dsv4bench.backends.torch_ref import TorchReference
-from dsv4bench.case import Case, Tolerance
-from dsv4bench.inputs import make_inputs
-from dsv4bench.oracle import oracle_call
+from dsv4bench.cases.case import Case, Tolerance
+from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.cases.oracle import oracle_call
+from dsv4bench.measure import metrics
+from dsv4bench.run.worker import Cache, check
 from dsv4bench.scenarios import validate_case
-from dsv4bench.worker import Cache, check
 from reference import layouts
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench import backends, devices
-from dsv4bench.case import Case, Timing
-from dsv4bench.devices import Device, DeviceError
-from dsv4bench.results import ResultWriter, read_rows
-from dsv4bench.runner import Job, LimitSearch, Runner, Worker
+from dsv4bench import backends
+from dsv4bench.cases.case import Case, Timing
+from dsv4bench.rows.results import ResultWriter, read_rows
+from dsv4bench.run import devices
+from dsv4bench.run.devices import Device, DeviceError
+from dsv4bench.run.runner import Job, LimitSearch, Runner, Worker
 
 PLUGIN = "tests.plugins.misbehaving"
 

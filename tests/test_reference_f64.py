@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench import backends, scenarios, worker
+from dsv4bench import backends, scenarios
 from dsv4bench.backends import Output
 from dsv4bench.backends.reference_f64 import ReferenceF64
+from dsv4bench.run import worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +51,7 @@ def test_the_oracles_own_rows_are_reference_rows(smoke_cases):
 
 @pytest.mark.parametrize("op", ["decode", "prefill", "dequant", "remap"])
 def test_a_changed_oracle_is_caught(smoke_cases, monkeypatch, op):
-    from dsv4bench import oracle
+    from dsv4bench.cases import oracle
 
     case = next(c for c in smoke_cases if c.op == op)
     real = oracle.oracle_call

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dsv4bench.results import ResultWriter, read_rows
+from dsv4bench.rows.results import ResultWriter, read_rows
 
 
 def row(i: int) -> dict:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from dsv4bench import rows
-from dsv4bench.case import Case, Tolerance
+from dsv4bench.cases.case import Case, Tolerance
 from dsv4bench.report.load import accuracy_failure, normalize, tolerance
-from dsv4bench.results import ResultWriter
+from dsv4bench.rows.results import ResultWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = {"cos_diff": 6e-6, "lse_max_abs": 1e-6, "nonfinite": 0}

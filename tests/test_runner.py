@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from dsv4bench import backends
-from dsv4bench.case import Case, Timing
-from dsv4bench.results import ResultWriter, read_rows
-from dsv4bench.runner import Job, LimitSearch, Runner
-from dsv4bench.worker import PARENT_ENV
+from dsv4bench.cases.case import Case, Timing
+from dsv4bench.rows.results import ResultWriter, read_rows
+from dsv4bench.run.runner import Job, LimitSearch, Runner
+from dsv4bench.run.worker import PARENT_ENV
 
 PLUGIN = "tests.plugins.misbehaving"
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,8 +226,8 @@ def test_workers_die_with_their_runner_and_leave_no_log(tmp_path, sig):
 
 
 def test_host_memory_errors_are_oom_and_long_runs_show_hours():
-    from dsv4bench.runner import _clock
-    from dsv4bench.worker import _classify
+    from dsv4bench.run.runner import _clock
+    from dsv4bench.run.worker import _classify
 
     assert _classify(MemoryError()) == "oom"
     cpu = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 99 bytes"
@@ -237,7 +237,7 @@ def test_host_memory_errors_are_oom_and_long_runs_show_hours():
 
 
 def test_a_long_run_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
-    import dsv4bench.runner as runner_mod
+    import dsv4bench.run.runner as runner_mod
 
     monkeypatch.setattr(runner_mod, "LARGE_RUN", 2)
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
@@ -246,7 +246,7 @@ def test_a_long_run_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
 
 
 def test_exit_status_failures_exempt_limit_probes_except_wrong_answers():
-    from dsv4bench.runner import unexpected_failures
+    from dsv4bench.run.runner import unexpected_failures
 
     def row(case_id, status, tags=()):
         return {"kind": "case", "case_id": case_id, "backend": "b", "status": status, "tags": tags}

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4bench import scenarios
-from dsv4bench.case import OPS, ROUTES, Case
+from dsv4bench.cases.case import OPS, ROUTES, Case
 from dsv4bench.scenarios import ScenarioError, load_text, validate_case
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4bench import serving as sv
-from dsv4bench.case import OPS, Case
+from dsv4bench.cases.case import OPS, Case
 from dsv4bench.scenarios import ScenarioError
 from dsv4bench.serving import planning as sv_plan
 from reference.models import MODELS
@@ -604,8 +604,8 @@ def test_spec_from_dict_rejects(bad, match):
 @pytest.mark.slow
 def test_sampled_cases_build_and_run_on_the_oracle():
     """One case of every (op, route, layer kind) builds inputs and runs the oracle on a CPU."""
-    from dsv4bench import inputs
-    from dsv4bench.oracle import oracle_call
+    from dsv4bench.cases import inputs
+    from dsv4bench.cases.oracle import oracle_call
 
     for model in ("v4-flash", "v3.2"):
         spec = _spec(
@@ -655,7 +655,8 @@ def test_bad_serving_file_names_file_line_and_key(tmp_path):
 
 
 def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
-    from dsv4bench import backends, hardware
+    from dsv4bench import backends
+    from dsv4bench.measure import hardware
 
     path = Path(__file__).parent.parent / "scenarios" / "serving" / "v4_flash_sm90.yaml"
     spec = sv.load_spec(path, known_backends=backends.names())

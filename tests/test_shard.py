@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench import backends, shard
-from dsv4bench.case import Case
-from dsv4bench.runner import Job
+from dsv4bench import backends
+from dsv4bench.cases.case import Case
+from dsv4bench.run import shard
+from dsv4bench.run.runner import Job
 from dsv4bench.scenarios import LimitSearch
 
 ROOT = Path(__file__).resolve().parent.parent

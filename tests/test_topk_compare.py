@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4bench.topk import compare_topk, topk_problem
+from dsv4bench.measure.topk import compare_topk, topk_problem
 
 NEG = float("-inf")
 

@@ -16,13 +16,13 @@ import torch
 
 triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
 
-from dsv4bench import inputs as case_inputs  # noqa: E402
-from dsv4bench import metrics  # noqa: E402
 from dsv4bench.backends import triton_attention as ta  # noqa: E402
 from dsv4bench.backends import triton_kernels as tk  # noqa: E402
 from dsv4bench.backends.base import Output, Unsupported  # noqa: E402
 from dsv4bench.backends.torch_ref import oracle_call  # noqa: E402
-from dsv4bench.case import Case, Tolerance  # noqa: E402
+from dsv4bench.cases import inputs as case_inputs  # noqa: E402
+from dsv4bench.cases.case import Case, Tolerance  # noqa: E402
+from dsv4bench.measure import metrics  # noqa: E402
 from reference import attention, layouts  # noqa: E402
 
 # masked lanes compute inf - inf in branches tl.where then drops

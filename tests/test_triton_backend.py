@@ -16,12 +16,12 @@ import torch
 
 triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
 
-from dsv4bench import inputs as case_inputs  # noqa: E402
-from dsv4bench import metrics  # noqa: E402
 from dsv4bench.backends import triton_kernels as tk  # noqa: E402
 from dsv4bench.backends.base import Output, Provider, Unsupported  # noqa: E402
 from dsv4bench.backends.torch_ref import oracle_call  # noqa: E402
-from dsv4bench.case import Case  # noqa: E402
+from dsv4bench.cases import inputs as case_inputs  # noqa: E402
+from dsv4bench.cases.case import Case  # noqa: E402
+from dsv4bench.measure import metrics  # noqa: E402
 from reference import indices, layouts  # noqa: E402
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsv4bench.merge import row_key  # noqa: E402
-from dsv4bench.results import RESULTS_FILE, read_rows  # noqa: E402
+from dsv4bench.rows.results import RESULTS_FILE, read_rows  # noqa: E402
+from dsv4bench.run.merge import row_key  # noqa: E402
 
 
 def outcomes(run: Path) -> dict[tuple, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsv4bench.results import read_rows  # noqa: E402
+from dsv4bench.rows.results import read_rows  # noqa: E402
 
 ANCHORS = {  # KERNEL_FACTS section 7 (H100): (model, op, batch, s_q, tokens, heads) -> ms
     ("v3.2", "decode", 64, 1, 0, 128): 0.110,

@@ -1,5 +1,5 @@
 """Launch-shape sweep of the Triton attention kernel against FlashMLA on a few cases of
-scenarios/sm90/triton_vs_flashmla.yaml (GPU only; times with dsv4bench.timing, cold L2).
+scenarios/sm90/triton_vs_flashmla.yaml (GPU only; times with dsv4bench.measure.timing, cold L2).
 
     python3 tools/triton_attention_sweep.py [--flashmla-lib PATH] [--jobs N] [CASE_PREFIX ...]
 
@@ -83,7 +83,7 @@ def _compile(args):
     prefix, index = args
     import torch
 
-    from dsv4bench import inputs
+    from dsv4bench.cases import inputs
 
     case = _cases([prefix])[0]
     x = inputs.make_inputs(case, "cuda")
@@ -104,7 +104,9 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from dsv4bench import backends, inputs, timing
+    from dsv4bench import backends
+    from dsv4bench.cases import inputs
+    from dsv4bench.measure import timing
 
     backends.setup(flashmla_lib=a.flashmla_lib)
     cases = _cases(a.prefixes)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
 

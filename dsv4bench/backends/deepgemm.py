@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 
 from dsv4bench.backends.base import Backend, LazyOps, Output, Prepared, Provider, Unsupported
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 
 NOT_FOUND = "DeepGEMM not importable (deep_gemm)"
 
@@ -44,7 +44,7 @@ class DeepGEMM(Backend):
         return Provider("deep_gemm", getattr(dg, "__version__", ""), getattr(dg, "__file__", ""))
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        from dsv4bench import indexer_case
+        from dsv4bench.cases import indexer_case
         from reference.indexer import topk_indices
 
         dg = self._found.get()

@@ -79,7 +79,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dsv4bench import hardware
 from dsv4bench.backends import flashinfer_fa3
 from dsv4bench.backends.base import (
     Backend,
@@ -93,7 +92,8 @@ from dsv4bench.backends.base import (
     pad_heads,
     pad_sink,
 )
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
+from dsv4bench.measure import hardware
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
 ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and sm120 only"

@@ -61,7 +61,7 @@ import time
 from dataclasses import dataclass
 
 from dsv4bench.backends.base import Output, Prepared, Unsupported, pad_heads, pad_sink
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 
 D_CKV = 512
 KPE_DIM = {576: 64, 512: 0}  # d_qk -> head_dim_kpe

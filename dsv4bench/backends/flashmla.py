@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from dsv4bench import hardware
 from dsv4bench.backends.base import (
     Backend,
     LazyOps,
@@ -40,7 +39,8 @@ from dsv4bench.backends.base import (
     pad_sink,
     prefill_output,
 )
-from dsv4bench.case import ROUTES, Case
+from dsv4bench.cases.case import ROUTES, Case
+from dsv4bench.measure import hardware
 
 ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
 LIB_FILE = "_flashmla_C.abi3.so"

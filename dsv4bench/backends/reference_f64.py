@@ -16,7 +16,7 @@ import torch
 
 from dsv4bench.backends.base import Backend, Output, Prepared, Provider, prefill_output
 from dsv4bench.backends.slow_f64 import Fp8Cache
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 
 MAX_QUERIES = 4096  # (query, request) rows; beyond toy sizes this backend declines
 MAX_CACHE_TOKENS = 8192

@@ -1,10 +1,10 @@
-"""The oracle run as a kernel: the timing baseline and the CPU default (dsv4bench.oracle)."""
+"""The oracle run as a kernel: the timing baseline and the CPU default (dsv4bench.cases.oracle)."""
 
 from __future__ import annotations
 
 from dsv4bench.backends.base import Backend, Prepared, Provider
-from dsv4bench.case import ARCHS, Case
-from dsv4bench.oracle import oracle_call
+from dsv4bench.cases.case import ARCHS, Case
+from dsv4bench.cases.oracle import oracle_call
 
 
 class TorchReference(Backend):
@@ -22,7 +22,7 @@ class TorchReference(Backend):
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         info = {}
         if case.op == "indexer":  # the size of the matrix engines must hold
-            from dsv4bench import indexer_case
+            from dsv4bench.cases import indexer_case
 
             info["logits_bytes"] = indexer_case.logits_bytes(case)
         return Prepared(run=oracle_call(case, inputs), info=info)

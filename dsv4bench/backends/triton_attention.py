@@ -30,7 +30,7 @@ from typing import Any
 
 from dsv4bench.backends import triton_kernels as tk
 from dsv4bench.backends.base import Output, Prepared, Unsupported, prefill_output
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 from reference.layout_table import LAYOUTS
 
 tl: Any = None  # set by _load(), as in triton_kernels

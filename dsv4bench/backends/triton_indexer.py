@@ -299,7 +299,7 @@ def ragged_logits(q, kv, weights, ks, ke, **kw):
 
 
 def _launcher(case, x: dict, dot: str):
-    from dsv4bench import indexer_case
+    from dsv4bench.cases import indexer_case
 
     if "kv" in x:
         return ragged_launcher(

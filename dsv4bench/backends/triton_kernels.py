@@ -44,7 +44,7 @@ from dsv4bench.backends.base import (
     check_cache_width,
     fp8_cache_reason,
 )
-from dsv4bench.case import SPLIT_PAGE, Case
+from dsv4bench.cases.case import SPLIT_PAGE, Case
 from reference.layout_table import LAYOUTS, of_width
 
 NOT_FOUND = "Triton not found: pip install triton"

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsv4bench.measure.timing import percentile
 from dsv4bench.report import plots
 from dsv4bench.report.limit_lanes import lane_id, merge_limits
 from dsv4bench.report.load import (
@@ -27,7 +28,6 @@ from dsv4bench.report.load import (
     load_rows,
     short,
 )
-from dsv4bench.timing import percentile
 
 MIN_SAMPLES = 5
 RULES = (

@@ -12,10 +12,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from dsv4bench import rows
-from dsv4bench.case import Tolerance
-from dsv4bench.metrics import beyond_tolerance
-from dsv4bench.results import RESULTS_FILE, read_rows
-from dsv4bench.timing import percentile
+from dsv4bench.cases.case import Tolerance
+from dsv4bench.measure.metrics import beyond_tolerance
+from dsv4bench.measure.timing import percentile
+from dsv4bench.rows.results import RESULTS_FILE, read_rows
 
 CASE_FIELDS = [f.name for f in fields(rows.CaseRow) if f.name != "extra"]
 

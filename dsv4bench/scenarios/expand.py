@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dsv4bench import indexer_case
-from dsv4bench.case import (
+from dsv4bench.cases import indexer_case
+from dsv4bench.cases.case import (
     ARCHS,
     ROUTES,
     TIMERS,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4bench.case import (
+from dsv4bench.cases.case import (
     HEAD_PADDINGS,
     LAYOUTS,
     OPS,

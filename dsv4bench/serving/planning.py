@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 from dsv4bench.serving.spec import (
     ALIGN,
     DECODE_ROUTES,
@@ -253,7 +253,7 @@ class _Builder:
         case id, so an indexer scenario's rows serve here too)."""
         if not self.spec.indexer or kind not in ("dense-topk", "c4"):
             return None
-        from dsv4bench import indexer_case
+        from dsv4bench.cases import indexer_case
 
         defaults = indexer_case.defaults(self.cfg_model)
         fields = {**self.base, **defaults, "page_size": 64}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from dsv4bench.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance
+from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance
 from reference.layout_table import LAYOUTS
 from reference.models import MODELS, ModelConfig
 

@@ -18,7 +18,7 @@ import signal
 import time
 
 from dsv4bench.backends import Backend, Output, Prepared, register
-from dsv4bench.oracle import oracle_call
+from dsv4bench.cases.oracle import oracle_call
 
 
 class _Oracle(Backend):

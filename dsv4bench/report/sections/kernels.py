@@ -5,7 +5,7 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
-from dsv4bench.metrics import DERIVED
+from dsv4bench.measure.metrics import DERIVED
 from dsv4bench.report import grouping, plots
 from dsv4bench.report.fmt import (
     code_span,
@@ -93,7 +93,7 @@ def _figure(rep, op: str, model: str, mrows: list[dict], xkey: str, xlabel: str)
         devices = sorted({str((r.get("env") or {}).get("gpu") or "cpu") for r in plotted})
         d.para(
             f"No fraction-of-peak panel: these rows ran on {', '.join(devices)}, which has no "
-            "known peak bf16 rate or bandwidth (dsv4bench/hardware.py lists the GPUs it knows)."
+            "known peak bf16 rate or bandwidth (measure/hardware.py lists the GPUs it knows)."
         )
     if single:
         d.para(

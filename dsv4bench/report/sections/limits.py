@@ -22,7 +22,7 @@ DECODE_ROUTES = ("decode-kernel", "decode-mixed")  # prefill routes through the 
 
 
 def crash_boundary(rep) -> None:
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     points = _status_points(rep)
     mixed = any(lane.endswith("decode-mixed") for lane, _ in points)
@@ -98,7 +98,7 @@ def _status_points(rep) -> dict[tuple[str, float], tuple[str, str, str]]:
 
 def _figure(rep, points: dict, limits: list[dict], predicted: dict) -> None:
     """Status vs size per lane, with the engine threshold, the predicted and measured limits."""
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     threshold = hardware.SGLANG_DSV4_THRESHOLD
     markers = [
@@ -156,7 +156,7 @@ def _figure(rep, points: dict, limits: list[dict], predicted: dict) -> None:
 
 
 def _predicted_sentence(limit: int, smem: int, where: str) -> str:
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     threshold = hardware.SGLANG_DSV4_THRESHOLD
     if limit < threshold:
@@ -186,7 +186,7 @@ def _mixed(r: dict) -> bool:
 def _predicted_limits(rep) -> dict[int, tuple[int, str]]:
     """Scheduler limits predicted from the runs' per-block shared memory: the value the
     device reported (env smem_per_block_optin), else the GPU table's."""
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     found: dict[int, tuple[int, str]] = {}
     for r in rep.rows:
@@ -216,7 +216,7 @@ def _zoom(points, markers) -> tuple[float, float] | None:
 
 
 def _limit_sentence(r: dict, predicted: dict | None = None) -> str:
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     thr = hardware.SGLANG_DSV4_THRESHOLD
     route = f", {param(r, 'route')}" if r.get("op") == "prefill" else ""

@@ -6,10 +6,10 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
+from dsv4bench.measure.timing import AGREEMENT
 from dsv4bench.report import grouping, plots
 from dsv4bench.report.fmt import code_span, fmt_num, pct
 from dsv4bench.report.load import case_rows, median_ms, param
-from dsv4bench.timing import AGREEMENT
 
 MIN_AGREEMENT_MS = 0.02  # below ~20 us the profiler's own resolution dominates the ratio
 MIB = 2**20

@@ -125,7 +125,7 @@ def _serving_lines(rep, rows: list[dict]) -> dict[int, str]:
 
 def _route_title(rep, route: str, rows: list[dict]) -> str:
     """A route and what it means: the threshold's source, the measured limit behind safe."""
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     if route == "decode-kernel":
         return "decode-kernel (b = chunk tokens)"

@@ -13,7 +13,7 @@ the indexer's heads; the head dim is the model's indexer head dim (128); topk it
 
 from __future__ import annotations
 
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 from reference.indexer import INDEXERS, SCALE_BYTES
 
 DEFAULT_HEAD_DIM = 128

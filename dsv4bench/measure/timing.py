@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from dsv4bench.case import TIMERS
+from dsv4bench.cases.case import TIMERS
 
 RANGE = "dsv4bench::run"
 DEFAULT_L2_BYTES = 256 * 2**20  # when torch does not report the L2 size

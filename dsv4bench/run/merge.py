@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.results import RESULTS_FILE, read_rows
+from dsv4bench.rows.results import RESULTS_FILE, read_rows
 
 KEPT = ("command.txt", "run.log", RESULTS_FILE + ".torn")  # a shard's files kept as provenance
 MERGED = "merged.json"

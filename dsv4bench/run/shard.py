@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsv4bench import metrics
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
+from dsv4bench.measure import metrics
 
 JOB_MS = 250  # per job: dispatch, inputs, the correctness call, the row
 START_MS = 8000  # a fresh worker (every limit probe): interpreter, torch, CUDA context, library

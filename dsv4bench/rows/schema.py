@@ -69,7 +69,7 @@ class CaseRow(Row):
     tolerance: dict | None = None  # {cos_diff, lse_abs} the accuracy was judged against
     scale_reading: str | None = None  # how the kernel reads V3.2 fp32 scales (None: exactly)
     timing: dict | None = None  # median_ms, p10_ms, p90_ms, n, method, samples_ms, ...
-    derived: dict | None = None  # the registered metrics (dsv4bench.metrics.DERIVED)
+    derived: dict | None = None  # the registered metrics (dsv4bench.measure.metrics.DERIVED)
     info: dict = field(default_factory=dict)
     env: dict | None = None
     input_fingerprint: str | None = None

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench import backends, env
-from dsv4bench.case import Case
-from dsv4bench.devices import Device
-from dsv4bench.results import ResultWriter
+from dsv4bench.cases.case import Case
 from dsv4bench.rows import CaseRow
+from dsv4bench.rows.results import ResultWriter
+from dsv4bench.run.devices import Device
+from dsv4bench.run.worker import MARK, PARENT_ENV
 from dsv4bench.scenarios import LimitSearch
-from dsv4bench.worker import MARK, PARENT_ENV
 
 STARTUP_TIMEOUT_S = 180.0
 WORKER_EXIT_S = 30.0  # how long a worker that answered `crash` may take to exit (CUDA teardown)
@@ -38,7 +38,7 @@ FAILED = ("crash", "timeout", "oom", "error")
 # A limit probe stops working when it fails or answers wrong (a kernel past an int32 offset
 # may run and write garbage): both end the search.
 PROBE_FAILED = (*FAILED, "incorrect")
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _exit_text(rc: int | None) -> str:
 
 
 class Worker:
-    """One `python -m dsv4bench.worker` process with a line reader on its stdout."""
+    """One `python -m dsv4bench.run.worker` process with a line reader on its stdout."""
 
     def __init__(self, arch: str, plugins: list[str], env: dict[str, str] | None = None):
         """`env`: variables set for this worker alone (CUDA_VISIBLE_DEVICES pins its GPU)."""
@@ -77,7 +77,7 @@ class Worker:
         self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
         pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dsv4bench.worker"],
+            [sys.executable, "-m", "dsv4bench.run.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -476,7 +476,7 @@ class Runner:
             "step": s.step,
         }
         if s.base.op == "indexer":  # the fp32 logits matrix each probed size needs (one copy)
-            from dsv4bench import indexer_case
+            from dsv4bench.cases import indexer_case
 
             sizes = {str(v): indexer_case.logits_bytes(s.at(v)) for v in sorted(probes)}
             row["info"] = {**(row.get("info") or {}), "logits_bytes": sizes}

@@ -56,7 +56,7 @@ def visible_gpus() -> list[Device]:
     it (or its index when that is unset)."""
     import torch
 
-    from dsv4bench import hardware
+    from dsv4bench.measure import hardware
 
     if not torch.cuda.is_available():
         return []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dsv4bench.backends.base import Output, prefill_output
-from dsv4bench.case import SPLIT_PAGE, Case
+from dsv4bench.cases.case import SPLIT_PAGE, Case
 from reference import attention, indices, layouts
 
 
@@ -70,7 +70,7 @@ def oracle_call(
 
 def indexer_call(case: Case, x: dict) -> Output:
     """The indexer oracle: logits in DeepGEMM's paged or ragged form, then top-k."""
-    from dsv4bench import indexer_case
+    from dsv4bench.cases import indexer_case
     from reference import indexer
 
     if "kv" in x:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dsv4bench.case import DEFAULT_COS_DIFF_OTHER, Case, Tolerance
+from dsv4bench.cases.case import DEFAULT_COS_DIFF_OTHER, Case, Tolerance
 from reference.layout_table import LAYOUTS
 
 CHUNK = 1 << 22  # elements per reduction step: 32 MiB per float64 operand
@@ -172,7 +172,7 @@ def attention_flops(case: Case, heads: int | None = None) -> int:
     Zero for dequant, remap and page_split.
     """
     if case.op == "indexer":
-        from dsv4bench import indexer_case
+        from dsv4bench.cases import indexer_case
 
         return indexer_case.flops(case)
     if case.op not in ("decode", "prefill"):
@@ -207,7 +207,7 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
     if case.op == "remap":
         return case.batch_size * case.s_q * topk_total(case) * 2 * INT32
     if case.op == "indexer":
-        from dsv4bench import indexer_case
+        from dsv4bench.cases import indexer_case
 
         return indexer_case.bytes_moved(case)
     q = case.query_tokens

@@ -57,9 +57,11 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     correctness run. Returns the row so far and the Prepared call (None if unsupported)."""
     import torch
 
-    from dsv4bench import env, inputs, invariance, metrics
+    from dsv4bench import env
     from dsv4bench.backends import Unsupported
-    from dsv4bench.oracle import oracle_call
+    from dsv4bench.cases import inputs
+    from dsv4bench.cases.oracle import oracle_call
+    from dsv4bench.measure import invariance, metrics
     from reference.layout_table import LAYOUTS
 
     device = "cpu" if arch == "cpu" else "cuda"
@@ -113,7 +115,7 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         acc = metrics.accuracy(expected, actual)
         ok, why = metrics.within_tolerance(acc, case.tolerance)
         if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices
-            from dsv4bench import topk
+            from dsv4bench.measure import topk
 
             expected = cache.expected[reading]
             picked = topk.compare_topk(
@@ -145,8 +147,9 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
 
 
 def run_job(job: dict, cache: Cache) -> dict:
-    from dsv4bench import backends, hardware, metrics, timing
-    from dsv4bench.case import Case
+    from dsv4bench import backends
+    from dsv4bench.cases.case import Case
+    from dsv4bench.measure import hardware, metrics, timing
 
     case = Case.from_dict(job["case"])
     arch = job["arch"]

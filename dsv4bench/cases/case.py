@@ -71,7 +71,7 @@ class Case:
     remap: request-local top-k of (batch_size * s_q) queries -> global slots.
     page_split: a V4 cache of `context_len * batch_size` tokens in `page_size`-token pages ->
       SPLIT_PAGE-token pages (FlashInfer's sm120 layout; every token's bytes and slot kept).
-    indexer: the lightning indexer's FP8 logits + top-k (dsv4bench/indexer_case.py): paged over
+    indexer: the lightning indexer's FP8 logits + top-k (cases/indexer_case.py): paged over
       batch_size requests of s_q tokens, or ragged over a chunk of `tokens` (tokens > 0).
     """
 

@@ -10,7 +10,7 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
     q (tokens, h, d_qk) bf16; kv (s_kv, 1, d_qk) bf16 workspace = [main cache; extra cache]
     dequantized; indices (tokens, 1, width) over kv, width padded to 128; topk_length (tokens,).
   dequant: k_cache.   remap: local_indices (b, s_q, topk), block_table (b, pages).
-  indexer (dsv4bench/indexer_case.py): q e4m3, weights fp32 (rows, heads); paged: kv_cache
+  indexer (dsv4bench/cases/indexer_case.py): q e4m3, weights fp32 (rows, heads); paged: kv_cache
     (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
     ragged: kv e4m3 (keys, D), kv_scales fp32 (keys,), ks, ke (tokens,) int32.
 
@@ -30,7 +30,7 @@ import json
 
 import torch
 
-from dsv4bench.case import Case
+from dsv4bench.cases.case import Case
 from reference import indices as remap
 from reference import layout_table, layouts
 
@@ -243,7 +243,7 @@ def _remap(case: Case, device, g) -> dict:
 
 
 def _indexer(case: Case, device, g) -> dict:
-    from dsv4bench import indexer_case as ic
+    from dsv4bench.cases import indexer_case as ic
     from reference import indexer
 
     h, d, r, n = case.num_heads, ic.head_dim(case), ic.ratio(case), ic.keys(case)
