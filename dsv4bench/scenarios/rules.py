@@ -20,6 +20,8 @@ from dsv4bench.cases.case import (
     SPLIT_PAGE,
     TIMERS,
     Case,
+    Timing,
+    Tolerance,
 )
 from dsv4bench.scenarios.read import (
     Node,
@@ -164,6 +166,30 @@ class Parser:
         if (old["base"], old["options"]) != (base, options):
             raise self.fail(n, f"backend {name!r} is defined twice with other options")
         return name
+
+    def timing(self, n: Node) -> Timing:
+        self.expect_map(n)
+        checks = ("graph", "determinism", "batch_invariance")
+        self.check_keys(n, ("warmup", "iters", "flush_l2", "timer", "timeout_s", *checks))
+        m, t = n.value, Timing()
+        timeout = m.get("timeout_s")
+        return Timing(
+            **{k: self.boolean(m[k]) for k in checks if k in m},
+            warmup=self.integer(m["warmup"], 0) if "warmup" in m else t.warmup,
+            iters=self.integer(m["iters"], 1) if "iters" in m else t.iters,
+            flush_l2=self.boolean(m["flush_l2"]) if "flush_l2" in m else t.flush_l2,
+            timer=self.choice(m["timer"], TIMERS, "timer") if "timer" in m else t.timer,
+            timeout_s=self.number(timeout, positive=True) if timeout else t.timeout_s,
+        )
+
+    def tolerance(self, n: Node) -> Tolerance:
+        self.expect_map(n)
+        self.check_keys(n, ("cos_diff", "lse_abs"))
+        m, t = n.value, Tolerance()
+        return Tolerance(
+            cos_diff=self.number(m["cos_diff"], positive=False) if "cos_diff" in m else t.cos_diff,
+            lse_abs=self.number(m["lse_abs"], positive=False) if "lse_abs" in m else t.lse_abs,
+        )
 
     # ---- axes ----
 
