@@ -231,6 +231,7 @@ class FlashMLA(Backend):
     description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
     archs = ("sm90", "sm100")
     ops = ("decode", "prefill")
+    layouts = ("v32", "v4")
     options = {"lib": None}  # a FlashMLA op library (.so or its directory); None: discover()
 
     def __init__(self, lib: str | None = None, ops: KernelOps | Callable | None = None):

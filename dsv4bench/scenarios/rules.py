@@ -13,7 +13,6 @@ from typing import Any
 
 from dsv4bench.cases.case import (
     HEAD_PADDINGS,
-    LAYOUTS,
     OPS,
     ROUTES,
     SCALE_CONVENTIONS,
@@ -227,7 +226,9 @@ class Parser:
             topk = window
         else:
             raise self.fail(n, "required key missing (or give a window)", key_path(n.path, "topk"))
-        layout = self.choice(spec["layout"], LAYOUTS, "layout") if "layout" in spec else None
+        layout = (
+            self.choice(spec["layout"], LAYOUT_TABLE.keys(), "layout") if "layout" in spec else None
+        )
         layout = layout or of_d_qk(d_qk)
         need = LAYOUT_TABLE[layout].d_qk  # None: bf16 rows take any width
         if need is not None and need != d_qk:
@@ -326,7 +327,7 @@ AXES: dict[str, Axis] = {
     "extra_topk": int_axis(0),
     "context_len": int_axis(1),
     "page_size": int_axis(1),
-    "layout": enum_axis(LAYOUTS, "layout"),
+    "layout": enum_axis(LAYOUT_TABLE.keys(), "layout"),  # live: a layout added to the table
     "sink": Axis(Parser.boolean),
     "scale_convention": enum_axis(SCALE_CONVENTIONS, "scale convention"),
     "route": enum_axis(ROUTES, "route"),
@@ -357,8 +358,8 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
         if not is_int(v[name]) or v[name] < 0:
             return [(name, f"expected a non-negative integer, got {v[name]!r}")]
     layout = v["layout"]
-    if layout not in LAYOUTS:
-        return [("layout", f"expected one of {', '.join(LAYOUTS)}, got {layout!r}")]
+    if layout not in LAYOUT_TABLE:
+        return [("layout", f"expected one of {', '.join(LAYOUT_TABLE)}, got {layout!r}")]
     need = LAYOUT_TABLE[layout].d_qk  # None: bf16 rows take any width
     if need is not None and v["d_qk"] != need:
         return [
