@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bench.cases.case import CACHE_OPS, Case
+from dsv4bench.cases.case import CACHE_OPS, Case, padding_count
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
 
@@ -170,6 +170,38 @@ class Backend:
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class HeadRule:
+    """How a kernel takes query heads for one case: the counts it accepts (None: any), the
+    count an engine pads to (head_padding "engine"), and the kernel's name for reasons."""
+
+    kernel: str
+    counts: tuple[int, ...] | None
+    engine: int
+
+
+def resolve_heads(case: Case, rule: HeadRule) -> tuple[int, str | None]:
+    """The one reading of Case.head_padding ("engine" | "none" | N): the query heads handed to
+    the kernel, or 0 and the reason none fits."""
+    h, mode = case.num_heads, case.head_padding
+    if mode == "engine":
+        target = rule.engine
+    elif mode == "none":
+        target = h
+    elif padding_count(mode) is not None:
+        target = padding_count(mode)
+    else:
+        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
+    if rule.counts is not None and target not in rule.counts:
+        allowed = "/".join(map(str, rule.counts))
+        return 0, f"{rule.kernel} takes {allowed} query heads; head_padding {mode} gives {target}"
+    if h > target:
+        most = max(rule.counts) if rule.counts else None
+        tail = f"; {rule.kernel} kernels take at most {most}" if most and h > most else ""
+        return 0, f"{h} heads exceed head_padding {mode} ({target}){tail}"
+    return target, None
 
 
 def fp8_cache_reason(case: Case, kernel: str) -> str | None:

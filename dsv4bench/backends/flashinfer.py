@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from dsv4bench.backends import flashinfer_fa3
 from dsv4bench.backends.base import (
     Backend,
+    HeadRule,
     LazyOps,
     Output,
     Prepared,
@@ -91,6 +92,7 @@ from dsv4bench.backends.base import (
     fp8_cache_reason,
     pad_heads,
     pad_sink,
+    resolve_heads,
 )
 from dsv4bench.cases.case import Case
 from dsv4bench.measure import hardware
@@ -201,24 +203,10 @@ def heads_for(family: str, version: str) -> tuple[int, ...]:
 
 
 def padded_heads(case: Case, heads: tuple[int, ...] = HEADS) -> tuple[int, str | None]:
-    """Query heads handed to the kernel (one of `heads`), or a reason why none fits."""
-    h, mode = case.num_heads, case.head_padding
-    if mode == "engine":
-        target = next((n for n in heads if n >= h), 0)
-    elif mode == "none":
-        target = h
-    elif mode.isdigit():
-        target = int(mode)
-    else:
-        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
-    if h > heads[-1]:
-        return 0, f"{h} heads: FlashInfer's sparse MLA kernels take at most {heads[-1]}"
-    if target not in heads:
-        allowed = "/".join(map(str, heads))
-        return 0, f"FlashInfer takes {allowed} query heads; head_padding {mode} gives {target}"
-    if h > target:
-        return 0, f"{h} heads exceed head_padding {mode} ({target})"
-    return target, None
+    """Query heads handed to the kernel (one of `heads`; an engine pads to the next one), or a
+    reason why none fits."""
+    engine = next((n for n in heads if n >= case.num_heads), heads[-1])
+    return resolve_heads(case, HeadRule("FlashInfer", heads, engine))
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -60,7 +60,15 @@ import math
 import time
 from dataclasses import dataclass
 
-from dsv4bench.backends.base import Output, Prepared, Unsupported, pad_heads, pad_sink
+from dsv4bench.backends.base import (
+    HeadRule,
+    Output,
+    Prepared,
+    Unsupported,
+    pad_heads,
+    pad_sink,
+    resolve_heads,
+)
 from dsv4bench.cases.case import Case
 
 D_CKV = 512
@@ -98,21 +106,22 @@ def supports(case: Case) -> str | None:
         )
     if case.d_v != D_CKV:
         return f"FlashInfer's FA3 MLA returns the 512-wide ckv as V; d_v {case.d_v} is not 512"
-    mode = case.head_padding
-    if mode not in ("engine", "none") and not mode.isdigit():
-        return f"unknown head_padding {mode!r} (engine, none or a head count)"
-    heads = padded_heads(case)
-    if heads < case.num_heads:
-        return f"{case.num_heads} heads exceed head_padding {mode}"
+    heads, reason = resolve_heads(case, head_rule(case))
+    if reason:
+        return reason
     if heads > MAX_HEADS:
         return f"FlashInfer's FA3 MLA was run with at most {MAX_HEADS} heads here, not {heads}"
     return None
 
 
+def head_rule(case: Case) -> HeadRule:
+    """Any head count; no padding by default (vLLM hands it num_heads per rank)."""
+    return HeadRule("FlashInfer's FA3 MLA", None, case.num_heads)
+
+
 def padded_heads(case: Case) -> int:
-    """No padding by default: the kernel takes any head count."""
-    mode = case.head_padding
-    return int(mode) if mode.isdigit() else case.num_heads
+    """The heads the kernel gets (supports() has checked that they fit)."""
+    return resolve_heads(case, head_rule(case))[0]
 
 
 # ---- index lists ------------------------------------------------------------------------

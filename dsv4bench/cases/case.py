@@ -20,6 +20,14 @@ ROUTES = ("sparse-prefill", "decode-kernel", "decode-mixed")
 SCALE_CONVENTIONS = tuple(c for lay in LAYOUT_TABLE.values() for c in lay.conventions)
 ARCHS = ("cpu", "sm90", "sm100", "sm120")
 HEAD_PADDINGS = ("engine", "none", "64", "128")  # Case.head_padding
+
+
+def padding_count(head_padding: str) -> int | None:
+    """An explicit head_padding's head count ("64" -> 64); None for "engine" and "none", which
+    each backend resolves (backends.base.resolve_heads)."""
+    return int(head_padding) if head_padding.isdigit() else None
+
+
 TIMERS = ("events", "profiler", "both")  # Timing.timer
 
 

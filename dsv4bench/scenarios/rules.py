@@ -21,6 +21,7 @@ from dsv4bench.cases.case import (
     Case,
     Timing,
     Tolerance,
+    padding_count,
 )
 from dsv4bench.scenarios.read import (
     Node,
@@ -380,7 +381,7 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     pad = v["head_padding"]
     if pad not in HEAD_PADDINGS:
         return [("head_padding", f"expected one of {', '.join(HEAD_PADDINGS)}, got {pad!r}")]
-    if pad.isdigit() and v["num_heads"] > int(pad):
+    if padding_count(pad) is not None and v["num_heads"] > padding_count(pad):
         return [
             ("num_heads", f"expected at most head_padding ({pad}) heads, got {v['num_heads']}"),
             ("head_padding", f"pads to {pad} heads, fewer than num_heads ({v['num_heads']})"),

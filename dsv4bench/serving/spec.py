@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance
+from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance, padding_count
 from reference.layout_table import LAYOUTS
 from reference.models import MODELS, ModelConfig
 
@@ -180,8 +180,8 @@ class ServingSpec:
                 f"head_padding: expected one of {', '.join(HEAD_PADDINGS)}, "
                 f"got {self.head_padding!r}"
             )
-        pad = self.head_padding
-        if self.num_heads is not None and pad.isdigit() and self.num_heads > int(pad):
+        pad = padding_count(self.head_padding)
+        if self.num_heads is not None and pad is not None and self.num_heads > pad:
             raise ValueError(
                 f"num_heads: {self.num_heads} heads exceed head_padding {self.head_padding}"
             )
