@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ from dsv4bench import scenarios
 from dsv4bench.scenarios import ScenarioError
 from dsv4bench.serving import ServingSpec
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dsv4bench"
 BASE = "op: serving\nmodel: v4-flash\nbatch_sizes: [1]\ncontexts: [8K]\n"
 
 
@@ -45,17 +43,3 @@ def test_serving_errors_name_file_line_and_key(tmp_path, extra, line, path, word
         _load(tmp_path, BASE + extra)
     assert str(e.value).startswith(f"{tmp_path / 's.yaml'}:{line}: {path}:")
     assert words in str(e.value)
-
-
-def test_only_the_scenario_loader_imports_yaml():
-    importers = set()
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            if any(n == "yaml" or n.startswith("yaml.") for n in names):
-                importers.add(path.relative_to(PACKAGE).as_posix())
-    assert importers == {"scenarios/read.py"}
