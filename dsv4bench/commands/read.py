@@ -19,7 +19,9 @@ def cmd_backends(args) -> int:
             found = f"{prov.name} {prov.version}".strip()
         except backends.Unsupported as e:
             found = f"not available: {e}"
-        print(f"{name:<10} archs={','.join(b.archs):<24} ops={','.join(b.ops):<28} {found}")
+        layouts = "any" if b.layouts is None else ",".join(b.layouts) or "-"
+        declared = f"archs={','.join(b.archs):<24} ops={','.join(b.ops):<28} layouts={layouts:<7}"
+        print(f"{name:<10} {declared} {found}")
     return 0
 
 
