@@ -30,8 +30,8 @@ import json
 
 import torch
 
-from dsv4bench.cases.case import Case
 from dsv4bench.cases import patterns
+from dsv4bench.cases.case import Case
 from reference import indices as remap
 from reference import layout_table, layouts
 

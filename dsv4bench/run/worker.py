@@ -50,6 +50,7 @@ class Cache:
         self.inputs: dict = {}
         self.fingerprint = ""
         self.expected: dict = {}
+        self.locality: dict = {}
 
 
 def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
@@ -79,6 +80,7 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         cache.key, cache.inputs, cache.expected = None, {}, {}
         cache.inputs = inputs.make_inputs(case, device)
         cache.fingerprint = inputs.fingerprint(cache.inputs)
+        cache.locality = index_locality(case, cache.inputs)
         cache.key = case.case_id
     row["input_fingerprint"] = cache.fingerprint
     # fp32 scales (V3.2) are read differently per arch; ue8m0 ones exactly everywhere
@@ -89,17 +91,22 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     if reading not in cache.expected:
         cache.expected[reading] = oracle_call(case, cache.inputs, reading)()
 
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     try:
         prepared = backend.prepare(case, cache.inputs, device)
     except Unsupported as e:
         return {**row, "status": "unsupported", "message": str(e)}, None
     row["info"] = dict(prepared.info)
+    if cache.locality:
+        row["info"]["locality"] = cache.locality
     row["scale_reading"] = reading
     if prepared.poison is not None:
         prepared.poison()
     actual = prepared.finish(prepared.run())
     if device == "cuda":
         torch.cuda.synchronize()
+        row["info"]["memory"] = memory(cache.inputs)
     if backend.is_oracle:  # its answer is `expected` itself: no accuracy to measure
         row.update(status="ok", message="")
         row["info"]["reference_row"] = "the oracle itself: a timing baseline, no accuracy"
@@ -144,6 +151,28 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         exact = metrics.accuracy(cache.expected[None], actual)
         row["info"]["vs_exact_scales"] = {k: exact[k] for k in ("cos_diff", "max_abs")}
     return row, prepared
+
+
+def index_locality(case, x: dict) -> dict:
+    """How local each index set of an attention case is (cases/patterns.locality)."""
+    from dsv4bench.cases import patterns
+
+    if case.op not in ("decode", "prefill"):
+        return {}
+    sets = {k: x[k] for k in ("indices", "extra_indices") if x.get(k) is not None}
+    return {k: patterns.locality(v, case.page_size) for k, v in sets.items()}
+
+
+def memory(x: dict) -> dict:
+    """GPU memory of one call: its inputs, and the peak while the backend prepared and ran it
+    once (inputs and the oracle's answer resident)."""
+    import torch
+
+    held = sum(t.numel() * t.element_size() for t in x.values() if isinstance(t, torch.Tensor))
+    return {
+        "inputs_mib": round(held / 2**20, 1),
+        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+    }
 
 
 def run_job(job: dict, cache: Cache) -> dict:
