@@ -189,3 +189,35 @@ def test_bad_workload_file_exits_2_with_one_line(tmp_path, run_cli):
     )
     code, _, err = run_cli("plan", bad)
     assert code == 2 and err.strip().count("\n") == 0 and f"{bad}:6:" in err
+
+
+def test_serving_plans_one_tpot_step_per_ragged_batch():
+    from dsv4bench.serving.planning import plan
+    from dsv4bench.serving.spec import spec_from_dict
+
+    spec = spec_from_dict(
+        {
+            "model": "v4-flash",
+            "batch_sizes": [4],
+            "contexts": [8192],
+            "ragged": [{"dist": "one-long", "long": 20480, "short": 4096, "batch": 4}],
+        }
+    )
+    curves = plan(spec).curves
+    ragged = [c for c in curves if "ragged" in c.curve_id]
+    assert len(curves) == 2 and len(ragged) == 1
+    (point,) = ragged[0].points
+    assert (point.batch_size, point.context_len) == (4, 20480)
+    cases = [plan(spec).case(p.case_id) for p in point.parts]
+    assert len(cases) == 3  # window, C4 and C128 layers, each over the requests' own contexts
+    assert all(c.context_lens == (20480, 4096, 4096, 4096) for c in cases)
+    assert sum(cases[0].context_lens) == 4 * 8192  # the uniform point's total tokens
+
+
+def test_serving_ragged_errors_name_the_key():
+    from dsv4bench.serving.spec import spec_from_dict
+
+    with pytest.raises(ValueError, match=r"ragged: \[0\]\.lengths\[1\]: expected a positive"):
+        spec_from_dict({"model": "v4-flash", "ragged": [{"lengths": [5, -2]}]})
+    with pytest.raises(ValueError, match="unknown length distribution 'zipf'"):
+        spec_from_dict({"model": "v4-flash", "ragged": [{"dist": "zipf", "batch": 2}]})
