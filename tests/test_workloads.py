@@ -221,3 +221,31 @@ def test_serving_ragged_errors_name_the_key():
         spec_from_dict({"model": "v4-flash", "ragged": [{"lengths": [5, -2]}]})
     with pytest.raises(ValueError, match="unknown length distribution 'zipf'"):
         spec_from_dict({"model": "v4-flash", "ragged": [{"dist": "zipf", "batch": 2}]})
+
+
+def test_the_report_section_reads_the_h100_rows(tmp_path):
+    from pathlib import Path
+
+    from dsv4bench.report.render import build_report
+
+    run = Path(__file__).resolve().parent.parent / "results/sm90/workloads-h100"
+    build_report([run], tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    section = md[md.index("## Workloads") :]
+    for heading in ("Time against index locality", "Ragged batches", "Long context"):
+        assert f"### {heading}" in section
+    assert (tmp_path / "workloads-locality.png").stat().st_size > 10_000
+    assert (tmp_path / "workloads-long-context.png").stat().st_size > 10_000
+    ragged = [line for line in section.splitlines() if "lognormal(mean=32768" in line]
+    assert len(ragged) == 3 and all("| ok |" in line for line in ragged)  # one per backend
+    assert "indexer-topic" in section and "1024K" in section
+
+
+def test_the_report_leaves_the_section_out_without_workload_rows(tmp_path):
+    from dsv4bench.report.render import Report
+
+    rep = Report([], tmp_path, [])
+    from dsv4bench.report.sections.workloads import workloads
+
+    workloads(rep)
+    assert rep.left_out and rep.left_out[0].startswith("Workloads:")
