@@ -18,7 +18,8 @@ def workloads(rep) -> None:
     patterned = [r for r in rows if param(r, "index_pattern")]
     ragged = [r for r in case_rows(rep.rows) if param(r, "context_lens")]
     long = [r for r in rows if (param(r, "context_len") or 0) >= LONG and not param(r, "ragged")]
-    if not (patterned or ragged or long):
+    steps = [r for r in rep.rows if r.get("kind") == "serving" and is_ragged_step(r)]
+    if not (patterned or ragged or long or steps):
         rep.left_out.append(
             "Workloads: no rows with an index pattern, a ragged batch or a context >= 256K."
         )
@@ -28,8 +29,15 @@ def workloads(rep) -> None:
         _locality(rep, rows)
     if ragged:
         _ragged(rep, ragged, rows)
+    if steps:
+        _ragged_tpot(rep, steps)
     if long:
         _long_context(rep, long)
+
+
+def is_ragged_step(row: dict) -> bool:
+    """A serving TPOT point over a ragged batch (serving/planning.py names its curve so)."""
+    return "-ragged" in (row.get("curve_id") or "")
 
 
 def drawn_set(row: dict) -> str:
@@ -172,3 +180,62 @@ def _long_context(rep, long: list[dict]) -> None:
     d.image(rep.save(fig, make_slug("workloads", "long-context")), "long context")
     head = ["case_id", "series", "context", "median ms", "inputs MiB", "peak MiB"]
     d.table(head, table, caption="Long-context rows")
+
+
+def _ragged_tpot(rep, steps: list[dict]) -> None:
+    """Serving TPOT of a decode step over a ragged batch beside the uniform step of the same
+    batch and total tokens (the serving file's `ragged` and `contexts`)."""
+    cases = {r["case_id"]: r for r in case_rows(rep.rows)}
+    uniform = [
+        r
+        for r in rep.rows
+        if r.get("kind") == "serving"
+        and r.get("metric") == "tpot"
+        and "-ragged" not in r["curve_id"]
+    ]
+    table = []
+    for r in steps:
+        lens = next(
+            (
+                param(cases[p["case_id"]], "context_lens")
+                for p in r["parts"]
+                if p["case_id"] in cases
+            ),
+            None,
+        )
+        if not lens:
+            continue
+        label = param(cases[r["parts"][0]["case_id"]], "ragged")
+        twin = next(
+            (
+                u
+                for u in uniform
+                if (u["model"], u["backend"], u["batch_size"])
+                == (r["model"], r["backend"], len(lens))
+                and u["batch_size"] * u["context_len"] == sum(lens)
+            ),
+            None,
+        )
+        mine, theirs = r.get("value_ms"), (twin or {}).get("value_ms")
+        table.append(
+            [
+                r["model"],
+                label,
+                f"{kilo(min(lens))}..{kilo(max(lens))} (sum {kilo(sum(lens))})",
+                r["backend"],
+                fmt_num(mine) if mine is not None else r.get("status"),
+                fmt_num(theirs) if theirs is not None else "",
+                f"{theirs / mine:.2f}" if mine and theirs else "",
+            ]
+        )
+    if not table:
+        return
+    d = rep.doc
+    d.heading("TPOT over ragged batches", 3)
+    d.para(
+        "One decode step of every layer (serving model: per-layer-kind attention medians times "
+        "the layer counts) over a ragged batch, beside the uniform batch of the same requests "
+        "and total tokens."
+    )
+    head = ["model", "lengths", "min..max", "backend", "TPOT ms", "uniform TPOT ms"]
+    d.table([*head, "uniform / ragged"], table, caption="TPOT: ragged against uniform batches")
