@@ -14,6 +14,10 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
     (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
     ragged: kv e4m3 (keys, D), kv_scales fp32 (keys,), ks, ke (tokens,) int32.
 
+A ragged batch (Case.context_lens) gives each request its own context: dsv4bench/cases/ragged.py
+(V4 decode then passes topk_length / extra_topk_length (b,); a ragged prefill also carries
+cu_seqlens_k and ragged_indices). Drawn top-k sets follow Case.index_pattern (cases/patterns.py).
+
 A prefill chunk is the last `tokens` positions of a `context_len` sequence; decode queries are
 the last `s_q` positions of each request. V3.2 cases index the whole sequence (top-k of all
 visible tokens); V4 cases index a sliding-window cache (the last `window` tokens) as the main
