@@ -394,6 +394,7 @@ def cmd_compare(args) -> int:
             out,
             time_threshold=args.time_threshold,
             backends=tuple(args.backends) if args.backends else None,
+            partial=args.partial,
         )
     except ReportInputError as e:
         raise UsageError(str(e)) from None
@@ -544,6 +545,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
     p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="NEW covers part of BASE by design (a shard, a subset): cases it lacks are listed, "
+        "not regressions",
+    )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("env", help="GPU, driver and library versions")
