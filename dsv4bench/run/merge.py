@@ -1,10 +1,10 @@
 """`dsv4bench merge RUN_DIR... --out RUN_DIR`: shard run directories -> one run directory.
 
 The merged results.jsonl holds every shard's rows (shard order); shards/<i>/ (for an unsharded
-input shards/run-<n>/) keeps each shard's command.txt, logs, its environment blocks (env.json) and where it came from. Merging
-refuses what would make a false comparison: the same shard twice, shards of different splits,
-a job present in two inputs, and (unless `allow_mixed`) rows of different GPU models or
-kernel builds.
+input shards/run-<n>/) keeps each shard's command.txt, logs, its environment blocks (env.json)
+and where it came from. Merging refuses what would make a false comparison: a part with
+unreadable lines, the same shard twice, shards of different splits, a job present in two inputs,
+and (unless `allow_mixed`) rows of different GPU models or kernel builds.
 """
 
 from __future__ import annotations
