@@ -15,7 +15,7 @@ from dsv4bench import rows
 from dsv4bench.cases.case import Tolerance
 from dsv4bench.measure.metrics import beyond_tolerance
 from dsv4bench.measure.timing import percentile
-from dsv4bench.rows.results import RESULTS_FILE, read_rows
+from dsv4bench.rows.results import RESULTS_FILE, read_checked
 
 CASE_FIELDS = [f.name for f in fields(rows.CaseRow) if f.name != "extra"]
 
@@ -34,7 +34,7 @@ def load_rows(path: str | Path, run: str | None = None) -> list[dict]:
     if not path.exists():
         raise ReportInputError(f"{path}: no such file or directory")
     if path.is_dir():
-        raw = read_rows(path / RESULTS_FILE) + read_rows(path / SERVING_FILE)
+        raw = _checked(path / RESULTS_FILE) + _checked(path / SERVING_FILE)
         if not (path / RESULTS_FILE).exists():
             for f in sorted(path.glob("*.json")):
                 raw += _benchmark_rows(f, strict=False)
@@ -43,8 +43,16 @@ def load_rows(path: str | Path, run: str | None = None) -> list[dict]:
     elif path.suffix == ".json":
         raw = _benchmark_rows(path, strict=True)
     else:
-        raw = read_rows(path)
+        raw = _checked(path)
     return [normalize(r, run) for r in raw if isinstance(r, dict)]
+
+
+def _checked(path: Path) -> list[dict]:
+    """The rows of a results file; junk or a row no run could write is refused in one line."""
+    try:
+        return list(read_checked(path, torn_tail_ok=True))
+    except rows.RowError as e:
+        raise ReportInputError(str(e)) from None
 
 
 def run_labels(paths: list[str | Path]) -> list[str]:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4bench.rows import stored_problems
 from dsv4bench.rows.results import RESULTS_FILE, read_rows
 
 KEPT = ("command.txt", "run.log", RESULTS_FILE + ".torn")  # a shard's files kept as provenance
@@ -60,6 +61,10 @@ def read_part(path: Path) -> Part:
             f"{path / RESULTS_FILE}: {len(found.unreadable)} unreadable line(s) (line {lines}): "
             "their jobs would be lost; delete those lines and rerun that part with --resume"
         )
+    for number, row in zip(found.lines, found, strict=True):
+        problems = stored_problems(row)
+        if problems:
+            raise MergeError(f"{path / RESULTS_FILE}:{number}: not a result row: {problems[0]}")
     rows = list(found)
     shards = sorted({str(r["shard"]) for r in rows if r.get("shard")})
     if len(shards) > 1:
