@@ -57,7 +57,7 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
     # --backend NAME takes its instances too (flashmla -> flashmla-0.33)
     wanted = lambda b: not only_backends or {b, backends.get(b).base} & set(only_backends)
     jobs, limits, specs = [], [], []
-    for path in paths:
+    for path in dict.fromkeys(paths):  # a file named twice runs once
         if not Path(path).is_file():
             raise UsageError(f"{path}: no such scenario file")
         try:
@@ -78,7 +78,27 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
             archs[sc.name] = list(sc.arch)
         jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
         limits += [lim for lim in sc.limits if wanted(lim.backend)]
-    return jobs, limits, specs
+    _check_backends_used(only_backends, jobs, limits)
+    return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
+
+
+def _unique(items: list, key) -> list:
+    """The first of each key: the same scenario (or case) given twice runs once."""
+    seen: dict = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return list(seen.values())
+
+
+def _check_backends_used(only: list[str] | None, jobs: list, limits: list) -> None:
+    """--backend NAME that no scenario runs is a mistake, not "nothing to do"."""
+    from dsv4bench import backends
+
+    used = {j.backend for j in jobs} | {lim.backend for lim in limits}
+    used |= {backends.get(b).base for b in used}
+    for name in only or []:
+        if name not in used:
+            raise UsageError(f"--backend {name}: no job of these scenarios runs on it")
 
 
 def _serving_rows(specs, writer) -> int:
@@ -117,6 +137,8 @@ def _arch(wanted: str | None, flag: str) -> str:
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     from dsv4bench.rows.results import RESULTS_FILE
 
+    if resume and force:
+        raise UsageError("--resume goes on in RUN_DIR, --force starts over: pass one of them")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file, not a run directory")
     results = out / RESULTS_FILE
@@ -249,6 +271,8 @@ def _run(args, paths: list[str]) -> int:
     slots = _devices(args.gpus, arch)
     if part is not None:
         jobs, limits = _take_shard(part, jobs, limits)
+    if args.out is not None and not args.out.strip():
+        raise UsageError("--out '': expected a run directory")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
     _record_command(out, args.resume, args.argv)

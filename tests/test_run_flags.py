@@ -1,0 +1,54 @@
+"""Run flags that used to be taken silently: a scenario named twice, --backend that no job
+runs, --resume with --force, an empty --out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+QUICK = """
+name: flags-test
+op: decode
+backends: [torch]
+timing: {warmup: 0, iters: 2, flush_l2: false}
+defaults: {context_len: 128, batch_size: 1, model: v3.2, topk: 64}
+cases:
+  - num_heads: [4, 8]
+"""
+
+
+@pytest.fixture
+def quick(tmp_path) -> Path:
+    path = tmp_path / "quick.yaml"
+    path.write_text(QUICK)
+    return path
+
+
+def test_a_scenario_given_twice_runs_each_job_once(tmp_path, quick, run_cli):
+    out = tmp_path / "r"
+    code, _, err = run_cli("run", quick, quick, "--out", out, "--quiet")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    keys = [(r["case_id"], r["backend"]) for r in rows]
+    assert len(keys) == 2 and len(set(keys)) == 2
+
+
+@pytest.mark.parametrize(
+    "flags, why",
+    [
+        (("--backend", "flashmla"), "--backend flashmla: no job of these scenarios runs on it"),
+        (("--resume", "--force"), "--resume goes on in RUN_DIR, --force starts over"),
+        (("--out", ""), "--out '': expected a run directory"),
+    ],
+)
+def test_contradictory_or_empty_flags_are_one_line_exit_2(tmp_path, quick, run_cli, flags, why):
+    args = ["run", quick, *flags]
+    if "--out" not in flags:
+        args += ["--out", tmp_path / "r"]
+    code, out, err = run_cli(*args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, out + err
+    assert err.startswith(f"dsv4bench: {why}")
+    assert not (tmp_path / "r").exists()
+    assert "nothing to do" not in out
