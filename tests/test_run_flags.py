@@ -52,3 +52,24 @@ def test_contradictory_or_empty_flags_are_one_line_exit_2(tmp_path, quick, run_c
     assert err.startswith(f"dsv4bench: {why}")
     assert not (tmp_path / "r").exists()
     assert "nothing to do" not in out
+
+
+def test_unreadable_scenario_paths_are_one_line_exit_2(tmp_path, quick, run_cli):
+    import os
+
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(quick.read_bytes().replace(b"flags-test", b"flags-t\xe9st"))
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    cases = [
+        (latin, f"{latin}:2: not UTF-8 text (byte 0xe9 at offset"),
+        (tmp_path, f"{tmp_path}: is a directory, not a scenario file"),
+        (fifo, f"{fifo}: not a regular file"),
+        (tmp_path / "none.yaml", f"{tmp_path / 'none.yaml'}: no such scenario file"),
+    ]
+    for path, why in cases:
+        for args in (("plan", path), ("run", path, "--out", tmp_path / "r")):
+            code, _, err = run_cli(*args)
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert err.startswith(f"dsv4bench: {why}"), err
+    assert not (tmp_path / "r").exists()
