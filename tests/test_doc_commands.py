@@ -34,3 +34,19 @@ def test_the_python_api_snippet_of_docs_scenarios_runs(monkeypatch):
     scope: dict = {}
     exec(compile(runnable, "docs/scenarios.md", "exec"), scope)
     assert scope["sc"].cases and scope["sc"].jobs()
+
+
+def test_the_gpu_commands_need_no_installed_entry_point():
+    # a GPU machine without a registry installs nothing: `dsv4bench` is not on its PATH there
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## On a GPU", 1)[1].split("```", 2)[1]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands and not [c for c in commands if c.startswith("dsv4bench ")]
+    assert "`python -m dsv4bench.cli ARGS` is the same program" in " ".join(readme.split())
+    p = subprocess.run(
+        [sys.executable, "-m", "dsv4bench.cli", "report", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0 and "RUN_DIR" in p.stdout
