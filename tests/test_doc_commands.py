@@ -50,3 +50,48 @@ def test_the_gpu_commands_need_no_installed_entry_point():
         cwd=ROOT,
     )
     assert p.returncode == 0 and "RUN_DIR" in p.stdout
+
+
+def _readme() -> str:
+    return " ".join((ROOT / "README.md").read_text().split())
+
+
+def _rows(path: str) -> list[dict]:
+    from dsv4bench.rows.results import read_rows
+
+    return list(read_rows(ROOT / path))
+
+
+def test_readme_index_set_difference_is_the_rows_worst():
+    rows = _rows("results/sm90/indexer-h100/indexer")
+    overlaps = [
+        r["accuracy"]["topk_index_overlap"]
+        for r in rows
+        if (r.get("accuracy") or {}).get("topk_index_overlap") is not None
+    ]
+    worst = (1 - min(overlaps)) * 100
+    assert f"index sets differ in up to {worst:.2f}% of picks" in _readme()
+
+
+def test_readme_says_the_triton_gpu_tests_ran_with_their_count():
+    log = (ROOT / "results/sm90/triton-h100/gpu-tests.txt").read_text().splitlines()
+    passed = log[-1].split(" passed")[0].split()[-1]
+    readme = _readme()
+    assert "own GPU test has not run" not in readme
+    assert f"`results/sm90/triton-h100/gpu-tests.txt`, {passed} passed" in readme
+
+
+def test_readme_mixed_route_limits_name_the_builds_searched():
+    builds: dict[str, set] = {}
+    for r in _rows("results/sm90/h200-routes/builds"):
+        if (
+            r.get("kind") == "limit"
+            and r.get("first_fail")
+            and r["params"].get("route") == ("decode-mixed")
+        ):
+            builds.setdefault(r["params"]["model"], set()).add(r["backend"])
+    assert builds["v3.2"] == {"flashmla-0.26", "flashmla-0.33"}
+    assert builds["v4-flash"] == {"flashmla-0.26"}
+    assert "arithmetic says 58255) on both builds; V4-Flash 64512 / 65536 (searched on 0.26.0 " in (
+        _readme()
+    )
