@@ -85,3 +85,27 @@ def test_every_committed_results_file_loads():
     assert found
     for p in found:
         assert load_rows(p) is not None
+
+
+def test_a_failed_row_is_credited_no_time_or_derived_figure():
+    from dsv4bench.report.load import load_rows
+
+    root = Path(__file__).resolve().parent.parent
+    rows = load_rows(root / "results/sm90/flashinfer-fa3/run")
+    failed = [r for r in rows if r["kind"] == "case" and r["status"] != "ok"]
+    credited = [r for r in rows if (r.get("derived") or {}).get("tflops")]
+    assert failed and credited  # the committed run holds both
+    assert all(r["timing"] is None and r["derived"] is None for r in failed)
+    kept = [r for r in failed if "not_credited" in r["info"]]
+    assert max(r["info"]["not_credited"]["derived"]["tflops"] for r in kept) > 600
+
+
+def test_old_oracle_rows_load_as_reference_rows(tmp_path):
+    from dsv4bench.report.load import load_rows
+
+    old = {**GOOD, "accuracy": {"cos_diff": 0.0, "lse_max_abs": 0.0, "nonfinite": 0}}
+    other = {**old, "backend": "flashmla"}
+    (row,) = load_rows(run_dir(tmp_path / "r", lines(old)))
+    assert row["accuracy"] is None and "the oracle itself" in row["info"]["reference_row"]
+    (kept,) = load_rows(run_dir(tmp_path / "k", lines(other)))
+    assert kept["accuracy"]["cos_diff"] == 0.0
