@@ -73,3 +73,21 @@ def test_unreadable_scenario_paths_are_one_line_exit_2(tmp_path, quick, run_cli)
             assert code == 2 and len(err.strip().splitlines()) == 1, err
             assert err.startswith(f"dsv4bench: {why}"), err
     assert not (tmp_path / "r").exists()
+
+
+# The next two tests run in this order in one process (pytest keeps a file's order): the
+# first leaves a plugin instance built, as tests/test_runner.py does; the second is a run.
+def test_a_test_that_builds_a_plugin_instance(tmp_path):
+    from dsv4bench import backends
+
+    backends.setup(["tests.plugins.misbehaving"])
+    backends.configure("isolated", {"build": "b1"}, "isolated-b1")
+    assert "isolated-b1" in {i["name"] for i in backends.configured()}
+
+
+def test_a_later_run_in_the_same_process_sends_no_leftover_instance(tmp_path, quick, capsys):
+    from dsv4bench import backends, cli
+
+    assert "isolated-b1" not in {i["name"] for i in backends.configured()}
+    code = cli.main(["run", str(quick), "--out", str(tmp_path / "r"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
