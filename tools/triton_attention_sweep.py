@@ -1,11 +1,14 @@
-"""Launch-shape sweep of the Triton attention kernel against FlashMLA on a few cases of
-scenarios/sm90/triton_vs_flashmla.yaml (GPU only; times with dsv4bench.measure.timing, cold L2).
+"""Launch-shape sweep of the Triton attention kernel against FlashMLA on cases of
+scenarios/sm90/triton_vs_flashmla.yaml, and of the Triton ragged indexer against DeepGEMM's
+fp8_mqa_logits (logits only, no top-k), on a GPU; times with dsv4bench.measure.timing, cold L2.
 
-    python3 tools/triton_attention_sweep.py [--flashmla-lib PATH] [--jobs N] [CASE_PREFIX ...]
+    python3 tools/triton_attention_sweep.py [--jobs N] [--no-indexer] [--no-attention]
+                                            [CASE_PREFIX ...]
+(FlashMLA from $DSV4BENCH_FLASHMLA_LIB, deep_gemm importable: tools/gpu/setup.sh.)
 
 First compiles every (case, config) in N parallel processes (Triton's on-disk cache keeps the
 kernels), then times them one by one in this process. Prints one line per (case, config):
-median ms and the ratio of FlashMLA's time to it (> 1: Triton is faster).
+median ms and the ratio of the engine's time to it (> 1: Triton is faster).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import sys
 SCENARIO = "scenarios/sm90/triton_vs_flashmla.yaml"
 DEFAULT_CASES = [
     "decode-v3.2-v32-h128-b64-",
-    "decode-v4-flash-v4-h64-b64-",
+    "decode-v3.2-v32-h128-b128-",
     "decode-v4-pro-v4-h128-b64-",
-    "decode-v4-flash-v4-h8-b64-",
+    "decode-v4-flash-v4-h64-b128-",
+    "decode-v4-flash-v4-h64-b64-",
     "decode-v4-flash-v4-h32-b64-",
     "decode-v3.2-v32-h16-b64-",
     "decode-v3.2-v32-h32-b64-",
@@ -28,22 +32,29 @@ DEFAULT_CASES = [
     "prefill-v4-flash-v4-h32-t4096-",
     "prefill-v3.2-v32-h16-t4096-",
 ]
+# (block_h, block_n, num_warps, num_stages, prefetch, loop_stages); the shipped default first
+WIDE_FP8 = [(64, 32, 8, 1, False, 3), (64, 32, 8, 1, False, 2), (64, 64, 8, 1, False, 2),
+            (64, 16, 8, 1, False, 4)]  # fmt: skip
+NARROW_FP8 = [(16, 32, 4, 1, False, 3), (16, 64, 4, 1, False, 3), (64, 32, 8, 1, False, 3),
+              (32, 32, 4, 1, False, 3)]  # fmt: skip
+WIDE_BF16 = [(64, 32, 8, 3, False), (64, 32, 8, 4, False), (64, 16, 8, 4, False)]
+NARROW_BF16 = [(16, 32, 4, 3, False), (32, 32, 4, 3, False), (16, 64, 4, 3, False)]
+# ragged indexer: (BLOCK_Q, BLOCK_N, KEY_BLOCKS, STAGES, num_warps); None = the old kernel
+INDEXER_TILES = [None, (2, 128, 4, 3, 8), (2, 128, 8, 3, 8), (1, 128, 4, 3, 4), (2, 64, 8, 3, 4),
+                 (4, 128, 4, 2, 8)]  # fmt: skip
+INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768"]
 
 
 def _configs(heads: int, layout: str):
     """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
     from dsv4bench.backends.triton_attention import Config, config_for
 
-    small = max(16, 1 << (heads - 1).bit_length())
-    if heads >= 64:
-        c = [Config(64, 64, 8, 1, False), Config(64, 64, 8, 2, False), Config(64, 32, 8, 2, True)]
+    if layout == "bf16":
+        table = WIDE_BF16 if heads >= 64 else NARROW_BF16
     else:
-        c = [Config(small, 64, 4, 2, False), Config(small, 32, 4, 2, True),
-             Config(64, 64, 8, 1, False), Config(64, 64, 8, 2, False)]  # fmt: skip
-        if small == 32:
-            c += [Config(32, 32, 8, 2, True), Config(32, 64, 8, 2, False)]
+        table = WIDE_FP8 if heads >= 64 else NARROW_FP8
     default = config_for(heads, layout)
-    return [(default, None)] + [(x, None) for x in c if x != default]
+    return [(default, None)] + [(Config(*x), None) for x in table if Config(*x) != default]
 
 
 def _layout(case) -> str:
@@ -73,6 +84,7 @@ def _launch(case, x, cfg, splits=None):
         attn_sink=x.get("attn_sink"),
         extra_kv=x.get("extra_k_cache"),
         extra_indices=x.get("extra_indices"),
+        extra_topk_length=x.get("extra_topk_length"),
         op="decode" if decode else "prefill",
         config=cfg,
         splits=splits,
@@ -96,19 +108,133 @@ def _compile(args):
         return f"{case.case_id} {cfg}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("prefixes", nargs="*", default=DEFAULT_CASES)
-    ap.add_argument("--flashmla-lib")
-    ap.add_argument("--jobs", type=int, default=12)
-    a = ap.parse_args()
+def _attention(prefixes, kw) -> None:
     import torch
 
     from dsv4bench import backends
     from dsv4bench.cases import inputs
+    from dsv4bench.measure import metrics, timing
+
+    fm = backends.get("flashmla")
+    for case in _cases(prefixes):
+        x = inputs.make_inputs(case, "cuda")
+        ref_ms = None
+        try:
+            ref_ms = timing.measure(fm.prepare(case, x, "cuda").run, **kw)["median_ms"]
+            print(f"{case.case_id:58s} flashmla {ref_ms:8.4f} ms", flush=True)
+        except Exception as e:
+            print(f"{case.case_id:58s} flashmla failed: {type(e).__name__}: {e}", flush=True)
+        want = None  # the shipped default's output: every variant is compared with it
+        for cfg, splits in _configs(case.num_heads, _layout(case)):
+            try:
+                launch = _launch(case, x, cfg, splits)
+                ms = timing.measure(launch.run, **kw)["median_ms"]
+                got = _as_output(case, x, launch.run())
+                got = type(got)(got.out.clone(), got.lse.clone())
+                if want is None:
+                    want = got
+                cos = metrics.accuracy(want, got).get("cos_diff")
+            except Exception as e:
+                print(f"{'':58s} {cfg}: failed {type(e).__name__}: {str(e)[:150]}", flush=True)
+                continue
+            ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
+            print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
+                  f"s{cfg.num_stages} ls{cfg.loop_stages} pf{int(cfg.prefetch)} "
+                  f"splits{launch.info['splits']} {ms:8.4f} ms  flashmla/triton {ratio} "
+                  f"cos {cos:.2g}", flush=True)  # fmt: skip
+        del x
+        torch.cuda.empty_cache()
+
+
+def _as_output(case, x, got):
+    from dsv4bench.backends import triton_attention as ta
+    from dsv4bench.backends.base import Output, prefill_output
+
+    out, lse, _ = got
+    if ta.uses_decode_kernel(case):
+        b, s_q, h, _ = x["q"].shape
+        o = out.view(b, s_q, h, ta.D_V)
+        return prefill_output(o, lse) if case.op == "prefill" else Output(o, lse)
+    return Output(out, lse)
+
+
+def _indexer(kw) -> None:
+    import torch
+
+    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.cases import inputs
+    from dsv4bench.cases.case import Case
     from dsv4bench.measure import timing
 
-    backends.setup(flashmla_lib=a.flashmla_lib)
+    try:
+        import deep_gemm
+    except Exception as e:
+        deep_gemm = None
+        print("deep_gemm:", type(e).__name__, e)
+    for spec in INDEXER_CASES:
+        model, tokens, ctx = spec.split(":")
+        case = _indexer_case(Case, model, int(tokens), int(ctx))
+        x = inputs.make_inputs(case, "cuda")
+        kv = (x["kv"], x["kv_scales"])
+        ref_ms, want = None, None
+        if deep_gemm is not None:
+            fn = lambda: deep_gemm.fp8_mqa_logits(x["q"], kv, x["weights"], x["ks"], x["ke"])
+            try:
+                want = fn()
+                ref_ms = timing.measure(fn, **kw)["median_ms"]
+                print(f"indexer {spec:28s} deepgemm {ref_ms:8.4f} ms", flush=True)
+            except Exception as e:
+                print(f"indexer {spec:28s} deepgemm failed {type(e).__name__}: {e}", flush=True)
+        for tiles in INDEXER_TILES:
+            t = None if tiles is None else dict(zip(
+                ("BLOCK_Q", "BLOCK_N", "KEY_BLOCKS", "STAGES", "num_warps"), tiles, strict=True))  # fmt: skip
+            try:
+                launch, out = ti.ragged_launcher(x["q"], kv, x["weights"], x["ks"], x["ke"],
+                                                 tiles=t)  # fmt: skip
+                launch()
+                ms = timing.measure(launch, **kw)["median_ms"]
+                err = "-"
+                if want is not None:
+                    fin = torch.isfinite(want)
+                    same_inf = bool((fin == torch.isfinite(out)).all())
+                    rel = ((out[fin] - want[fin]).norm() / want[fin].norm()).item()
+                    err = f"rel {rel:.2g} inf-match {same_inf}"
+            except Exception as e:
+                print(f"{'':36s} {tiles}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
+            print(f"{'':36s} {str(tiles):24s} {ms:8.4f} ms deepgemm/triton {ratio} {err}",
+                  flush=True)  # fmt: skip
+        del x
+        torch.cuda.empty_cache()
+
+
+def _indexer_case(Case, model, tokens, ctx):
+    from dsv4bench import backends
+    from dsv4bench.scenarios import load
+
+    scenario = load("scenarios/indexer/sm90.yaml", known_backends=backends.names())
+    for c in scenario.cases:
+        if c.model == model and c.tokens == tokens and c.context_len == ctx:
+            return c
+    raise SystemExit(f"no indexer case {model} {tokens} {ctx}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("prefixes", nargs="*", default=DEFAULT_CASES)
+    ap.add_argument("--jobs", type=int, default=12)
+    ap.add_argument("--no-indexer", action="store_true")
+    ap.add_argument("--no-attention", action="store_true")
+    a = ap.parse_args()
+    from dsv4bench import backends
+
+    backends.setup()
+    kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
+    if not a.no_indexer:
+        _indexer(kw)
+    if a.no_attention:
+        return 0
     cases = _cases(a.prefixes)
     work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
             for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
@@ -116,30 +242,7 @@ def main() -> int:
         for err in pool.imap_unordered(_compile, work):
             if err:
                 print("compile:", err, flush=True)
-    fm = backends.get("flashmla")
-    for case in cases:
-        x = inputs.make_inputs(case, "cuda")
-        t = case.timing
-        kw = dict(device="cuda", warmup=t.warmup, iters=t.iters, flush_l2=True, timer="events")
-        ref_ms = None
-        try:
-            ref_ms = timing.measure(fm.prepare(case, x, "cuda").run, **kw)["median_ms"]
-            print(f"{case.case_id:58s} flashmla {ref_ms:8.4f} ms", flush=True)
-        except Exception as e:
-            print(f"{case.case_id:58s} flashmla failed: {type(e).__name__}: {e}", flush=True)
-        for cfg, splits in _configs(case.num_heads, _layout(case)):
-            try:
-                launch = _launch(case, x, cfg, splits)
-                ms = timing.measure(launch.run, **kw)["median_ms"]
-            except Exception as e:
-                print(f"{'':58s} {cfg}: failed {type(e).__name__}: {str(e)[:150]}", flush=True)
-                continue
-            ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
-            print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
-                  f"s{cfg.num_stages} pf{int(cfg.prefetch)} splits{launch.info['splits']} "
-                  f"{ms:8.4f} ms  flashmla/triton {ratio}", flush=True)  # fmt: skip
-        del x
-        torch.cuda.empty_cache()
+    _attention(a.prefixes, kw)
     return 0
 
 

@@ -55,6 +55,7 @@ class Config:
     num_warps: int
     num_stages: int
     prefetch: bool = True  # gather the next key block into registers during this one's math
+    loop_stages: int = 0  # > 0: the key loop is tl.range(num_stages=loop_stages)
 
 
 def config_for(heads: int, layout: str) -> Config:
@@ -139,6 +140,7 @@ def _attn_kernel(
     EXACT: tl.constexpr,  # interpreter: fp32 tiles and integer bf16 rounding
     WIDE: tl.constexpr,  # 64-bit cache offsets
     PREFETCH: tl.constexpr,  # gather block i + 1 while block i computes
+    LOOP_STAGES: tl.constexpr,
 ):
     hb = tl.program_id(0)
     split = tl.program_id(1)
@@ -154,6 +156,7 @@ def _attn_kernel(
     q_row = q_ptr + t * q_st + heads[:, None] * q_sh
     q = tl.load(q_row + c[None, :], mask=hmask[:, None], other=0.0).to(KDT)
     r = tl.arange(0, 64)
+    q_tail = q
     if HAS_TAIL:
         q_tail = tl.load(q_row + 512 + r[None, :], mask=hmask[:, None], other=0.0).to(KDT)
 
@@ -186,27 +189,36 @@ def _attn_kernel(
     if PREFETCH:  # software pipelining: block i + 1's bytes are in flight while i computes
         nxt = _gather_block(start, stop, t, main_blocks, cache, x_cache, LAYOUT, P, NPARTS,
                             HAS_TAIL, BLOCK_N, WIDE)  # fmt: skip
-    for i in range(start, stop):
-        if PREFETCH:
-            valid, raw, raw_scale, raw_tail = nxt
-            nxt = _gather_block(i + 1, stop, t, main_blocks, cache, x_cache, LAYOUT, P, NPARTS,
-                                HAS_TAIL, BLOCK_N, WIDE)  # fmt: skip
-        else:
+    if LOOP_STAGES > 0:
+        for i in tl.range(start, stop, num_stages=LOOP_STAGES):
             valid, raw, raw_scale, raw_tail = _gather_block(
                 i, stop, t, main_blocks, cache, x_cache, LAYOUT, P, NPARTS, HAS_TAIL, BLOCK_N, WIDE
             )
-        k, tail = _dequant_block(raw, raw_scale, raw_tail, LAYOUT, HAS_TAIL, BLOCK_N, KDT)
-        s = tl.dot(q, tl.trans(k))
-        if HAS_TAIL:
-            s = tl.dot(q_tail, tl.trans(tail), s)
-        s = tl.where(valid[None, :], s * scale2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(KDT), k)
-        m_i = m_new
+            m_i, l_i, acc = _block_step(q, q_tail, valid, raw, raw_scale, raw_tail, m_i, l_i, acc,
+                                        scale2, LAYOUT, HAS_TAIL, BLOCK_N, KDT)  # fmt: skip
+    else:
+        for i in range(start, stop):
+            if PREFETCH:
+                valid, raw, raw_scale, raw_tail = nxt
+                nxt = _gather_block(i + 1, stop, t, main_blocks, cache, x_cache, LAYOUT, P,
+                                    NPARTS, HAS_TAIL, BLOCK_N, WIDE)  # fmt: skip
+            else:
+                valid, raw, raw_scale, raw_tail = _gather_block(
+                    i,
+                    stop,
+                    t,
+                    main_blocks,
+                    cache,
+                    x_cache,
+                    LAYOUT,
+                    P,
+                    NPARTS,
+                    HAS_TAIL,
+                    BLOCK_N,
+                    WIDE,
+                )
+            m_i, l_i, acc = _block_step(q, q_tail, valid, raw, raw_scale, raw_tail, m_i, l_i, acc,
+                                        scale2, LAYOUT, HAS_TAIL, BLOCK_N, KDT)  # fmt: skip
 
     has_key = l_i > 0.0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]
@@ -291,6 +303,24 @@ def _gather_block(i, stop, t, main_blocks, cache, x_cache, LAYOUT: tl.constexpr,
     return valid, raw, raw_scale, raw_tail
 
 
+def _block_step(q, q_tail, valid, raw, raw_scale, raw_tail, m_i, l_i, acc, scale2,
+                LAYOUT: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_N: tl.constexpr,
+                KDT: tl.constexpr):  # fmt: skip
+    """One key block of the online softmax: (m_i, l_i, acc) updated."""
+    k, tail = _dequant_block(raw, raw_scale, raw_tail, LAYOUT, HAS_TAIL, BLOCK_N, KDT)
+    s = tl.dot(q, tl.trans(k))
+    if HAS_TAIL:
+        s = tl.dot(q_tail, tl.trans(tail), s)
+    s = tl.where(valid[None, :], s * scale2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(KDT), k)
+    return m_new, l_i, acc
+
+
 def _dequant_block(raw, raw_scale, raw_tail, LAYOUT: tl.constexpr, HAS_TAIL: tl.constexpr,
                    BLOCK_N: tl.constexpr, KDT: tl.constexpr):  # fmt: skip
     """(k [BLOCK_N, 512], rope tail [BLOCK_N, 64] or k) in KDT from _gather_block's bytes."""
@@ -364,7 +394,11 @@ def _combine_kernel(
 _SOURCES = {"attn": _attn_kernel, "combine": _combine_kernel}
 # Device functions the kernels call by their module-global names: JITFunctions once Triton is
 # loaded (compiled kernels), InterpretedFunctions for the length of an interpreted launch.
-_HELPERS = {"_gather_block": _gather_block, "_dequant_block": _dequant_block}
+_HELPERS = {
+    "_gather_block": _gather_block,
+    "_dequant_block": _dequant_block,
+    "_block_step": _block_step,
+}
 _KERNELS: dict[tuple[str, bool], Any] = {}
 
 
@@ -472,6 +506,7 @@ class Launch:
     lse: Any
     max_logits: Any
     info: dict
+    attn_call: tuple = ()  # (grid, args, meta, launch options) of the attention kernel
 
 
 def _plan(tokens: int, heads: int, blocks: int, cfg: Config, device, splits: int | None):
@@ -624,6 +659,7 @@ def attention_launcher(
         BLOCK_N=cfg.block_n,
         EXACT=exact,
         PREFETCH=cfg.prefetch,
+        LOOP_STAGES=cfg.loop_stages,
     )
     attn = _kernel("attn", dev)
     grid = (head_blocks, splits, tokens)
@@ -659,7 +695,7 @@ def attention_launcher(
         "splits": splits,
         "key_blocks_per_split": per_split,
     }
-    return Launch(run, out, lse, max_logits, info)
+    return Launch(run, out, lse, max_logits, info, (grid, args, meta, launch_opts))
 
 
 def sparse_decode(q, k_cache, indices, scale, **kw):
