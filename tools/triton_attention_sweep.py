@@ -39,9 +39,9 @@ NARROW_FP8 = [(16, 32, 4, 1, False, 3), (16, 64, 4, 1, False, 3), (64, 32, 8, 1,
               (32, 32, 4, 1, False, 3)]  # fmt: skip
 WIDE_BF16 = [(64, 32, 8, 3, False), (64, 32, 8, 4, False), (64, 16, 8, 4, False)]
 NARROW_BF16 = [(16, 32, 4, 3, False), (32, 32, 4, 3, False), (16, 64, 4, 3, False)]
-# ragged indexer: (BLOCK_Q, BLOCK_N, KEY_BLOCKS, STAGES, num_warps); None = the old kernel
-INDEXER_TILES = [None, (2, 128, 4, 3, 8), (2, 128, 8, 3, 8), (1, 128, 4, 3, 4), (2, 64, 8, 3, 4),
-                 (4, 128, 4, 2, 8)]  # fmt: skip
+# ragged indexer: (BLOCK_Q, BLOCK_N, num_warps, num_stages); None = the old kernel
+INDEXER_TILES = [None, (16, 128, 4, 2), (16, 128, 8, 2), (32, 256, 8, 2), (16, 64, 4, 2),
+                 (64, 128, 4, 2), (8, 128, 4, 2), (32, 128, 8, 3)]  # fmt: skip
 INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768"]
 
 
@@ -187,7 +187,7 @@ def _indexer(kw) -> None:
                 print(f"indexer {spec:28s} deepgemm failed {type(e).__name__}: {e}", flush=True)
         for tiles in INDEXER_TILES:
             t = None if tiles is None else dict(zip(
-                ("BLOCK_Q", "BLOCK_N", "KEY_BLOCKS", "STAGES", "num_warps"), tiles, strict=True))  # fmt: skip
+                ("BLOCK_Q", "BLOCK_N", "num_warps", "num_stages"), tiles, strict=True))  # fmt: skip
             try:
                 launch, out = ti.ragged_launcher(x["q"], kv, x["weights"], x["ks"], x["ke"],
                                                  tiles=t)  # fmt: skip
@@ -231,18 +231,17 @@ def main() -> int:
 
     backends.setup()
     kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
+    if not a.no_attention:
+        cases = _cases(a.prefixes)
+        work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
+                for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
+        with mp.get_context("spawn").Pool(a.jobs) as pool:
+            for err in pool.imap_unordered(_compile, work):
+                if err:
+                    print("compile:", err, flush=True)
+        _attention(a.prefixes, kw)
     if not a.no_indexer:
         _indexer(kw)
-    if a.no_attention:
-        return 0
-    cases = _cases(a.prefixes)
-    work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
-            for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
-    with mp.get_context("spawn").Pool(a.jobs) as pool:
-        for err in pool.imap_unordered(_compile, work):
-            if err:
-                print("compile:", err, flush=True)
-    _attention(a.prefixes, kw)
     return 0
 
 

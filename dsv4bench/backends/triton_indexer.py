@@ -168,7 +168,7 @@ def _ragged_kernel(
             tl.store(out_ptr + row * N + cols, logit, mask=cmask)
 
 
-def _ragged_tiles_kernel(
+def _ragged_keys_kernel(
     q_ptr,  # e4m3 bytes (S, H, D) contiguous
     kv_ptr,  # e4m3 bytes (N, D) contiguous
     scale_ptr,  # fp32 (N,)
@@ -181,56 +181,48 @@ def _ragged_tiles_kernel(
     H: tl.constexpr,
     HP: tl.constexpr,
     D: tl.constexpr,
-    BLOCK_Q: tl.constexpr,  # query rows per program: one (BLOCK_Q * HP, D) x (D, BLOCK_N) dot
-    BLOCK_N: tl.constexpr,
-    KEY_BLOCKS: tl.constexpr,  # key blocks per program (the q tile is loaded once)
-    STAGES: tl.constexpr,
+    BLOCK_Q: tl.constexpr,  # query rows per program, one after another over the key tile
+    BLOCK_N: tl.constexpr,  # keys per program: the M of a (BLOCK_N, D) x (D, HP) dot
     DOT: tl.constexpr,
 ):
     pq = tl.program_id(0).to(tl.int64)
     pn = tl.program_id(1).to(tl.int64)
-    i = tl.arange(0, BLOCK_Q * HP)
-    row_of = pq * BLOCK_Q + i // HP
-    head = i % HP
-    live_q = (row_of < S) & (head < H)
+    cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    h = tl.arange(0, HP)
+    hmask = h < H
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + (row_of * H + head)[:, None] * D + d[None, :], mask=live_q[:, None],
-                other=0).to(tl.float8e4nv, bitcast=True)  # fmt: skip
-    w = tl.load(w_ptr + row_of * H + head, mask=live_q, other=0.0)
+    k = tl.load(kv_ptr + cols[:, None] * D + d[None, :], mask=cmask[:, None], other=0)
+    k = k.to(tl.float8e4nv, bitcast=True)
     if DOT == 1:
-        q = q.to(tl.bfloat16)
+        k = k.to(tl.bfloat16)
     elif DOT == 2:
-        q = q.to(tl.float32)
-    rows = pq * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    rmask = rows < S
-    lo = tl.load(ks_ptr + rows, mask=rmask, other=0)
-    hi = tl.load(ke_ptr + rows, mask=rmask, other=0)
-    lo_min = tl.reduce(tl.where(rmask, lo, 2147483647), 0, tl.standard._elementwise_min)
-    hi_max = tl.reduce(hi, 0, tl.standard._elementwise_max)
-    for j in tl.range(0, KEY_BLOCKS, num_stages=STAGES):
-        n0 = (pn * KEY_BLOCKS + j) * BLOCK_N
-        cols = n0 + tl.arange(0, BLOCK_N)
-        live_k = (cols < N) & (cols < hi_max) & (cols >= lo_min)
-        k = tl.load(kv_ptr + cols[:, None] * D + d[None, :], mask=live_k[:, None], other=0)
-        k = k.to(tl.float8e4nv, bitcast=True)
-        scale = tl.load(scale_ptr + cols, mask=live_k, other=0.0)
-        if DOT == 1:
-            k = k.to(tl.bfloat16)
-        elif DOT == 2:
-            k = k.to(tl.float32)
-        if DOT == 2:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        k = k.to(tl.float32)
+    scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
+    for i in range(BLOCK_Q):
+        row = tl.minimum(pq * BLOCK_Q + i, S - 1)  # rows past S redo row S - 1 (same values)
+        lo = tl.load(ks_ptr + row)
+        hi = tl.load(ke_ptr + row)
+        if (pn * BLOCK_N < hi) & (pn * BLOCK_N + BLOCK_N > lo):
+            q = tl.load(q_ptr + (row * H + h)[:, None] * D + d[None, :], mask=hmask[:, None],
+                        other=0).to(tl.float8e4nv, bitcast=True)  # fmt: skip
+            if DOT == 1:
+                q = q.to(tl.bfloat16)
+            elif DOT == 2:
+                q = q.to(tl.float32)
+            w = tl.load(w_ptr + row * H + h, mask=hmask, other=0.0)
+            if DOT == 2:
+                s = tl.dot(k, tl.trans(q), input_precision="ieee")
+            else:
+                s = tl.dot(k, tl.trans(q))  # (BLOCK_N, HP): heads along the accumulator's N
+            s = tl.maximum(s * scale[:, None], 0.0) * w[None, :]
+            logit = tl.reduce(s, 1, tl.standard._sum_combine)
+            logit = tl.where((cols >= lo) & (cols < hi), logit, float("-inf"))
         else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.maximum(s * scale[None, :], 0.0) * w[:, None]
-        logit = tl.reduce(tl.reshape(s, [BLOCK_Q, HP, BLOCK_N]), 1, tl.standard._sum_combine)
-        seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
-        logit = tl.where(seen, logit, float("-inf"))
-        tl.store(out_ptr + rows[:, None] * N + cols[None, :], logit,
-                 mask=rmask[:, None] & (cols[None, :] < N))  # fmt: skip
+            logit = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+        tl.store(out_ptr + row * N + cols, logit, mask=cmask)
 
-
-_SOURCES = {"paged": _paged_kernel, "ragged": _ragged_kernel, "ragged_tiles": _ragged_tiles_kernel}
+_SOURCES = {"paged": _paged_kernel, "ragged": _ragged_kernel, "ragged_keys": _ragged_keys_kernel}
 
 
 def _kernel(name: str, device) -> Any:
@@ -317,7 +309,7 @@ def paged_launcher(
     return launch, out
 
 
-TILES = dict(BLOCK_Q=2, BLOCK_N=128, KEY_BLOCKS=4, STAGES=3, num_warps=8)
+TILES = dict(BLOCK_Q=16, BLOCK_N=128, num_warps=4, num_stages=2)
 
 
 def ragged_launcher(q, kv: tuple, weights, ks, ke, *, dot: str | None = None, tiles=None):
@@ -336,14 +328,16 @@ def ragged_launcher(q, kv: tuple, weights, ks, ke, *, dot: str | None = None, ti
     out = torch.empty(s_len, n, dtype=torch.float32, device=device)
     code = _dot_code(dot, device)
     if tiles:
-        kernel = _kernel("ragged_tiles", device)
+        kernel = _kernel("ragged_keys", device)
         t = dict(TILES, **(tiles if isinstance(tiles, dict) else {}))
-        warps = t.pop("num_warps")
-        grid = (-(-s_len // t["BLOCK_Q"]), -(-n // (t["BLOCK_N"] * t["KEY_BLOCKS"])))
+        opts = {"num_warps": t.pop("num_warps"), "num_stages": t.pop("num_stages")}
+        if device.type == "cpu":
+            opts = {}
+        grid = (-(-s_len // t["BLOCK_Q"]), -(-n // t["BLOCK_N"]))
         meta = dict(H=heads, HP=_heads_padded(heads), D=d, DOT=code, **t)
 
         def launch_tiles():
-            kernel[grid](q8, k8, scales, w, ks32, ke32, out, s_len, n, **meta, num_warps=warps)
+            kernel[grid](q8, k8, scales, w, ks32, ke32, out, s_len, n, **meta, **opts)
             return out
 
         return launch_tiles, out
