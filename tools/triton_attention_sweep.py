@@ -14,6 +14,7 @@ median ms and the ratio of the engine's time to it (> 1: Triton is faster).
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import sys
 
@@ -32,17 +33,18 @@ DEFAULT_CASES = [
     "prefill-v4-flash-v4-h32-t4096-",
     "prefill-v3.2-v32-h16-t4096-",
 ]
-# (block_h, block_n, num_warps, num_stages, prefetch, loop_stages); the shipped default first
-WIDE_FP8 = [(64, 32, 8, 1, False, 3), (64, 32, 8, 1, False, 2), (64, 64, 8, 1, False, 2),
-            (64, 16, 8, 1, False, 4)]  # fmt: skip
-NARROW_FP8 = [(16, 32, 4, 1, False, 3), (16, 64, 4, 1, False, 3), (64, 32, 8, 1, False, 3),
-              (32, 32, 4, 1, False, 3)]  # fmt: skip
-WIDE_BF16 = [(64, 32, 8, 3, False), (64, 32, 8, 4, False), (64, 16, 8, 4, False)]
-NARROW_BF16 = [(16, 32, 4, 3, False), (32, 32, 4, 3, False), (16, 64, 4, 3, False)]
-# ragged indexer: (BLOCK_Q, BLOCK_N, num_warps, num_stages); None = the old kernel
-INDEXER_TILES = [None, (16, 128, 4, 2), (16, 128, 8, 2), (32, 256, 8, 2), (16, 64, 4, 2),
-                 (64, 128, 4, 2), (8, 128, 4, 2), (32, 128, 8, 3)]  # fmt: skip
+# (block_h, block_n, num_warps, num_stages); the shipped default first. The loop-pipelining
+# variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
+# kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
+WIDE_FP8 = [(64, 64, 8, 1), (64, 64, 8, 2), (64, 32, 8, 2)]
+NARROW_FP8 = [(16, 64, 4, 2), (64, 64, 8, 1), (32, 64, 4, 2)]
+WIDE_BF16 = [(64, 32, 8, 3), (64, 64, 8, 2)]
+NARROW_BF16 = [(16, 32, 4, 3), (32, 64, 4, 2), (16, 64, 4, 2)]
+# ragged indexer: (BLOCK_Q, BLOCK_N, num_warps, num_stages); the shipped default first
+INDEXER_TILES = [None, (16, 128, 4, 2), (64, 128, 4, 3), (128, 128, 4, 2), (64, 128, 8, 2)]
 INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768"]
+# paged indexer (decode): model:batch:s_q:context_len, timed with both dot orientations
+PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
 
 
 def _configs(heads: int, layout: str):
@@ -75,19 +77,22 @@ def _launch(case, x, cfg, splits=None):
     from dsv4bench.backends import triton_attention as ta
 
     decode = ta.uses_decode_kernel(case)
-    return ta.attention_launcher(
+    extra = {}
+    if decode:
+        extra = {"extra_kv": x.get("extra_k_cache"), "extra_indices": x.get("extra_indices"),
+                 "extra_topk_length": x.get("extra_topk_length")}  # fmt: skip
+    return ta.plan_attention(
         x["q"],
         x["k_cache"] if decode else x["kv"],
         x["indices"],
         case.scale,
+        layout=case.layout if decode else "bf16",
+        op="decode" if decode else "prefill",
         topk_length=x.get("topk_length"),
         attn_sink=x.get("attn_sink"),
-        extra_kv=x.get("extra_k_cache"),
-        extra_indices=x.get("extra_indices"),
-        extra_topk_length=x.get("extra_topk_length"),
-        op="decode" if decode else "prefill",
         config=cfg,
         splits=splits,
+        **extra,
     )
 
 
@@ -139,7 +144,7 @@ def _attention(prefixes, kw) -> None:
                 continue
             ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
             print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
-                  f"s{cfg.num_stages} ls{cfg.loop_stages} pf{int(cfg.prefetch)} "
+                  f"s{cfg.num_stages} "
                   f"splits{launch.info['splits']} {ms:8.4f} ms  flashmla/triton {ratio} "
                   f"cos {cos:.2g}", flush=True)  # fmt: skip
         del x
@@ -178,7 +183,9 @@ def _indexer(kw) -> None:
         kv = (x["kv"], x["kv_scales"])
         ref_ms, want = None, None
         if deep_gemm is not None:
-            fn = lambda: deep_gemm.fp8_mqa_logits(x["q"], kv, x["weights"], x["ks"], x["ke"])
+            fn = functools.partial(
+                deep_gemm.fp8_mqa_logits, x["q"], kv, x["weights"], x["ks"], x["ke"]
+            )
             try:
                 want = fn()
                 ref_ms = timing.measure(fn, **kw)["median_ms"]
@@ -209,15 +216,47 @@ def _indexer(kw) -> None:
         torch.cuda.empty_cache()
 
 
-def _indexer_case(Case, model, tokens, ctx):
+def _indexer_case(Case, model, tokens, ctx, batch=0, s_q=1):
     from dsv4bench import backends
     from dsv4bench.scenarios import load
 
     scenario = load("scenarios/indexer/sm90.yaml", known_backends=backends.names())
     for c in scenario.cases:
-        if c.model == model and c.tokens == tokens and c.context_len == ctx:
+        same = c.model == model and c.tokens == tokens and c.context_len == ctx
+        if same and (tokens or (c.batch_size == batch and c.s_q == s_q)):
             return c
-    raise SystemExit(f"no indexer case {model} {tokens} {ctx}")
+    raise SystemExit(f"no indexer case {model} {tokens} {ctx} {batch} {s_q}")
+
+
+def _paged(kw) -> None:
+    """The paged (decode) logits with heads as the dot's M and with keys as M."""
+    import torch
+
+    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.cases import indexer_case, inputs
+    from dsv4bench.cases.case import Case
+    from dsv4bench.measure import timing
+
+    for spec in PAGED_CASES:
+        model, batch, s_q, ctx = spec.split(":")
+        case = _indexer_case(Case, model, 0, int(ctx), int(batch), int(s_q))
+        x = inputs.make_inputs(case, "cuda")
+        args = (x["q"], x["kv_cache"], x["weights"], x["context_lens"], x["block_table"],
+                indexer_case.keys(case))  # fmt: skip
+        base = None
+        for keys_m in (False, True):
+            launch, out = ti.paged_launcher(*args, keys_m=keys_m)
+            launch()
+            ms = timing.measure(launch, **kw)["median_ms"]
+            got = out.clone()
+            base = got if base is None else base
+            fin = torch.isfinite(base)
+            same_inf = bool((fin == torch.isfinite(got)).all())
+            rel = ((got[fin] - base[fin]).norm() / base[fin].norm()).item()
+            print(f"paged {spec:28s} keys_m={int(keys_m)} {ms:8.4f} ms rel {rel:.2g} "
+                  f"inf-match {same_inf}", flush=True)  # fmt: skip
+        del x
+        torch.cuda.empty_cache()
 
 
 def main() -> int:
@@ -226,11 +265,16 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--no-indexer", action="store_true")
     ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--defaults-only", action="store_true", help="only the shipped configs")
     a = ap.parse_args()
     from dsv4bench import backends
 
     backends.setup()
     kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
+    if a.defaults_only:
+        global WIDE_FP8, NARROW_FP8, WIDE_BF16, NARROW_BF16, INDEXER_TILES
+        WIDE_FP8 = NARROW_FP8 = WIDE_BF16 = NARROW_BF16 = []
+        INDEXER_TILES = [None]
     if not a.no_attention:
         cases = _cases(a.prefixes)
         work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
@@ -242,6 +286,7 @@ def main() -> int:
         _attention(a.prefixes, kw)
     if not a.no_indexer:
         _indexer(kw)
+        _paged(kw)
     return 0
 
 
