@@ -3,7 +3,8 @@ sources in triton_src/: compiled (JITFunction) for CUDA tensors, interpreted for
 (tests, tiny shapes; Triton's interpreter copies the tensors' whole storages per launch).
 
 The import graph of the Triton backend is a tree: triton_kernels -> triton_attention,
-triton_indexer -> triton_jit -> triton_src.*; nothing imports upwards.
+triton_indexer -> triton_jit -> triton_src.* (importlib, once Triton is found); nothing imports
+upwards (triton_src's device_fn lives in triton_src itself).
 """
 
 from __future__ import annotations
@@ -44,18 +45,6 @@ def kernel(module: str, name: str, device) -> Any:
 
             _BUILT[key] = JITFunction(fn)
     return _BUILT[key]
-
-
-def device_fn(fn):
-    """A device function of the kernels in triton_src: inlined by the compiler (a
-    JITFunction), called as the plain Python function inside an interpreted kernel."""
-    from triton.runtime.jit import JITFunction
-
-    class DeviceFn(JITFunction):
-        def __call__(self, *args, **kwargs):
-            return self.fn(*args, **kwargs)
-
-    return DeviceFn(fn)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from dsv4bench.backends.triton_jit import device_fn
+from dsv4bench.backends.triton_src import device_fn
 from dsv4bench.backends.triton_src import layout as L
 
 BF16 = tl.constexpr(L.LAYOUT_IDS["bf16"])
@@ -114,9 +114,10 @@ def attn_kernel(
 @device_fn
 def _length(cache, t, LENS_DIV, HAS_LENS: tl.constexpr):
     """Keys token t reads from this cache: its topk_length (capped at the index width)."""
+    n = cache.width
     if HAS_LENS:
-        return tl.minimum(tl.load(cache.lens + t // LENS_DIV), cache.width)
-    return cache.width
+        n = tl.minimum(tl.load(cache.lens + t // LENS_DIV), cache.width)
+    return n
 
 
 @device_fn
@@ -159,8 +160,10 @@ def _to_bf16(x, EXACT: tl.constexpr):
     if EXACT:
         v = x.to(tl.uint32, bitcast=True)
         rb16 = (v + 0x7FFF + ((v >> 16) & 1)) >> 16
-        return rb16.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return x.to(tl.bfloat16)
+        y = rb16.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
 
 
 @device_fn

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from dsv4bench.backends.triton_jit import device_fn
+from dsv4bench.backends.triton_src import device_fn
 from dsv4bench.backends.triton_src import layout as L
 
 V32_SCALES_AT = tl.constexpr(L.V32_SCALES_AT)

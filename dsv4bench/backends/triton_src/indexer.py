@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from dsv4bench.backends.triton_jit import device_fn
+from dsv4bench.backends.triton_src import device_fn
 
 
 @device_fn
 def _widen(x, DOT: tl.constexpr):
-    """e4m3 as the dot takes it."""
+    """e4m3 as the dot takes it (one return: Triton types every return statement alike)."""
+    y = x
     if DOT == 1:
-        return x.to(tl.bfloat16)
-    if DOT == 2:
-        return x.to(tl.float32)
-    return x
+        y = x.to(tl.bfloat16)
+    elif DOT == 2:
+        y = x.to(tl.float32)
+    return y
 
 
 @device_fn
 def _dot(a, b, DOT: tl.constexpr):
     """a @ b^T, fp32 accumulation."""
     if DOT == 2:
-        return tl.dot(a, tl.trans(b), input_precision="ieee")
-    return tl.dot(a, tl.trans(b))
+        s = tl.dot(a, tl.trans(b), input_precision="ieee")
+    else:
+        s = tl.dot(a, tl.trans(b))
+    return s
 
 
 @device_fn
