@@ -40,8 +40,17 @@ WIDE_FP8 = [(64, 64, 8, 1), (64, 64, 8, 2), (64, 32, 8, 2)]
 NARROW_FP8 = [(16, 64, 4, 2), (64, 64, 8, 1), (32, 64, 4, 2)]
 WIDE_BF16 = [(64, 32, 8, 3), (64, 64, 8, 2)]
 NARROW_BF16 = [(16, 32, 4, 3), (32, 64, 4, 2), (16, 64, 4, 2)]
-# ragged indexer: (BLOCK_Q, BLOCK_N, num_warps, num_stages); the shipped default first
-INDEXER_TILES = [None, (16, 128, 4, 2), (64, 128, 4, 3), (128, 128, 4, 2), (64, 128, 8, 2)]
+# ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
+INDEXER_TILES = [
+    None,
+    dict(SKIP=False),
+    dict(SKIP=False, STAGES=3),
+    dict(SIGN_FOLD=True),
+    dict(SIGN_FOLD=True, SKIP=False),
+    dict(SIGN_FOLD=True, SKIP=False, STAGES=3),
+    dict(SIGN_FOLD=True, SKIP=False, STAGES=3, BLOCK_Q=128),
+    dict(SIGN_FOLD=True, SKIP=False, STAGES=3, num_warps=8),
+]
 INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768"]
 # paged indexer (decode): model:batch:s_q:context_len, timed with both dot orientations
 PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
@@ -193,8 +202,7 @@ def _indexer(kw) -> None:
             except Exception as e:
                 print(f"indexer {spec:28s} deepgemm failed {type(e).__name__}: {e}", flush=True)
         for tiles in INDEXER_TILES:
-            t = None if tiles is None else dict(zip(
-                ("BLOCK_Q", "BLOCK_N", "num_warps", "num_stages"), tiles, strict=True))  # fmt: skip
+            t = tiles
             try:
                 launch, out = ti.ragged_launcher(x["q"], kv, x["weights"], x["ks"], x["ke"],
                                                  tiles=t)  # fmt: skip

@@ -32,6 +32,8 @@ RAGGED_BLOCK_Q = 64  # query rows per program (they share the key tile)
 RAGGED_BLOCK_N = 128  # keys per program
 RAGGED_WARPS = 4
 RAGGED_STAGES = 2
+RAGGED_SKIP = True
+RAGGED_SIGN_FOLD = False
 
 
 def _kernel(name: str, device) -> Any:
@@ -148,9 +150,9 @@ def ragged_launcher(q, kv: tuple, weights, ks, ke, *, dot: str | None = None, ti
     ks32, ke32 = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()
     out = torch.empty(s_len, n, dtype=torch.float32, device=device)
     t = dict(BLOCK_Q=RAGGED_BLOCK_Q, BLOCK_N=RAGGED_BLOCK_N, num_warps=RAGGED_WARPS,
-             num_stages=RAGGED_STAGES)  # fmt: skip
+             STAGES=RAGGED_STAGES, SKIP=RAGGED_SKIP, SIGN_FOLD=RAGGED_SIGN_FOLD)  # fmt: skip
     t.update(tiles or {})
-    opts = _opts(device, num_warps=t.pop("num_warps"), num_stages=t.pop("num_stages"))
+    opts = _opts(device, num_warps=t.pop("num_warps"))
     kernel = _kernel("ragged", device)
     grid = (-(-s_len // t["BLOCK_Q"]), -(-n // t["BLOCK_N"]))
     meta = dict(H=heads, HP=_heads_padded(heads), D=d, DOT=_dot_code(dot, device), **t)

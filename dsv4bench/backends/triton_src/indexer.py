@@ -115,6 +115,10 @@ def ragged_kernel(
     BLOCK_Q: tl.constexpr,  # query rows per program, one after another over the key tile
     BLOCK_N: tl.constexpr,  # keys per program: the M of a (BLOCK_N, D) x (D, HP) dot
     DOT: tl.constexpr,
+    SKIP: tl.constexpr,  # skip the dot of a row whose range misses the tile (else masks only)
+    STAGES: tl.constexpr,  # software pipelining of the row loop (q loads in flight)
+    SIGN_FOLD: tl.constexpr,  # relu(s * scale) = |scale| * relu(s * sign(scale)), the sign
+    # flipped into the key bytes once: one max and one fma per (key, head) in the epilogue
 ):
     pq = tl.program_id(0).to(tl.int64)
     pn = tl.program_id(1).to(tl.int64)
@@ -123,25 +127,39 @@ def ragged_kernel(
     h = tl.arange(0, HP)
     hmask = h < H
     d = tl.arange(0, D)
-    k = tl.load(kv_ptr + cols[:, None] * D + d[None, :], mask=cmask[:, None], other=0)
-    k = _widen(k.to(tl.float8e4nv, bitcast=True), DOT)
+    kb = tl.load(kv_ptr + cols[:, None] * D + d[None, :], mask=cmask[:, None], other=0)
     scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
-    for i in range(BLOCK_Q):
+    if SIGN_FOLD:
+        kb = tl.where((scale < 0.0)[:, None], kb ^ 0x80, kb)
+    k = _widen(kb.to(tl.float8e4nv, bitcast=True), DOT)
+    for i in tl.range(0, BLOCK_Q, num_stages=STAGES):
         row = tl.minimum(pq * BLOCK_Q + i, S - 1)  # rows past S redo row S - 1 (same values)
         lo = tl.load(ks_ptr + row)
         hi = tl.load(ke_ptr + row)
-        if (pn * BLOCK_N < hi) & (pn * BLOCK_N + BLOCK_N > lo):
-            q = tl.load(q_ptr + (row * H + h)[:, None] * D + d[None, :], mask=hmask[:, None],
-                        other=0).to(tl.float8e4nv, bitcast=True)  # fmt: skip
-            q = _widen(q, DOT)
-            w = tl.load(w_ptr + row * H + h, mask=hmask, other=0.0)
-            # (BLOCK_N, HP): heads along the accumulator's N, summed within a thread's quad
-            s = tl.maximum(_dot(k, q, DOT) * scale[:, None], 0.0) * w[None, :]
-            logit = tl.reduce(s, 1, tl.standard._sum_combine)
+        live = (pn * BLOCK_N < hi) & (pn * BLOCK_N + BLOCK_N > lo)
+        if live | (not SKIP):
+            logit = _ragged_row(q_ptr, w_ptr, k, scale, row, h, hmask, d, H, DOT, SIGN_FOLD)
             logit = tl.where((cols >= lo) & (cols < hi), logit, float("-inf"))
         else:
             logit = tl.full((BLOCK_N,), float("-inf"), tl.float32)
         tl.store(out_ptr + row * N + cols, logit, mask=cmask)
+
+
+@device_fn
+def _ragged_row(q_ptr, w_ptr, k, scale, row, h, hmask, d, H: tl.constexpr, DOT: tl.constexpr,
+                SIGN_FOLD: tl.constexpr):  # fmt: skip
+    """One query row's logits over the key tile: sum over heads of w * relu(scale * q.k)."""
+    q = tl.load(q_ptr + (row * H + h)[:, None] * d.shape[0] + d[None, :], mask=hmask[:, None],
+                other=0).to(tl.float8e4nv, bitcast=True)  # fmt: skip
+    w = tl.load(w_ptr + row * H + h, mask=hmask, other=0.0)
+    s = _dot(k, _widen(q, DOT), DOT)  # (BLOCK_N, HP): heads along the accumulator's N
+    if SIGN_FOLD:
+        logit = tl.abs(scale) * tl.reduce(tl.maximum(s, 0.0) * w[None, :], 1,
+                                          tl.standard._sum_combine)  # fmt: skip
+    else:
+        s = tl.maximum(s * scale[:, None], 0.0) * w[None, :]
+        logit = tl.reduce(s, 1, tl.standard._sum_combine)  # tl.sum: a jit fn
+    return logit
 
 
 KERNELS = {"paged": paged_kernel, "ragged": ragged_kernel}
