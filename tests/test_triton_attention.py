@@ -70,7 +70,7 @@ def _poison_unused(cache: torch.Tensor, *index_sets: torch.Tensor) -> None:
 # ---- decode -------------------------------------------------------------------------------
 
 
-SMALL_32 = ta.Config(16, 32, 4, 2)  # 16 heads, 32-key blocks
+SMALL_32 = ta.Config(16, 32, 4, 2, idx_ahead=True)  # 16 heads, 32-key blocks, indices ahead
 
 
 @pytest.mark.parametrize(

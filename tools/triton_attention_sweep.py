@@ -33,13 +33,13 @@ DEFAULT_CASES = [
     "prefill-v4-flash-v4-h32-t4096-",
     "prefill-v3.2-v32-h16-t4096-",
 ]
-# (block_h, block_n, num_warps, num_stages); the shipped default first. The loop-pipelining
+# (block_h, block_n, num_warps, num_stages, idx_ahead); the shipped default first. The loop-pipelining
 # variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
 # kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
-WIDE_FP8 = [(64, 64, 8, 1), (64, 64, 8, 2), (64, 32, 8, 2)]
-NARROW_FP8 = [(16, 64, 4, 2), (64, 64, 8, 1), (32, 64, 4, 2)]
-WIDE_BF16 = [(64, 32, 8, 3), (64, 64, 8, 2)]
-NARROW_BF16 = [(16, 32, 4, 3), (32, 64, 4, 2), (16, 64, 4, 2)]
+WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True)]  # idx_ahead: next block's indices early
+NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True)]
+WIDE_BF16 = [(64, 64, 8, 2, True)]
+NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True)]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
@@ -153,7 +153,7 @@ def _attention(prefixes, kw) -> None:
                 continue
             ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
             print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
-                  f"s{cfg.num_stages} "
+                  f"s{cfg.num_stages} ia{int(cfg.idx_ahead)} "
                   f"splits{launch.info['splits']} {ms:8.4f} ms  flashmla/triton {ratio} "
                   f"cos {cos:.2g}", flush=True)  # fmt: skip
         del x

@@ -54,6 +54,7 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
+    idx_ahead: bool = False  # the next key block's indices load during this block
 
 
 def config_for(heads: int, layout: str) -> Config:
@@ -390,6 +391,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "block_n": cfg.block_n,
         "num_warps": cfg.num_warps,
         "num_stages": cfg.num_stages,
+        "idx_ahead": cfg.idx_ahead,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -414,6 +416,7 @@ def _meta(x: Inputs, cfg: Config, splits: int, exact: bool) -> dict:
         BLOCK_N=cfg.block_n,
         EXACT=exact,
         WIDE=x.wide,
+        IDX_AHEAD=cfg.idx_ahead,
     )
 
 

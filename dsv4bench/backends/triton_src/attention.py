@@ -56,6 +56,7 @@ def attn_kernel(
     BLOCK_N: tl.constexpr,
     EXACT: tl.constexpr,  # interpreter: fp32 tiles and integer bf16 rounding
     WIDE: tl.constexpr,  # 64-bit cache offsets
+    IDX_AHEAD: tl.constexpr,  # load block i + 1's indices before block i's rows
 ):
     hb = tl.program_id(0)
     split = tl.program_id(1)
@@ -74,27 +75,25 @@ def attn_kernel(
         r = tl.arange(0, ROPE)
         q_tail = tl.load(q_row + D_V + r[None, :], mask=hmask[:, None], other=0.0).to(KDT)
 
-    # the key blocks of both caches form one list (main first); blocks past a topk_length are
-    # left out, and split `split` takes list entries [start, stop). One loop over both caches
-    # (two loops double the live state and spill).
-    length = _length(cache, t, LENS_DIV, HAS_LENS)
-    main_blocks = (length + BLOCK_N - 1) // BLOCK_N
-    total = main_blocks
-    x_length = 0
-    if NPARTS == 2:
-        x_length = _length(x_cache, t, LENS_DIV, HAS_X_LENS)
-        total += (x_length + BLOCK_N - 1) // BLOCK_N
-    start = split * blocks_per_split
-    stop = tl.minimum(start + blocks_per_split, total)
-
+    length, x_length, main_blocks, start, stop = _key_range(
+        cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS, HAS_X_LENS, BLOCK_N
+    )
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_H], 0.0, tl.float32)
     acc = tl.full([BLOCK_H, D_V], 0.0, tl.float32)
+    idx_next = _block_idx(start, stop, t, main_blocks, cache, length, x_cache, x_length, NPARTS,
+                          BLOCK_N)  # fmt: skip
     for i in range(start, stop):
+        idx = idx_next
+        if IDX_AHEAD:  # the next block's indices in flight while this block's rows load
+            idx_next = _block_idx(i + 1, stop, t, main_blocks, cache, length, x_cache, x_length,
+                                  NPARTS, BLOCK_N)  # fmt: skip
+        else:
+            idx = _block_idx(i, stop, t, main_blocks, cache, length, x_cache, x_length, NPARTS,
+                             BLOCK_N)  # fmt: skip
         valid, raw, raw_scale, raw_tail = _gather_block(
-            i, t, main_blocks, cache, length, x_cache, x_length, LAYOUT, P, NPARTS, HAS_TAIL,
-            BLOCK_N, WIDE
-        )  # fmt: skip
+            i, idx, main_blocks, cache, x_cache, LAYOUT, P, NPARTS, HAS_TAIL, WIDE
+        )
         k, tail = _dequant_block(raw, raw_scale, raw_tail, LAYOUT, HAS_TAIL, BLOCK_N, KDT)
         m_i, l_i, acc = _block_step(q_main, q_tail, k, tail, valid, m_i, l_i, acc, scale2,
                                     HAS_TAIL, KDT)  # fmt: skip
@@ -109,6 +108,26 @@ def attn_kernel(
     else:
         _store_final(outs, sink_ptr, o, lse2, m_i, has_key, t, heads, hmask, H, S_Q, HAS_SINK,
                      HAS_MAXL, EXACT)  # fmt: skip
+
+
+@device_fn
+def _key_range(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: tl.constexpr,
+               HAS_LENS: tl.constexpr, HAS_X_LENS: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """(length, x_length, main blocks, start, stop): the key blocks of both caches form one
+    list (main first); blocks past a topk_length are left out, and split `split` takes list
+    entries [start, stop). One loop over both caches (two loops double the live state and
+    spill)."""
+    length = _length(cache, t, LENS_DIV, HAS_LENS)
+    main_blocks = (length + BLOCK_N - 1) // BLOCK_N
+    total = main_blocks
+    x_length = 0
+    if NPARTS == 2:
+        x_length = _length(x_cache, t, LENS_DIV, HAS_X_LENS)
+        total += (x_length + BLOCK_N - 1) // BLOCK_N
+    start = split * blocks_per_split
+    stop = tl.minimum(start + blocks_per_split, total)
+    return length, x_length, main_blocks, start, stop
 
 
 @device_fn
@@ -167,27 +186,34 @@ def _to_bf16(x, EXACT: tl.constexpr):
 
 
 @device_fn
-def _gather_block(i, t, main_blocks, cache, length, x_cache, x_length, LAYOUT: tl.constexpr,
-                  P: tl.constexpr, NPARTS: tl.constexpr, HAS_TAIL: tl.constexpr,
-                  BLOCK_N: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
-    """Entry i of the joined key-block list, as loaded bytes: (valid [BLOCK_N], main tile, its
-    scales, rope tail). Masked rows (invalid, or past the length) read nothing."""
+def _block_idx(i, stop, t, main_blocks, cache, length, x_cache, x_length, NPARTS: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """The slot indices of entry i of the joined key-block list (-1: masked, or i >= stop)."""
     blk = i
-    u8, u16, f32, s0, s1, slots = cache.u8, cache.u16, cache.f32, cache.s0, cache.s1, cache.slots
     idx_row = cache.idx + t * cache.width
     if NPARTS == 2:
         is_x = i >= main_blocks
         blk = tl.where(is_x, i - main_blocks, i)
+        idx_row = tl.where(is_x, x_cache.idx + t * x_cache.width, idx_row)
+        length = tl.where(is_x, x_length, length)
+    kk = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(idx_row + kk, mask=(kk < length) & (i < stop), other=-1)
+
+
+@device_fn
+def _gather_block(i, idx, main_blocks, cache, x_cache, LAYOUT: tl.constexpr, P: tl.constexpr,
+                  NPARTS: tl.constexpr, HAS_TAIL: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
+    """Entry i of the joined key-block list, as loaded bytes of the slots idx: (valid
+    [BLOCK_N], main tile, its scales, rope tail). Masked rows (invalid) read nothing."""
+    u8, u16, f32, s0, s1, slots = cache.u8, cache.u16, cache.f32, cache.s0, cache.s1, cache.slots
+    if NPARTS == 2:
+        is_x = i >= main_blocks
         u8 = tl.where(is_x, x_cache.u8, u8)
         u16 = tl.where(is_x, x_cache.u16, u16)
         f32 = tl.where(is_x, x_cache.f32, f32)
-        idx_row = tl.where(is_x, x_cache.idx + t * x_cache.width, idx_row)
-        length = tl.where(is_x, x_length, length)
         slots = tl.where(is_x, x_cache.slots, slots)
         s0 = tl.where(is_x, x_cache.s0, s0)
         s1 = tl.where(is_x, x_cache.s1, s1)
-    kk = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-    idx = tl.load(idx_row + kk, mask=kk < length, other=-1)
     if WIDE:  # caches of 2 GiB or more: 64-bit byte offsets
         idx = idx.to(tl.int64)
     valid = (idx >= 0) & (idx < slots)
