@@ -33,7 +33,8 @@ DEFAULT_CASES = [
     "prefill-v4-flash-v4-h32-t4096-",
     "prefill-v3.2-v32-h16-t4096-",
 ]
-# (block_h, block_n, num_warps, num_stages, idx_ahead); the shipped default first. The loop-pipelining
+# (block_h, block_n, num_warps, num_stages, idx_ahead); the shipped default first. The
+# loop-pipelining
 # variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
 # kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True)]  # idx_ahead: next block's indices early
