@@ -62,14 +62,16 @@ def config_for(heads: int, layout: str) -> Config:
     results/sm90/triton-*). BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H
     16/32) by enough that padding a few heads to 64 pays off where the keys cost most to read:
     the V3.2 cache at any head count and the V4 cache above 16 heads. The bf16 rows of sparse
-    prefill take BLOCK_H 16/32 up to 32 heads. Pipelining the key loop (num_stages > 1 on the
-    FP8 caches, or 32-key blocks) measured slower everywhere (results/sm90/triton-speed-h100)."""
+    prefill take BLOCK_H 16/32 up to 32 heads. Loading the next block's indices early
+    (idx_ahead) wins on the V4 cache (5-9%) and the bf16 rows (up to 12%), loses on V3.2's
+    (5%). Pipelining the key loop on the FP8 caches (tl.range(num_stages=2..4), 16/32-key
+    blocks) measured slower everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
-        return Config(64, 64, 8, 2)
-    return Config(small, 64, 4, 2)
+        return Config(64, 64, 8, 2, idx_ahead=True)
+    return Config(small, 64, 4, 2, idx_ahead=True)
 
 
 # ---- the kernels' grouped arguments ----------------------------------------------------------
