@@ -63,15 +63,15 @@ def config_for(heads: int, layout: str) -> Config:
     16/32) by enough that padding a few heads to 64 pays off where the keys cost most to read:
     the V3.2 cache at any head count and the V4 cache above 16 heads. The bf16 rows of sparse
     prefill take BLOCK_H 16/32 up to 32 heads. Loading the next block's indices early
-    (idx_ahead) wins on the V4 cache (5-9%) and the bf16 rows (up to 12%), loses on V3.2's
-    (5%). Pipelining the key loop on the FP8 caches (tl.range(num_stages=2..4), 16/32-key
+    (idx_ahead) wins on the V4 cache at BLOCK_H 64 (5-9%) and on the bf16 rows from 16 heads
+    (up to 12%); it loses on V3.2's cache (5%) and on 8-head prefill (20%). Pipelining the key loop on the FP8 caches (tl.range(num_stages=2..4), 16/32-key
     blocks) measured slower everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
         return Config(64, 64, 8, 2, idx_ahead=True)
-    return Config(small, 64, 4, 2, idx_ahead=True)
+    return Config(small, 64, 4, 2, idx_ahead=layout == "bf16" and heads >= 16)
 
 
 # ---- the kernels' grouped arguments ----------------------------------------------------------
