@@ -64,8 +64,9 @@ def config_for(heads: int, layout: str) -> Config:
     the V3.2 cache at any head count and the V4 cache above 16 heads. The bf16 rows of sparse
     prefill take BLOCK_H 16/32 up to 32 heads. Loading the next block's indices early
     (idx_ahead) wins on the V4 cache at BLOCK_H 64 (5-9%) and on the bf16 rows from 16 heads
-    (up to 12%); it loses on V3.2's cache (5%) and on 8-head prefill (20%). Pipelining the key loop on the FP8 caches (tl.range(num_stages=2..4), 16/32-key
-    blocks) measured slower everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
+    (up to 12%); it loses on V3.2's cache (5%) and on 8-head prefill (20%). Pipelining the key
+    loop on the FP8 caches (tl.range(num_stages=2..4), 16/32-key blocks) measured slower
+    everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
     if layout == "v32":
         return Config(64, 64, 8, 1)
