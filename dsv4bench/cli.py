@@ -172,6 +172,12 @@ def _add_result_jobs(sub) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
     p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="NEW covers part of BASE by design (a shard, a subset): cases it lacks are listed, "
+        "not regressions",
+    )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("env", help="GPU, driver and library versions")

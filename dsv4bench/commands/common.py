@@ -40,9 +40,8 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
     # --backend NAME takes its instances too (flashmla -> flashmla-0.33)
     wanted = lambda b: not only_backends or {b, backends.get(b).base} & set(only_backends)
     jobs, limits, specs = [], [], []
-    for path in paths:
-        if not Path(path).is_file():
-            raise UsageError(f"{path}: no such scenario file")
+    for path in dict.fromkeys(paths):  # a file named twice runs once
+        _check_scenario_path(Path(path))
         try:
             entry = scenarios.load_any(path, known_backends=backends.catalog())
             if isinstance(entry, scenarios.Scenario):
@@ -59,7 +58,37 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
             archs[entry.name] = list(entry.arch)
         jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
         limits += [lim for lim in entry.limits if wanted(lim.backend)]
-    return jobs, limits, specs
+    _check_backends_used(only_backends, jobs, limits)
+    return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
+
+
+def _check_scenario_path(path: Path) -> None:
+    """What is not a regular file is a one-line UsageError (the loader reads and decodes it)."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such scenario file")
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory, not a scenario file (name its *.yaml files)")
+    if not path.is_file():  # a FIFO or a device: reading it could block forever
+        raise UsageError(f"{path}: not a regular file, not a scenario file")
+
+
+def _unique(items: list, key) -> list:
+    """The first of each key: the same scenario (or case) given twice runs once."""
+    seen: dict = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return list(seen.values())
+
+
+def _check_backends_used(only: list[str] | None, jobs: list, limits: list) -> None:
+    """--backend NAME that no scenario runs is a mistake, not "nothing to do"."""
+    from dsv4bench import backends
+
+    used = {j.backend for j in jobs} | {lim.backend for lim in limits}
+    used |= {backends.get(b).base for b in used}
+    for name in only or []:
+        if name not in used:
+            raise UsageError(f"--backend {name}: no job of these scenarios runs on it")
 
 
 def arch(wanted: str | None, flag: str) -> str:

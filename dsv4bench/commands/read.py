@@ -58,6 +58,7 @@ def cmd_compare(args) -> int:
             out,
             time_threshold=args.time_threshold,
             backends=tuple(args.backends) if args.backends else None,
+            partial=args.partial,
         )
     except ReportInputError as e:
         raise UsageError(str(e)) from None

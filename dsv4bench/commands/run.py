@@ -42,6 +42,8 @@ def serving_rows(specs, writer) -> int:
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     from dsv4bench.rows.results import RESULTS_FILE
 
+    if resume and force:
+        raise UsageError("--resume goes on in RUN_DIR, --force starts over: pass one of them")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file, not a run directory")
     results = out / RESULTS_FILE
@@ -104,6 +106,8 @@ def _run(args, paths: list[str]) -> int:
     slots = _devices(args.gpus, arch)
     if part is not None:
         jobs, limits = take_shard(part, jobs, limits)
+    if args.out is not None and not args.out.strip():
+        raise UsageError("--out '': expected a run directory")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
     _record_command(out, args.resume, args.argv)

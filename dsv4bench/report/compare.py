@@ -4,8 +4,9 @@ time, accuracy, status and measured limits; compare.md and a PNG of time ratios.
 Matching and the regression rules: compare_rules.py (RULES; any one makes the exit code 1);
 the document: compare_doc.py. With `backends=(A, B)` two backend instances are compared
 instead (one run may hold both, e.g. two FlashMLA builds): base is A's rows, new is B's,
-matched by case_id under the name "A -> B".
-Cases present on one side only are listed, never failures.
+matched by case_id under the name "A -> B". A case of BASE that NEW lacks is a regression (a
+run that lost rows must not pass the gate) unless `partial`: NEW covers part of BASE by design
+(a shard, a subset). Cases only in NEW are listed, never failures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ import sys
 from pathlib import Path
 
 from dsv4bench.report import compare_doc, plots
-from dsv4bench.report.compare_rules import Entry, accuracy_bad, compare_rows, counts, time_change  # noqa: F401 (the API)
+from dsv4bench.report.compare_rules import (  # noqa: F401 (time_change, accuracy_bad: the API)
+    Entry,
+    accuracy_bad,
+    compare_rows,
+    counts,
+    time_change,
+)
 from dsv4bench.report.load import ReportInputError, load_rows
 
 RATIO_PLOT_MAX = 40  # bars in the PNG
@@ -47,6 +54,7 @@ def compare(
     *,
     time_threshold: float = 0.05,
     backends: tuple[str, str] | None = None,
+    partial: bool = False,
 ) -> tuple[int, list[Path]]:
     """Write compare.md (and compare-ratios.png) into out_dir; print a short summary.
     backends (A, B): compare instance A's rows of `base` with instance B's rows of `new`.
@@ -57,7 +65,7 @@ def compare(
         label = f"{backends[0]} -> {backends[1]}"
         base_rows = instance_rows(base_rows, backends[0], label, base)
         new_rows = instance_rows(new_rows, backends[1], label, new)
-    entries = compare_rows(base_rows, new_rows, time_threshold)
+    entries = compare_rows(base_rows, new_rows, time_threshold, partial=partial)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     png = _ratio_png(entries, out_dir, time_threshold)
@@ -116,7 +124,8 @@ def _print_summary(entries: list[Entry], md: Path, stream=None) -> None:
     head = "REGRESSION" if c["regressions"] else "no regression"
     print(
         f"compare: {head}: {c['matched']} matched, {c['regressions']} regressed "
-        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit), "
+        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit, "
+        f"{c['missing']} missing), "
         f"{c['only_base']} only in base, {c['only_new']} only in new",
         file=stream,
     )

@@ -29,8 +29,11 @@ RULES = (
     "**status**: the base row was ok and the new one is not (crash, timeout, oom, error, "
     "unsupported).",
     "**limit**: the new run fails at a size the base run passed (new first_fail <= base last_ok).",
-    "Cases present on one side only are listed, never failures; limit-probe rows are judged "
-    "through their limit rows.",
+    "**missing**: a case (or limit lane) of base has no row in new (a run that lost rows or "
+    "wrote none); `--partial` lists them instead, for a new run that covers part of base by "
+    "design.",
+    "Cases only in new are listed, never failures; limit-probe rows are judged through their "
+    "limit rows.",
 )
 
 
@@ -108,8 +111,10 @@ def accuracy_bad(row: dict) -> str | None:
     return accuracy_failure(row) if row.get("status") == "ok" else None
 
 
-def judge(entry: Entry, threshold: float) -> None:
+def judge(entry: Entry, threshold: float, *, partial: bool = False) -> None:
     b, n = entry.base, entry.new
+    if b is not None and n is None and not partial:
+        entry.regressions.append(("missing", f"base has a {b.get('status')} row; new has none"))
     if b is None or n is None:
         return
     if b.get("kind") == "limit":
@@ -150,14 +155,16 @@ def _keyed(rows: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
-def compare_rows(base_rows: list[dict], new_rows: list[dict], threshold: float) -> list[Entry]:
+def compare_rows(
+    base_rows: list[dict], new_rows: list[dict], threshold: float, *, partial: bool = False
+) -> list[Entry]:
     """One entry per (case_id, backend) of either side, judged; worst first: regressions,
-    then by time ratio, then the rest."""
+    then by time ratio, then the rest. `partial`: cases missing from new are not regressions."""
     base, new = _keyed(base_rows), _keyed(new_rows)
     entries = []
     for key in sorted(set(base) | set(new)):
         e = Entry(key[0], key[1], base.get(key), new.get(key))
-        judge(e, threshold)
+        judge(e, threshold, partial=partial)
         entries.append(e)
     entries.sort(key=lambda e: (not e.regressions, -(e.ratio or 0.0), e.case_id, e.backend))
     return entries
@@ -173,6 +180,6 @@ def counts(entries: list[Entry]) -> dict[str, int]:
         else:
             c["only_new"] += 1
         c["regressions"] += bool(e.regressions)
-    for kind in ("time", "accuracy", "status", "limit"):
+    for kind in ("time", "accuracy", "status", "limit", "missing"):
         c[kind] = sum(1 for e in entries for k, _ in e.regressions if k == kind)
     return c
