@@ -43,3 +43,18 @@ def test_serving_errors_name_file_line_and_key(tmp_path, extra, line, path, word
         _load(tmp_path, BASE + extra)
     assert str(e.value).startswith(f"{tmp_path / 's.yaml'}:{line}: {path}:")
     assert words in str(e.value)
+
+
+def test_the_command_line_reads_each_scenario_file_once(monkeypatch):
+    from dsv4bench import cli
+
+    root = Path(__file__).parent.parent / "scenarios"
+    files = [root / "smoke.yaml", root / "serving" / "v4_flash_sm90.yaml"]
+    reads: list[str] = []
+    for method in ("read_bytes", "read_text"):
+        real = getattr(Path, method)
+        spy = lambda p, *a, real=real, **k: reads.append(p.name) or real(p, *a, **k)  # noqa: E731
+        monkeypatch.setattr(Path, method, spy)
+    jobs, _, specs = cli._load([str(f) for f in files], None)
+    assert jobs and len(specs) == 1
+    assert sorted(reads) == sorted(f.name for f in files)
