@@ -95,9 +95,13 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         return {**row, "status": "unsupported", "message": str(e)}, None
     row["info"] = dict(prepared.info)
     row["scale_reading"] = reading
-    if prepared.poison is not None:
-        prepared.poison()
-    actual = prepared.finish(prepared.run())
+    checks = case.timing.determinism or case.timing.batch_invariance
+    if backend.is_oracle and not checks:  # its answer is `expected` itself: no call to check
+        actual = cache.expected[reading]
+    else:
+        if prepared.poison is not None:
+            prepared.poison()
+        actual = prepared.finish(prepared.run())
     if device == "cuda":
         torch.cuda.synchronize()
     if backend.is_oracle:  # its answer is `expected` itself: no accuracy to measure
@@ -155,18 +159,26 @@ def run_job(job: dict, cache: Cache) -> dict:
     arch = job["arch"]
     if arch == "cpu":
         _one_cpu_thread()
-    row, prepared = check(case, backends.get(job["backend"]), arch, cache)
+    backend = backends.get(job["backend"])
+    row, prepared = check(case, backend, arch, cache)
     if prepared is None or row["status"] != "ok":  # a wrong answer's speed means nothing
         return row
     device = "cpu" if arch == "cpu" else "cuda"
     t = case.timing
+    timer = t.timer
+    if backend.is_oracle and timer == "both":
+        # a reference row times the host-bound oracle (~60 launches a call): its profiler pass
+        # (another `iters` calls plus parsing thousands of events) ranked nothing and took half
+        # of a sweep's oracle time; events alone are its baseline figure
+        timer = "events"
+        row["info"]["timer"] = "events only: the oracle's kernel time ranks nothing"
     row["timing"] = timing.measure(
         prepared.run,
         device=device,
         warmup=t.warmup,
         iters=t.iters,
         flush_l2=t.flush_l2,
-        timer=t.timer,
+        timer=timer,
         graph=t.graph,
     )
     padded = row["info"].get("padded_heads")
