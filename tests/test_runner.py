@@ -326,3 +326,30 @@ def test_a_reference_row_is_timed_by_events_alone_and_not_called_to_check_itself
         assert row["status"] == "ok", row["message"]
     assert timers == ["events", "both"]  # the oracle's kernel time ranks nothing
     assert calls == ["reference-f64"]  # the oracle's answer is `expected` itself
+
+
+@pytest.mark.parametrize("guess, probed", [(3, ["1", "3", "4"]), (10, None), (None, None)])
+def test_a_limit_search_probes_the_backends_guess_first(tmp_path, monkeypatch, guess, probed):
+    # crashy dies from batch 4 on: a right guess (3) ends the search after 3 probes; a wrong
+    # one (10) or none still finds the limit by bisection
+    monkeypatch.setattr(backends.get("crashy"), "limit_guess", lambda case, axis, arch: guess)
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 64, "crashy", tiny(1)))
+    assert (row["last_ok"], row["first_fail"]) == (3, 4)
+    if probed:
+        assert list(row["probes"]) == probed and row["info"]["guess"] == 3
+    else:
+        assert len(row["probes"]) > 3
+
+
+def test_flashmla_guesses_its_decode_scheduler_limit():
+    from dsv4bench.backends.flashmla import FlashMLA
+
+    fm = FlashMLA()
+    base = dict(scenario="t", model="v4-flash", d_qk=512, d_v=512, num_heads=64, layout="v4")
+    chunk = Case(**base, op="prefill", tokens=8192, context_len=32768, route="decode-kernel")
+    assert fm.limit_guess(chunk, "tokens", "sm90") == 11622  # results/sm90/h100-bench
+    mixed = replace(chunk, route="decode-mixed")
+    assert fm.limit_guess(mixed, "tokens", "sm90") is None  # an int32 stride limit instead
+    assert fm.limit_guess(chunk, "context_len", "sm90") is None
+    assert fm.limit_guess(Case(**base, op="decode"), "batch_size", "sm90") == 11622

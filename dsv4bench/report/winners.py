@@ -245,7 +245,8 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
         return []
     doc.image(png, "time relative to FlashMLA against batch and chunk size")
     if single:
-        doc.para(f"{single} shape families measured at a single size are in the table, not drawn.")
+        what = "shape family" if single == 1 else "shape families"
+        doc.para(f"{single} {what} measured at a single size are in the table, not drawn.")
     return [png]
 
 
