@@ -7,10 +7,13 @@
 #   19  tools/profile_runner.py on the first 40 jobs of scenarios/sm90/decode_batch.yaml (where
 #       a job's time goes outside the kernels); the sm90 prefill limit search alone (probes with
 #       spare workers); then `make bench ARCH=sm90` for the time left     -> OUT/*.txt, OUT/bench/
-#   tools/gpu/audit.sh OUT [SECONDS]     (SECONDS: the whole call's budget, default 170)
+#   tools/gpu/audit.sh OUT [SECONDS [STEP...]]  (SECONDS: the call's budget, default 170; STEPs:
+#   v32-scales c128 profile limit bench, default all). Run dirs are packed into OUT/rows.tar.
 set -uo pipefail
 out=${1:?usage: tools/gpu/audit.sh OUT [SECONDS]}
 budget=${2:-170}
+steps=" ${*:3} "
+[ "$steps" = "  " ] && steps=" v32-scales c128 profile limit bench "
 start=$(date +%s)
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -19,6 +22,7 @@ export PYTHONUNBUFFERED=1
 step() {  # step NAME LOG COMMAND...: run it within what is left of the budget, log its time
   local name=$1 log=$2 left t
   shift 2
+  case "$steps" in *" ${name%% *} "*) ;; *) return ;; esac
   left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 10 ]; then echo "$name: skipped, budget spent" >> "$out/times.txt"; return; fi
   t=$(date +%s)
@@ -47,6 +51,8 @@ cli=(python3 -m dsv4bench.cli run --arch sm90 --quiet)
 step v32-scales v32-scales.log "${cli[@]}" scenarios/compare/v32_scales_sm90.yaml --out "$out/v32-scales"
 step c128 c128.log "${cli[@]}" scenarios/compare/c128_long_context_sm90.yaml --out "$out/c128"
 step profile profile-decode-batch.txt python3 tools/profile_runner.py scenarios/sm90/decode_batch.yaml --max-jobs 40
-step "limit search alone" limit.log python3 -m dsv4bench.cli run /tmp/limit_only.yaml --arch sm90 --out "$out/limit"
-step "make bench ARCH=sm90 (cut at the budget)" bench.log make bench ARCH=sm90 OUT="$out/bench"
+step "limit (the sm90 chunk-limit search alone)" limit.log python3 -m dsv4bench.cli run /tmp/limit_only.yaml --arch sm90 --out "$out/limit"
+step "bench: make bench ARCH=sm90 (cut at the budget)" bench.log make bench ARCH=sm90 OUT="$out/bench"
+dirs=$(cd "$out" && ls -d */ 2>/dev/null)
+[ -n "$dirs" ] && (cd "$out" && tar -cf rows.tar $dirs && rm -rf $dirs)
 cat "$out/times.txt"
