@@ -52,7 +52,7 @@ step v32-scales v32-scales.log "${cli[@]}" scenarios/compare/v32_scales_sm90.yam
 step c128 c128.log "${cli[@]}" scenarios/compare/c128_long_context_sm90.yaml --out "$out/c128"
 step profile profile-decode-batch.txt python3 tools/profile_runner.py scenarios/sm90/decode_batch.yaml --max-jobs 40
 step "limit (the sm90 chunk-limit search alone)" limit.log python3 -m dsv4bench.cli run /tmp/limit_only.yaml --arch sm90 --out "$out/limit"
-step "bench: make bench ARCH=sm90 (cut at the budget)" bench.log make bench ARCH=sm90 OUT="$out/bench"
+step "bench (make bench ARCH=sm90, cut at the budget)" bench.log make bench ARCH=sm90 OUT="$out/bench"
 dirs=$(cd "$out" && ls -d */ 2>/dev/null)
 [ -n "$dirs" ] && (cd "$out" && tar -cf rows.tar $dirs && rm -rf $dirs)
 cat "$out/times.txt"
