@@ -421,7 +421,7 @@ class Runner:
                 row = self.find_limit(unit, progress, slot)
             else:
                 row = self.run_job(unit, slot=slot)
-                self._progress(progress, slot, f"{unit.case.case_id} {unit.backend}", row)
+                self._progress(progress, slot, _job_label(unit), row)
             rows.append(row)
 
     def _run_slots(self, pending: collections.deque, rows: list, progress) -> None:
@@ -530,6 +530,13 @@ class Runner:
             row["info"] = {**(row.get("info") or {}), "logits_bytes": sizes}
         self._write(row)
         return row
+
+
+def _job_label(job: Job) -> str:
+    """A progress line's job: its case id, backend, and the route of a prefill chunk (three
+    routes share one id prefix; only the hash tells them apart)."""
+    route = f" route {job.case.route}" if job.case.op == "prefill" else ""
+    return f"{job.case.case_id} {job.backend}{route}"
 
 
 def _around_guess(guess, probe, lo: int, hi: int, step: int) -> tuple[int, int, bool]:
