@@ -58,45 +58,35 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
     wanted = lambda b: not only_backends or {b, backends.get(b).base} & set(only_backends)
     jobs, limits, specs = [], [], []
     for path in dict.fromkeys(paths):  # a file named twice runs once
-        text = _scenario_text(Path(path))
+        _check_scenario_path(Path(path))
         try:
-            if serving.is_serving_file(text):
-                spec = serving.load_spec(path, known_backends=backends.names())
-                specs.append(spec)
-                if archs is not None:  # serving files name no arch: every one
-                    from dsv4bench.cases.case import ARCHS
-
-                    archs[spec.scenario] = list(ARCHS)
-                jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
-                continue
-            sc = scenarios.load(path, known_backends=backends.catalog())
-            backends.configure_all(sc.instances)
+            entry = scenarios.load_any(path, known_backends=backends.catalog())
+            if isinstance(entry, scenarios.Scenario):
+                backends.configure_all(entry.instances)
         except (scenarios.ScenarioError, backends.PluginError) as e:
             raise UsageError(str(e)) from None
+        if isinstance(entry, serving.ServingSpec):
+            specs.append(entry)
+            if archs is not None:  # serving files name no arch: every one
+                archs[entry.scenario] = list(ARCHS)
+            jobs += [Job(case, b) for case, b in serving.jobs_for(entry) if wanted(b)]
+            continue
         if archs is not None:
-            archs[sc.name] = list(sc.arch)
-        jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
-        limits += [lim for lim in sc.limits if wanted(lim.backend)]
+            archs[entry.name] = list(entry.arch)
+        jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
+        limits += [lim for lim in entry.limits if wanted(lim.backend)]
     _check_backends_used(only_backends, jobs, limits)
     return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
 
 
-def _scenario_text(path: Path) -> str:
-    """A scenario file's text; what is not a readable UTF-8 file is a one-line UsageError."""
+def _check_scenario_path(path: Path) -> None:
+    """What is not a regular file is a one-line UsageError (the loader reads and decodes it)."""
     if not path.exists():
         raise UsageError(f"{path}: no such scenario file")
     if path.is_dir():
         raise UsageError(f"{path}: is a directory, not a scenario file (name its *.yaml files)")
     if not path.is_file():  # a FIFO or a device: reading it could block forever
         raise UsageError(f"{path}: not a regular file, not a scenario file")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UsageError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
-        ) from None
 
 
 def _unique(items: list, key) -> list:

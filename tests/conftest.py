@@ -41,18 +41,12 @@ def backends_as_they_were():
     test builds in this process is not sent to the workers of a later test's run (under load
     `--dist loadfile` put test_runner.py before test_merge.py in one process, and test_merge's
     run failed: "worker did not start: unknown backend 'isolated'")."""
-    import sys
-
     from dsv4bench import backends
 
     backends.names()  # the shipped backends, loaded once (a flag keeps them loaded)
     registry, configured = dict(backends._REGISTRY), dict(backends._CONFIGURED)
-    modules = {m for m in sys.modules if m.startswith("tests.plugins.")}
     yield
     backends._REGISTRY.clear()
     backends._REGISTRY.update(registry)
     backends._CONFIGURED.clear()
     backends._CONFIGURED.update(configured)
-    for name in [m for m in sys.modules if m.startswith("tests.plugins.")]:
-        if name not in modules:  # a plugin registers on import: the next test imports it anew
-            del sys.modules[name]

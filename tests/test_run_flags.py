@@ -62,7 +62,7 @@ def test_unreadable_scenario_paths_are_one_line_exit_2(tmp_path, quick, run_cli)
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     cases = [
-        (latin, f"{latin}:2: not UTF-8 text (byte 0xe9 at offset"),
+        (latin, f"{latin}:2: (file): not UTF-8 text (byte 0xe9 at offset"),
         (tmp_path, f"{tmp_path}: is a directory, not a scenario file"),
         (fifo, f"{fifo}: not a regular file"),
         (tmp_path / "none.yaml", f"{tmp_path / 'none.yaml'}: no such scenario file"),

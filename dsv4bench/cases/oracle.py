@@ -32,12 +32,15 @@ def oracle_call(
                 extra_indices=x.get("extra_indices"),
                 extra_topk_length=x.get("extra_topk_length"),
                 scale_rounding=scale_rounding,
+                layout=case.layout,
             )
             if case.op == "prefill":  # (T, 1) or (1, T) -> the prefill shapes
                 return prefill_output(out, lse)
             return Output(out, lse)
 
         return decode
+    if case.op == "prefill" and "cu_seqlens_k" in x:
+        return lambda: ragged_prefill(case, x)
     if case.op == "prefill":
 
         def prefill() -> Output:
@@ -55,7 +58,9 @@ def oracle_call(
         return prefill
     if case.op == "dequant":
         return lambda: Output(
-            layouts.to_workspace(x["k_cache"], scale_rounding=scale_rounding).squeeze(1)
+            layouts.to_workspace(
+                x["k_cache"], scale_rounding=scale_rounding, layout=case.layout
+            ).squeeze(1)
         )
     if case.op == "remap":
         return lambda: Output(
@@ -87,3 +92,27 @@ def indexer_call(case: Case, x: dict) -> Output:
             indexer_case.keys(case),
         )
     return Output(logits, None, indexer.topk_indices(logits, case.topk))
+
+
+def ragged_prefill(case: Case, x: dict) -> Output:
+    """A ragged prefill batch (sglang NSA) attended per request: request r's rows over its own
+    workspace slice kv[cu[r]:cu[r+1]] with its request-relative indices, never through the
+    offsets the kernel reads (so a wrong cu_seqlens_k offset shows as a wrong answer)."""
+    import torch
+
+    cu, t = x["cu_seqlens_k"].tolist(), case.tokens
+    outs, lses = [], []
+    for r in range(len(cu) - 1):
+        rows = slice(r * t, (r + 1) * t)
+        out, _max_logits, lse = attention.sparse_mla_prefill(
+            x["q"][rows],
+            x["kv"][cu[r] : cu[r + 1]],
+            x["ragged_indices"][rows],
+            case.scale,
+            d_v=case.d_v,
+            attn_sink=x.get("attn_sink"),
+            topk_length=x["topk_length"][rows],
+        )
+        outs.append(out)
+        lses.append(lse)
+    return Output(torch.cat(outs), torch.cat(lses))

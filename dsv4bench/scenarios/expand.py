@@ -17,7 +17,7 @@ from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import (
     ARCHS,
     ROUTES,
-    TIMERS,
+    WORKLOAD_DEFAULTS,
     Case,
     Timing,
     Tolerance,
@@ -28,6 +28,7 @@ from dsv4bench.scenarios.read import (
     ScenarioError,
     key_path,
     parse,
+    read_text,
     show_value,
 )
 from dsv4bench.scenarios.rules import (
@@ -41,6 +42,7 @@ from dsv4bench.scenarios.rules import (
     case_problems,
 )
 from dsv4bench.scenarios.sizes import size_problems
+from dsv4bench.scenarios.workloads import workload_fields
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
 MAX_CASES = 100_000  # a guard against a typo that multiplies sweeps into millions
@@ -240,30 +242,6 @@ class ScenarioLoader(Parser):
             if "step" in m and found.step >= hi - lo:  # hi = lo + 1 needs no step
                 raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")
         return found
-
-    def timing(self, n: Node) -> Timing:
-        self.expect_map(n)
-        checks = ("graph", "determinism", "batch_invariance")
-        self.check_keys(n, ("warmup", "iters", "flush_l2", "timer", "timeout_s", *checks))
-        m, t = n.value, Timing()
-        timeout = m.get("timeout_s")
-        return Timing(
-            **{k: self.boolean(m[k]) for k in checks if k in m},
-            warmup=self.integer(m["warmup"], 0) if "warmup" in m else t.warmup,
-            iters=self.integer(m["iters"], 1) if "iters" in m else t.iters,
-            flush_l2=self.boolean(m["flush_l2"]) if "flush_l2" in m else t.flush_l2,
-            timer=self.choice(m["timer"], TIMERS, "timer") if "timer" in m else t.timer,
-            timeout_s=self.number(timeout, positive=True) if timeout else t.timeout_s,
-        )
-
-    def tolerance(self, n: Node) -> Tolerance:
-        self.expect_map(n)
-        self.check_keys(n, ("cos_diff", "lse_abs"))
-        m, t = n.value, Tolerance()
-        return Tolerance(
-            cos_diff=self.number(m["cos_diff"], positive=False) if "cos_diff" in m else t.cos_diff,
-            lse_abs=self.number(m["lse_abs"], positive=False) if "lse_abs" in m else t.lse_abs,
-        )
 
     # ---- the whole file ----
 
@@ -518,6 +496,7 @@ class ScenarioLoader(Parser):
             message = f"{layout} rows have no scales; leave scale_convention unset"
             raise self.fail(origins["scale_convention"], message)
 
+        explicit.update(workload_fields(explicit))  # a ragged batch sets b and context_len
         context_len = explicit.get("context_len", DEFAULT_CONTEXT_LEN)
         window = explicit.get("window", model.window)
         ratio = explicit.get("compress_ratio", model.compress_ratio)
@@ -552,6 +531,7 @@ class ScenarioLoader(Parser):
             compress_ratio=ratio,
             seed=common["seed"],
         )
+        v.update({k: explicit[k] for k in WORKLOAD_DEFAULTS if k in explicit})
         if op == "indexer":  # the indexer's own heads, top-k and key cache, not attention's
             v.update({k: d for k, d in indexer_case.defaults(model).items() if k not in explicit})
         problems = case_problems(v) or (size_problems(v) if sized else None)
@@ -599,22 +579,5 @@ def load_text(
 
 
 def load(path: str | Path, *, known_backends: Collection[str]) -> Scenario:
-    """Parse, validate and expand one scenario file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(str(path), 1, "(file)", f"cannot read: {e}") from None
-    return load_text(text, str(path), known_backends=known_backends)
-
-
-def expand(scenario: Scenario) -> list[Case]:
-    """The scenario's cases in order (expansion and validation already happened in load)."""
-    return list(scenario.cases)
-
-
-def discover(root: str | Path) -> list[Path]:
-    """Scenario files under a directory (recursively), sorted; a file is returned as is."""
-    root = Path(root)
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*.yaml") if p.is_file())
+    """Parse, validate and expand one (kernel) scenario file."""
+    return load_text(read_text(path), str(path), known_backends=known_backends)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,9 +24,6 @@ class ScenarioError(ValueError):
         self.file, self.line, self.path = file, line, path or "(top)"
         self.message = " ".join(str(message).split())
         super().__init__(f"{file}:{line}: {self.path}: {self.message}")
-
-
-# ---- results -------------------------------------------------------------------------------
 
 
 # ---- located YAML tree ---------------------------------------------------------------------
@@ -154,3 +152,17 @@ def parse(text: str, filename: str) -> Node:
         message = "expected a mapping of scenario keys, got an empty file"
         raise ScenarioError(filename, 1, "(top)", message)
     return Reader(filename).read(node, "")
+
+
+def read_text(path: str | Path) -> str:
+    """A scenario file's text; an unreadable file as a ScenarioError."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ScenarioError(str(path), 1, "(file)", f"cannot read: {e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        why = f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        raise ScenarioError(str(path), line, "(file)", why) from None

@@ -1,15 +1,13 @@
-"""The `op: serving` spec: its keys, parsing and validation, and route names."""
+"""The `op: serving` spec: its keys, validation of a plain mapping, and route names.
+
+scenarios/serving_entry.py reads the YAML file (with lines) and hands its values here."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
-from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance
+from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance, padding_count
 from reference.layout_table import LAYOUTS
 from reference.models import MODELS, ModelConfig
 
@@ -69,6 +67,11 @@ KEYS: dict[str, str] = {
     ),
     "batch_sizes": "TPOT: decode batch sizes B",
     "contexts": "TPOT: context lengths S in tokens",
+    "ragged": (
+        "TPOT over ragged batches: a list of context_lens values ({lengths: [...]}, "
+        "{dist: lognormal, mean, batch, sigma, seed, multiple} or {dist: one-long, long, short, "
+        "batch}; docs/scenarios.md), one decode step each; no indexer or C128-index parts"
+    ),
     "tp": "tensor parallel size: heads per rank = model heads / tp (default 1)",
     "num_heads": "heads per rank, overriding model heads / tp",
     "head_padding": 'Case.head_padding: "engine" (default), "none", "64" or "128"',
@@ -113,6 +116,7 @@ class ServingSpec:
     routes: list[str] = field(default_factory=lambda: list(DEFAULT_ROUTES))
     batch_sizes: list[int] = field(default_factory=list)
     contexts: list[int] = field(default_factory=list)
+    ragged: list = field(default_factory=list)  # cases.lengths.Lengths: one TPOT step each
     tp: int = 1
     num_heads: int | None = None  # per rank; None: model heads / tp
     head_padding: str = "engine"
@@ -151,10 +155,10 @@ class ServingSpec:
             raise ValueError("prompt_lens and chunk_sizes: TTFT needs both (or neither)")
         if bool(self.batch_sizes) != bool(self.contexts):
             raise ValueError("batch_sizes and contexts: TPOT needs both (or neither)")
-        if not self.prompt_lens and not self.batch_sizes:
+        if not self.prompt_lens and not self.batch_sizes and not self.ragged:
             raise ValueError(
                 "serving: nothing to build: give prompt_lens + chunk_sizes (TTFT) "
-                "and/or batch_sizes + contexts (TPOT)"
+                "and/or batch_sizes + contexts or ragged (TPOT)"
             )
         if self.prompt_lens and not self.routes:
             raise ValueError("routes: TTFT needs at least one route")
@@ -182,8 +186,8 @@ class ServingSpec:
                 f"head_padding: expected one of {', '.join(HEAD_PADDINGS)}, "
                 f"got {self.head_padding!r}"
             )
-        pad = self.head_padding
-        if self.num_heads is not None and pad.isdigit() and self.num_heads > int(pad):
+        pad = padding_count(self.head_padding)
+        if self.num_heads is not None and pad is not None and self.num_heads > pad:
             raise ValueError(
                 f"num_heads: {self.num_heads} heads exceed head_padding {self.head_padding}"
             )
@@ -259,6 +263,15 @@ def _sub(key: str, cls, v):
         raise ValueError(f"{key}: {e}") from None
 
 
+def _ragged(v) -> list:
+    """`ragged`: context_lens values as the scenario loader parsed them (cases.lengths)."""
+    from dsv4bench.cases.lengths import Lengths
+
+    if not isinstance(v, list) or not v or not all(isinstance(x, Lengths) for x in v):
+        raise ValueError(f"ragged: expected a non-empty list of context_lens values, got {v!r}")
+    return list(v)
+
+
 def spec_from_dict(d: dict) -> ServingSpec:
     """A validated ServingSpec from a scenario's `op: serving` mapping; ValueError if bad."""
     if not isinstance(d, dict):
@@ -296,6 +309,8 @@ def spec_from_dict(d: dict) -> ServingSpec:
         if not isinstance(d["indexer"], bool):
             raise ValueError(f"indexer: expected true or false, got {d['indexer']!r}")
         kw["indexer"] = d["indexer"]
+    if "ragged" in d:
+        kw["ragged"] = _ragged(d["ragged"])
     if "timing" in d:
         kw["timing"] = _sub("timing", Timing, d["timing"])
     if "tolerance" in d:
@@ -338,36 +353,3 @@ def chunk_route(route: str, tokens: int, safe_limit: int | None = None) -> str:
 def dequantizes(route: str) -> bool:
     """Whether some chunk of a route policy can take the sparse-prefill route (and dequantize)."""
     return parse_route(route)[0] not in DECODE_ROUTES
-
-
-# ---- scenario files -------------------------------------------------------------------------
-
-
-def is_serving_file(text: str) -> bool:
-    """Whether a scenario file's top level says `op: serving`."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return False  # scenarios.load reports the syntax error with its line
-    return isinstance(data, dict) and data.get("op") == "serving"
-
-
-def load_spec(path: str | Path, *, known_backends: Collection[str]) -> ServingSpec:
-    """A ServingSpec from an `op: serving` file; errors as `FILE:LINE: key: what was expected`."""
-    from dsv4bench.scenarios import ScenarioError
-
-    text = Path(path).read_text()
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value}
-    data = yaml.safe_load(text)
-    data = {("scenario" if k == "name" else k): v for k, v in data.items() if k != "description"}
-    try:
-        spec = spec_from_dict(data)
-        for b in (*spec.backends, *spec.helper_backends):
-            if b not in known_backends:
-                raise ValueError(f"backends: unknown backend {b!r}")
-    except ValueError as e:
-        key = str(e).split(":", 1)[0]
-        key = "name" if key == "scenario" else key
-        raise ScenarioError(str(path), lines.get(key, 1), key, str(e).split(": ", 1)[-1]) from None
-    return spec
