@@ -182,6 +182,8 @@ def cmd_plan(args) -> int:
     for lim in limits:
         step = f" step {lim.step}" if lim.step > 1 else ""
         print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}){step} {lim.backend}: {lim.base.case_id}")
+    for name in dict.fromkeys([*(j.backend for j in jobs), *(lim.backend for lim in limits)]):
+        print(f"kernels {name}: {_kernels_found(backends.get(name))}")
     for arch in dict.fromkeys(a for a, _ in counts):
         summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
         print(f"on {arch}: {summary}")
@@ -352,13 +354,20 @@ def cmd_backends(args) -> int:
     _setup_backends(args)
     for name in backends.names():
         b = backends.get(name)
-        try:
-            prov = b.provider()
-            found = f"{prov.name} {prov.version}".strip()
-        except backends.Unsupported as e:
-            found = f"not available: {e}"
+        found = _kernels_found(b)
         print(f"{name:<10} archs={','.join(b.archs):<24} ops={','.join(b.ops):<28} {found}")
     return 0
+
+
+def _kernels_found(b) -> str:
+    """Which build a backend found, or why none (one line: its rows will say unsupported)."""
+    from dsv4bench import backends
+
+    try:
+        prov = b.provider()
+    except backends.Unsupported as e:
+        return f"not available: {e}"
+    return f"{prov.name} {prov.version}".strip()
 
 
 def cmd_report(args) -> int:
