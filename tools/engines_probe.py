@@ -195,7 +195,7 @@ def limit_one(batch: int, ctx: int = 256):
     table = torch.randperm(batch * per, generator=g, device=dev).int().view(batch, per)
     q = torch.randn(batch, 1, h, d, generator=g, device=dev).to(torch.float8_e4m3fn)
     w = torch.randn(batch, h, generator=g, device=dev)
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    lens = torch.full((batch, 1), ctx, dtype=torch.int32, device=dev)  # 2.5.0: 2-D only
     meta = dg.get_paged_mqa_logits_metadata(lens, bs, dg.get_num_sms())
     torch.cuda.synchronize()
     print(f"batch {batch}: metadata {tuple(meta.shape)}", flush=True)
@@ -222,8 +222,9 @@ if __name__ == "__main__":
         fa3_probe()
     if "deepgemm" in args:
         deepgemm_probe()
-    if "limit" in args:
-        for batch in (4096, 8192, 16383, 16384, 16385, 24576, 32768, 65536, 131072):
+    if "limit" in args:  # bisection to 32 requests, each probe in a fresh process
+
+        def works(batch: int) -> bool:
             r = subprocess.run(
                 [sys.executable, __file__, "limit-one", str(batch)],
                 capture_output=True,
@@ -231,4 +232,12 @@ if __name__ == "__main__":
                 timeout=120,
             )
             tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
-            print(f"batch {batch}: rc {r.returncode} {tail[0][:300]}", flush=True)
+            print(f"probe batch {batch}: rc {r.returncode} {tail[0][:300]}", flush=True)
+            return r.returncode == 0
+
+        lo, hi = 1024, 131072
+        if works(lo) and not works(hi):
+            while hi - lo > 32:
+                mid = (lo + hi) // 2 // 32 * 32
+                lo, hi = (mid, hi) if works(mid) else (lo, mid)
+            print(f"DeepGEMM paged limit: last ok {lo}, first fail {hi}", flush=True)
