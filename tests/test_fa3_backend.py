@@ -191,6 +191,13 @@ def test_sgl_kernel_spelling_binds_the_same_call():
     assert fwd.calls[-1]["qv"] is not None and fwd.calls[-1]["attention_chunk"] == 0
 
 
+def test_schema_args_reads_optional_arguments_of_a_real_op():
+    args = {a.name: a for a in fa3.schema_args(torch.ops.aten.clamp)}
+    assert args["min"].optional and args["max"].optional and not args["self"].optional
+    assert fa3.is_optional("Tensor?") and fa3.is_optional("Optional[Tensor]")
+    assert not fa3.is_optional("Tensor")
+
+
 def test_an_unknown_required_argument_is_an_unsupported_api():
     args = [fa3.Arg(n, o, False) for n, o in VLLM_SCHEMA] + [fa3.Arg("new_knob", False, False)]
     with pytest.raises(Unsupported, match="unknown required argument 'new_knob'"):

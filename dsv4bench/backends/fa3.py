@@ -124,7 +124,13 @@ class FA3Ops:
 
 def schema_args(packet) -> list[Arg]:
     schema = packet.default._schema
-    return [Arg(a.name, str(a.type).endswith("?"), a.has_default_value()) for a in schema.arguments]
+    return [Arg(a.name, is_optional(str(a.type)), a.has_default_value()) for a in schema.arguments]
+
+
+def is_optional(type_text: str) -> bool:
+    """A schema type that takes None: `Tensor?` as the schema prints, `Optional[Tensor]` as
+    the argument's type object prints (what schema_args reads)."""
+    return type_text.endswith("?") or type_text.startswith("Optional[")
 
 
 def bind(args: list[Arg], op: Callable) -> Callable:
