@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dsv4bench.cases.case import ARCHS
+from reference.models import MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"
@@ -410,6 +411,21 @@ def cmd_compare(args) -> int:
     return code
 
 
+def cmd_recommend(args) -> int:
+    from dsv4bench.report import ReportInputError
+    from dsv4bench.report.load import load_runs
+    from dsv4bench.serving import recommend
+
+    if args.tp < 1:
+        raise UsageError(f"--tp {args.tp}: expected a positive tensor-parallel size")
+    try:
+        rows = load_runs([Path(p) for p in args.run_dir])
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(recommend.lines(rows, args.model, args.tp)))
+    return 0
+
+
 def cmd_env(args) -> int:
     from dsv4bench import env
 
@@ -555,6 +571,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser(
+        "recommend",
+        help="per phase: the fastest correct backend measured, its engine flags, the gain over "
+        "each engine's default (from serving rows)",
+    )
+    p.add_argument("run_dir", nargs="+", help="run directories holding serving rows")
+    p.add_argument("--model", required=True, choices=sorted(MODELS))
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the rows (default 1)")
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=cmd_recommend)
     p = sub.add_parser("env", help="GPU, driver and library versions")
     p.set_defaults(func=cmd_env)
     return top

@@ -169,11 +169,20 @@ FLAGS: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
-def flags_for(backend: str, metric: str) -> str:
+# V4 backends are chosen by the model in both engines: FlashMLA is their Hopper default
+FLAGS_V4: dict[str, dict[str, dict[str, str]]] = {
+    "flashmla": {
+        "sglang": dict.fromkeys(("ttft", "tpot"), "defaults (DSv4 backend)"),
+        "vllm": dict.fromkeys(("ttft", "tpot"), "defaults (FLASHMLA_SPARSE_DSV4)"),
+    },
+}
+
+
+def flags_for(backend: str, metric: str, model: str = "") -> str:
     """`engine: flags` for every engine that can select the backend for this phase."""
-    per = FLAGS.get(backend, {})
+    per = (FLAGS_V4 if model.startswith("v4") else FLAGS).get(backend, {})
     found = [f"{engine}: {f[metric]}" for engine, f in per.items() if f.get(metric)]
-    return "; ".join(found) or "no engine flag (not in sglang or vLLM)"
+    return "; ".join(found) or "no engine offers it for this model (sglang, vLLM)"
 
 
 # ---- candidates -----------------------------------------------------------------------------
