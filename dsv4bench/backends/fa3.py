@@ -57,6 +57,7 @@ from pathlib import Path
 
 from dsv4bench.backends.base import (
     Backend,
+    HeadRule,
     LazyOps,
     Output,
     Prepared,
@@ -66,6 +67,7 @@ from dsv4bench.backends.base import (
     pad_heads,
     pad_sink,
     prefill_output,
+    resolve_heads,
 )
 from dsv4bench.cases.case import Case
 
@@ -295,15 +297,9 @@ def discover(lib_path: str | None = None) -> FA3Ops:
 
 
 def padded_heads(case: Case) -> tuple[int, str | None]:
-    """Heads handed to the kernel: the case's own (engine, none) or an explicit count."""
-    h, mode = case.num_heads, case.head_padding
-    if mode in ("engine", "none"):
-        return h, None
-    if not mode.isdigit():
-        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
-    if h > int(mode):
-        return 0, f"{h} heads exceed head_padding {mode}"
-    return int(mode), None
+    """Heads handed to the kernel: any count, none padded by default (vLLM passes num_heads per
+    rank), an explicit head_padding pads with zero queries."""
+    return resolve_heads(case, HeadRule("FA3", None, case.num_heads))
 
 
 def split_query(q, d_qk: int):
@@ -334,7 +330,7 @@ def page_table(idx, ok):
     return table.to(torch.int32).contiguous(), lens.contiguous()
 
 
-def bf16_pool(caches, d_qk: int):
+def bf16_pool(caches, d_qk: int, layout: str):
     """Every slot of the FP8 caches (main, then extra) dequantized: bf16 [slots, d_qk]."""
     import torch
 
@@ -347,7 +343,8 @@ def bf16_pool(caches, d_qk: int):
         m = cache.shape[0] * cache.shape[1]
         for s in range(0, m, CONVERT_CHUNK):
             slots = torch.arange(s, min(s + CONVERT_CHUNK, m), device=cache.device)
-            rows[base + s : base + s + len(slots)] = layouts.gather_tokens(cache, slots)
+            got = layouts.gather_tokens(cache, slots, layout=layout)
+            rows[base + s : base + s + len(slots)] = got
         base += m
     return rows
 
@@ -452,7 +449,7 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
         b, s_q, h, d = x["q"].shape
         q = x["q"].reshape(b * s_q, h, d)
         caches, idx, ok = decode_lists(x)
-        rows = bf16_pool(caches, case.d_qk)
+        rows = bf16_pool(caches, case.d_qk, case.layout)
     else:
         q = x["q"]
         kv = x["kv"].reshape(x["kv"].shape[0], -1)
