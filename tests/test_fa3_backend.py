@@ -253,6 +253,16 @@ def test_a_wrong_library_path_is_one_line(tmp_path, monkeypatch, capsys):
     assert cli.main(["backends", "--backend-opt", f"fa3.lib={missing}"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fa3 ")]
     assert len(line) == 1 and "not available: FA3 library not found" in line[0]
+    scenario = "scenarios/compare/backends_sm90.yaml"
+    opt = ["--backend-opt", f"fa3.lib={bad}", "--arch", "sm90", "--backend", "fa3"]
+    assert cli.main(["plan", scenario, *opt]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (kernels,) = [ln for ln in out if ln.startswith("kernels ")]
+    assert kernels.startswith(f"kernels fa3: not available: cannot load FA3 library {bad}: ")
+    # what the worker turns into an `unsupported` row: prepare() raises the same one line
+    case = make_case(**V32, batch_size=1, context_len=512)
+    with pytest.raises(Unsupported, match="cannot load FA3 library"):
+        fa3.FA3(lib=str(bad)).prepare(case, make_inputs(case, "cpu"), "cpu")
 
 
 def test_the_checkout_default_is_found_and_unpacked(tmp_path):
