@@ -184,6 +184,10 @@ def make_rows() -> list[dict]:
             ms=None,
         )
     )
+    # workloads: a ragged batch (issue 23); its rows also read as kernel rows
+    rows.append(
+        case_row("decode", "flashmla", batch_size=3, context_lens=[900, 4096, 100], ms=0.03)
+    )
     # TP x route crossover: a 4K chunk at 64 (above), 32 and 8 heads, sparse-prefill vs
     # decode-mixed; and a second instance of flashmla (another build) beside the first
     chunk = dict(tokens=4096, context_len=32768)

@@ -629,8 +629,13 @@ def test_sampled_cases_build_and_run_on_the_oracle():
 # ---- shipped serving scenarios ----------------------------------------------------------
 
 
+SCENARIOS = Path(__file__).parent.parent / "scenarios"
+
+
 @pytest.mark.parametrize(
-    "path", sorted((Path(__file__).parent.parent / "scenarios" / "serving").glob("*.yaml"))
+    "path",
+    sorted(p for p in SCENARIOS.rglob("*.yaml") if scenarios.is_serving_text(p.read_text())),
+    ids=lambda p: p.relative_to(SCENARIOS).as_posix(),
 )
 def test_shipped_serving_scenarios_load_and_plan(path):
     assert scenarios.is_serving_text(path.read_text())

@@ -36,7 +36,7 @@ class ReferenceF64(Backend):
         reason = super().supports(case, arch)
         if reason:
             return reason
-        queries = case.tokens if case.op == "prefill" else case.batch_size * case.s_q
+        queries = case.query_tokens
         if queries > MAX_QUERIES or case.batch_size * case.context_len > 4 * MAX_CACHE_TOKENS:
             return f"{self.name} is for toy sizes (at most {MAX_QUERIES} queries)"
         return None
@@ -52,7 +52,8 @@ class ReferenceF64(Backend):
             return Prepared(run=lambda: Output(rows.clone()))
         if case.op == "prefill" and case.route == "sparse-prefill":
             kv = x["kv"].reshape(x["kv"].shape[0], -1).double()
-            sets = [(kv, x["indices"].reshape(case.tokens, -1), x.get("topk_length"))]
+            rows = x["q"].shape[0]  # a ragged batch: one chunk per request, back to back
+            sets = [(kv, x["indices"].reshape(rows, -1), x.get("topk_length"))]
             queries = x["q"].double()[:, None]  # (tokens, 1, h, d): one query per "request"
             run = _attend(queries, sets, case, x)
             return Prepared(run=run, finish=_prefill_output)

@@ -66,6 +66,10 @@ class Tolerance:
         return Tolerance(DEFAULT_COS_DIFF.get(op, DEFAULT_COS_DIFF_OTHER), self.lse_abs)
 
 
+# Case fields left out of params() at these values: cases made before them keep their ids.
+WORKLOAD_DEFAULTS = {"context_lens": (), "ragged": "", "index_pattern": "uniform"}
+
+
 @dataclass(frozen=True)
 class Case:
     """One kernel problem. Sizes are per rank; `num_heads` counts useful heads only.
@@ -107,12 +111,20 @@ class Case:
     compress_ratio: int = 0  # V4 extra cache: 4 (C4) or 128 (C128); 0 = none
     softmax_scale: float = 0.0  # 0: d_qk ** -0.5
     seed: int = 0
+    # Workloads (issue 23; docs/scenarios.md). In params() only when set, so every older case
+    # keeps its id and inputs. context_lens: each request's context (ragged batch; len =
+    # batch_size, max <= context_len); ragged: the distribution that drew them; index_pattern:
+    # how drawn top-k sets are picked (cases/patterns.py).
+    context_lens: tuple[int, ...] = ()
+    ragged: str = ""
+    index_pattern: str = "uniform"
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
     tags: tuple[str, ...] = ()  # free labels a scenario gives its cases (family names for reports)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tolerance", self.tolerance.resolved(self.op))
+        object.__setattr__(self, "context_lens", tuple(self.context_lens))
         if not self.scale_convention:
             lay = LAYOUT_TABLE.get(self.layout)
             object.__setattr__(self, "scale_convention", lay.default_convention if lay else "")
@@ -124,7 +136,9 @@ class Case:
     @property
     def query_tokens(self) -> int:
         """Query tokens in one call: b * s_q for decode, the chunk for prefill."""
-        if self.op == "prefill" or (self.op == "indexer" and self.tokens):
+        if self.op == "prefill":  # a ragged prefill batch: one chunk per request
+            return self.tokens * (len(self.context_lens) or 1)
+        if self.op == "indexer" and self.tokens:
             return self.tokens
         return self.batch_size * self.s_q
 
@@ -145,7 +159,18 @@ class Case:
     def params(self) -> dict:
         """The problem's own fields, without timing/tolerance settings."""
         skip = {"scenario", "timing", "tolerance", "tags"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        for name, unset in WORKLOAD_DEFAULTS.items():
+            if out[name] == unset:
+                del out[name]
+        if "context_lens" in out:
+            out["context_lens"] = list(self.context_lens)  # JSON's form: the same id everywhere
+        return out
+
+    @property
+    def request_lens(self) -> tuple[int, ...]:
+        """Each request's context: context_lens, or batch_size times context_len."""
+        return self.context_lens or (self.context_len,) * self.batch_size
 
     @property
     def case_id(self) -> str:

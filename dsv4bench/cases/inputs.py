@@ -14,6 +14,10 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
     (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
     ragged: kv e4m3 (keys, D), kv_scales fp32 (keys,), ks, ke (tokens,) int32.
 
+A ragged batch (Case.context_lens) gives each request its own context: dsv4bench/cases/ragged.py
+(V4 decode then passes topk_length / extra_topk_length (b,); a ragged prefill also carries
+cu_seqlens_k and ragged_indices). Drawn top-k sets follow Case.index_pattern (cases/patterns.py).
+
 A prefill chunk is the last `tokens` positions of a `context_len` sequence; decode queries are
 the last `s_q` positions of each request. V3.2 cases index the whole sequence (top-k of all
 visible tokens); V4 cases index a sliding-window cache (the last `window` tokens) as the main
@@ -30,11 +34,10 @@ import json
 
 import torch
 
+from dsv4bench.cases import patterns
 from dsv4bench.cases.case import Case
 from reference import indices as remap
 from reference import layout_table, layouts
-
-_SELECT_BUDGET = 1 << 26  # elements of random keys alive at once while drawing top-k sets
 
 
 def seed_of(case: Case) -> int:
@@ -100,35 +103,26 @@ def _block_table(num_requests: int, pages_per_request: int, device, g) -> torch.
     return perm.view(num_requests, pages_per_request).to(torch.int32)
 
 
-def _choose(visible: torch.Tensor, k: int, g) -> torch.Tensor:
-    """Per row, k distinct positions drawn from [0, visible), -1 past visible (valid first)."""
-    n = visible.numel()
-    out = torch.full((n, k), -1, dtype=torch.int64, device=visible.device)
-    width = max(int(visible.max()) if n else 0, k)
-    rows = max(1, _SELECT_BUDGET // width)
-    cols = torch.arange(width, device=visible.device)
-    for s in range(0, n, rows):
-        v = visible[s : s + rows, None]
-        keys = torch.rand(v.shape[0], width, generator=g, device=visible.device)
-        keys = keys.masked_fill(cols >= v, -1.0)  # invisible positions sort last
-        top = keys.topk(k, dim=1)
-        out[s : s + rows] = top.indices.masked_fill(top.values < 0, -1)
-    return out
+def _choose(visible: torch.Tensor, k: int, g, pattern: str = "uniform", req=None):
+    """Per row, k distinct positions drawn from [0, visible), -1 past visible (valid first),
+    picked as the case's index_pattern says (cases/patterns.py; uniform: as always)."""
+    return patterns.choose(visible, k, g, pattern, req)
 
 
-def _last_window(pos: torch.Tensor, start: int, window: int, width: int) -> torch.Tensor:
-    """Offsets (from buffer start) of the last `window` positions up to pos, -1 padded."""
+def _last_window(pos: torch.Tensor, start, window: int, width: int) -> torch.Tensor:
+    """Offsets (from buffer start: an int, or a (rows, 1) tensor) of the last `window`
+    positions up to pos, -1 padded."""
     first = (pos - window + 1).clamp(min=0)
     offs = first[:, None] + torch.arange(width, device=pos.device)
     valid = (offs <= pos[:, None]) & (torch.arange(width, device=pos.device) < window)
     return torch.where(valid, offs - start, torch.full_like(offs, -1))
 
 
-def _extra_local(case: Case, pos: torch.Tensor, g) -> torch.Tensor:
+def _extra_local(case: Case, pos: torch.Tensor, g, req=None) -> torch.Tensor:
     """Compressed entries each query sees: C4 picks top-k of them, C128 takes all."""
     visible = (pos + 1) // case.compress_ratio
     if case.compress_ratio == 4:
-        return _choose(visible, case.extra_topk, g)
+        return _choose(visible, case.extra_topk, g, case.index_pattern, req)
     cols = torch.arange(case.extra_topk, device=pos.device)
     return torch.where(cols < visible[:, None], cols, torch.full_like(cols, -1))
 
@@ -143,7 +137,7 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
         local = _last_window(pos, start, case.window, case.topk)
     else:
         start, span = 0, case.context_len
-        local = _choose(pos + 1, case.topk, g)
+        local = _choose(pos + 1, case.topk, g, case.index_pattern, req)
     per_req = _pages(span, case.page_size)
     x["k_cache"], _ = _cache(case, nreq * per_req * case.page_size, device, g)
     table = _block_table(nreq, per_req, device, g)
@@ -154,7 +148,7 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
         per_req_c = max(1, _pages(entries, case.page_size))
         x["extra_k_cache"], _ = _cache(case, nreq * per_req_c * case.page_size, device, g)
         table_c = _block_table(nreq, per_req_c, device, g)
-        local_c = _extra_local(case, pos, g)
+        local_c = _extra_local(case, pos, g, req)
         x["extra_indices"] = remap.to_global_slots(
             local_c[:, None, :], table_c[req], case.page_size
         )[:, 0]
@@ -183,6 +177,10 @@ def _to_int32(x: dict) -> dict:
 
 
 def _decode(case: Case, device, g) -> dict:
+    if case.context_lens:  # a ragged batch: each request its own context
+        from dsv4bench.cases import ragged
+
+        return ragged.decode(case, device, g)
     b, s_q, h = case.batch_size, case.s_q, case.num_heads
     req = torch.arange(b, device=device).repeat_interleave(s_q)
     pos = (case.context_len - s_q + torch.arange(s_q, device=device)).repeat(b)
@@ -194,6 +192,10 @@ def _decode(case: Case, device, g) -> dict:
 
 
 def _prefill(case: Case, device, g) -> dict:
+    if case.context_lens:  # one chunk per request over one ragged workspace (sglang NSA)
+        from dsv4bench.cases import ragged
+
+        return ragged.prefill(case, device, g)
     t, h = case.tokens, case.num_heads
     pos = case.context_len - t + torch.arange(t, device=device)
     req = torch.zeros(t, dtype=torch.int64, device=device)

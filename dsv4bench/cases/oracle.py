@@ -39,6 +39,8 @@ def oracle_call(
             return Output(out, lse)
 
         return decode
+    if case.op == "prefill" and "cu_seqlens_k" in x:
+        return lambda: ragged_prefill(case, x)
     if case.op == "prefill":
 
         def prefill() -> Output:
@@ -90,3 +92,27 @@ def indexer_call(case: Case, x: dict) -> Output:
             indexer_case.keys(case),
         )
     return Output(logits, None, indexer.topk_indices(logits, case.topk))
+
+
+def ragged_prefill(case: Case, x: dict) -> Output:
+    """A ragged prefill batch (sglang NSA) attended per request: request r's rows over its own
+    workspace slice kv[cu[r]:cu[r+1]] with its request-relative indices, never through the
+    offsets the kernel reads (so a wrong cu_seqlens_k offset shows as a wrong answer)."""
+    import torch
+
+    cu, t = x["cu_seqlens_k"].tolist(), case.tokens
+    outs, lses = [], []
+    for r in range(len(cu) - 1):
+        rows = slice(r * t, (r + 1) * t)
+        out, _max_logits, lse = attention.sparse_mla_prefill(
+            x["q"][rows],
+            x["kv"][cu[r] : cu[r + 1]],
+            x["ragged_indices"][rows],
+            case.scale,
+            d_v=case.d_v,
+            attn_sink=x.get("attn_sink"),
+            topk_length=x["topk_length"][rows],
+        )
+        outs.append(out)
+        lses.append(lse)
+    return Output(torch.cat(outs), torch.cat(lses))

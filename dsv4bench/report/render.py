@@ -27,6 +27,7 @@ from dsv4bench.report.sections import (
     run_info,
     serving,
     serving_backends,
+    workloads,
 )
 
 
@@ -45,6 +46,7 @@ SECTIONS = (
     builds.builds,  # instances of one backend side by side (two FlashMLA builds)
     crossover.crossover,  # TP x route crossover: decode routes vs sparse prefill
     padding.head_padding,
+    workloads.workloads,  # time vs index locality, ragged vs uniform, the long-context curve
     measurement.measurement,  # profiler agreement, graph vs eager, memory, determinism
     run_info.environment,
     failures.failures,

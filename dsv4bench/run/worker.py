@@ -50,6 +50,7 @@ class Cache:
         self.inputs: dict = {}
         self.fingerprint = ""
         self.expected: dict = {}
+        self.locality: dict = {}
 
 
 def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
@@ -79,18 +80,24 @@ def check_row(case, backend, arch: str, cache: Cache):
     device = "cpu" if arch == "cpu" else "cuda"
     reading = _inputs_and_expected(case, backend, arch, device, cache)
     row = replace(row, input_fingerprint=cache.fingerprint)
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
     try:
         prepared = backend.prepare(case, cache.inputs, device)
     except Unsupported as e:
         return replace(row, status="unsupported", message=str(e)), None
-    row = replace(row, info=dict(prepared.info), scale_reading=reading)
+    info = dict(prepared.info)
+    if cache.locality:
+        info["locality"] = cache.locality
+    row = replace(row, info=info, scale_reading=reading)
     if prepared.poison is not None:
         prepared.poison()
     actual = prepared.finish(prepared.run())
     if device == "cuda":
-        import torch
-
         torch.cuda.synchronize()
+        row = replace(row, info={**row.info, "memory": memory(cache.inputs)})
     row = _judged(row, case, backend, prepared, actual, cache, reading)
     return _checks(row, case, backend, prepared, actual, cache, device), prepared
 
@@ -106,6 +113,7 @@ def _inputs_and_expected(case, backend, arch: str, device: str, cache: Cache) ->
         cache.key, cache.inputs, cache.expected = None, {}, {}
         cache.inputs = inputs.make_inputs(case, device)
         cache.fingerprint = inputs.fingerprint(cache.inputs)
+        cache.locality = index_locality(case, cache.inputs)
         cache.key = case.case_id
     # fp32 scales (V3.2) are read differently per arch; ue8m0 ones exactly everywhere
     fp32_scales = (
@@ -174,6 +182,28 @@ def _checks(row, case, backend, prepared, actual, cache: Cache, device: str):
         info = {**row.info, "vs_exact_scales": {k: exact[k] for k in ("cos_diff", "max_abs")}}
         row = replace(row, info=info)
     return row
+
+
+def index_locality(case, x: dict) -> dict:
+    """How local each index set of an attention case is (cases/patterns.locality)."""
+    from dsv4bench.cases import patterns
+
+    if case.op not in ("decode", "prefill"):
+        return {}
+    sets = {k: x[k] for k in ("indices", "extra_indices") if x.get(k) is not None}
+    return {k: patterns.locality(v, case.page_size) for k, v in sets.items()}
+
+
+def memory(x: dict) -> dict:
+    """GPU memory of one call: its inputs, and the peak while the backend prepared and ran it
+    once (inputs and the oracle's answer resident)."""
+    import torch
+
+    held = sum(t.numel() * t.element_size() for t in x.values() if isinstance(t, torch.Tensor))
+    return {
+        "inputs_mib": round(held / 2**20, 1),
+        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+    }
 
 
 def run_job(job: dict, cache: Cache) -> dict:

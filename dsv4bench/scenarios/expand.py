@@ -17,6 +17,7 @@ from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import (
     ARCHS,
     ROUTES,
+    WORKLOAD_DEFAULTS,
     Case,
     Timing,
     Tolerance,
@@ -40,6 +41,7 @@ from dsv4bench.scenarios.rules import (
     Parser,
     case_problems,
 )
+from dsv4bench.scenarios.workloads import workload_fields
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
 MAX_CASES = 100_000  # a guard against a typo that multiplies sweeps into millions
@@ -490,6 +492,7 @@ class ScenarioLoader(Parser):
             message = f"{layout} rows have no scales; leave scale_convention unset"
             raise self.fail(origins["scale_convention"], message)
 
+        explicit.update(workload_fields(explicit))  # a ragged batch sets b and context_len
         context_len = explicit.get("context_len", DEFAULT_CONTEXT_LEN)
         window = explicit.get("window", model.window)
         ratio = explicit.get("compress_ratio", model.compress_ratio)
@@ -524,6 +527,7 @@ class ScenarioLoader(Parser):
             compress_ratio=ratio,
             seed=common["seed"],
         )
+        v.update({k: explicit[k] for k in WORKLOAD_DEFAULTS if k in explicit})
         if op == "indexer":  # the indexer's own heads, top-k and key cache, not attention's
             v.update({k: d for k, d in indexer_case.defaults(model).items() if k not in explicit})
         problems = case_problems(v)

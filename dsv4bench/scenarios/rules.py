@@ -23,6 +23,8 @@ from dsv4bench.cases.case import (
     Tolerance,
     padding_count,
 )
+from dsv4bench.cases.patterns import PATTERNS
+from dsv4bench.scenarios import workloads
 from dsv4bench.scenarios.read import (
     Node,
     Origin,
@@ -31,6 +33,7 @@ from dsv4bench.scenarios.read import (
     show_value,
     suggestion,
 )
+from dsv4bench.scenarios.workloads import workload_problems
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 from reference.layout_table import of_d_qk
 from reference.models import MODELS, ModelConfig
@@ -334,6 +337,8 @@ AXES: dict[str, Axis] = {
     "route": enum_axis(ROUTES, "route"),
     "compress_ratio": Axis(Parser.compress_ratio),
     "window": int_axis(0),
+    "context_lens": Axis(workloads.context_lens),
+    "index_pattern": enum_axis(PATTERNS, "index pattern"),
 }
 
 
@@ -386,8 +391,11 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             ("num_heads", f"expected at most head_padding ({pad}) heads, got {v['num_heads']}"),
             ("head_padding", f"pads to {pad} heads, fewer than num_heads ({v['num_heads']})"),
         ]
+    problems = workload_problems(v)
+    if problems:
+        return problems
     if v["op"] == "prefill":
-        if v["batch_size"] != 1:
+        if v["batch_size"] != 1 and not v.get("context_lens"):
             return [("batch_size", f"prefill takes one chunk of tokens, got {v['batch_size']}")]
         if v["s_q"] != 1:
             return [("s_q", f"prefill queries are tokens, not s_q; got {v['s_q']}")]

@@ -13,6 +13,7 @@ from typing import Any
 
 from dsv4bench.scenarios.read import Node, ScenarioError
 from dsv4bench.scenarios.rules import Parser
+from dsv4bench.scenarios.workloads import context_lens
 from dsv4bench.serving.spec import KEYS, ServingSpec, spec_from_dict
 
 FILE_KEYS = ("name", "description", *KEYS)  # `name` is ServingSpec.scenario
@@ -49,6 +50,10 @@ class ServingLoader(Parser):
                 data["tolerance"] = self.tolerance(n)
             elif key == "head_padding":
                 data["head_padding"] = self.head_padding(n)
+            elif key == "ragged":
+                if n.kind != "seq" or not n.value:
+                    raise self.fail(n, "expected a non-empty list of context_lens mappings")
+                data["ragged"] = [context_lens(self, item) for item in n.value]
             else:
                 data["scenario" if key == "name" else key] = plain(n)
         try:

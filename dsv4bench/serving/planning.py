@@ -210,6 +210,8 @@ class _Builder:
         tokens: int = 0,
         batch_size: int = 1,
         route: str = "sparse-prefill",
+        context_lens: tuple[int, ...] = (),
+        ragged: str = "",
     ) -> str:
         aligned = op == "decode" or route in DECODE_ROUTES
         return self._add(
@@ -217,6 +219,8 @@ class _Builder:
             op=op,
             tokens=tokens,
             batch_size=batch_size,
+            context_lens=context_lens,
+            ragged=ragged,
             s_q=1,
             context_len=context_len,
             route=route,
@@ -403,7 +407,42 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
         curve_id = f"tpot-{cfg.name}{tpot_suffix}-S{s}"
         curves.append(Curve(curve_id, "tpot", cfg.name, "batch_size", {"context_len": s}, points))
 
+    for i, lens in enumerate(spec.ragged):
+        curves.append(_ragged_curve(b, kinds, lens, f"tpot-{cfg.name}{suffix}-ragged{i}"))
     return ServingPlan(spec, list(b.cases.values()), curves, safe_limit)
+
+
+def _ragged_curve(b: _Builder, kinds: dict, lens, curve_id: str) -> Curve:
+    """One decode step over a ragged batch: every layer kind's attention over the requests'
+    own contexts, index widths sized by the longest (as engines size their buffers)."""
+    n, longest = len(lens.lengths), max(lens.lengths)
+    parts = [
+        (
+            Part(
+                b.attention(
+                    kind,
+                    op="decode",
+                    context_len=longest,
+                    batch_size=n,
+                    context_lens=lens.lengths,
+                    ragged=lens.label,
+                ),
+                1,
+            ),
+            count,
+        )
+        for kind, count in kinds.items()
+    ]
+    point = CurvePoint(
+        point_id=f"{curve_id}-B{n}-S{longest}",
+        metric="tpot",
+        route="decode",
+        batch_size=n,
+        context_len=longest,
+        parts=_merge(parts),
+    )
+    fixed = {"ragged": lens.label, "context_lens": list(lens.lengths)}
+    return Curve(curve_id, "tpot", b.cfg.name, "batch_size", fixed, [point])
 
 
 def safe_limit_from_rows(

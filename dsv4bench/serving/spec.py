@@ -67,6 +67,11 @@ KEYS: dict[str, str] = {
     ),
     "batch_sizes": "TPOT: decode batch sizes B",
     "contexts": "TPOT: context lengths S in tokens",
+    "ragged": (
+        "TPOT over ragged batches: a list of context_lens values ({lengths: [...]}, "
+        "{dist: lognormal, mean, batch, sigma, seed, multiple} or {dist: one-long, long, short, "
+        "batch}; docs/scenarios.md), one decode step each; no indexer or C128-index parts"
+    ),
     "tp": "tensor parallel size: heads per rank = model heads / tp (default 1)",
     "num_heads": "heads per rank, overriding model heads / tp",
     "head_padding": 'Case.head_padding: "engine" (default), "none", "64" or "128"',
@@ -111,6 +116,7 @@ class ServingSpec:
     routes: list[str] = field(default_factory=lambda: list(DEFAULT_ROUTES))
     batch_sizes: list[int] = field(default_factory=list)
     contexts: list[int] = field(default_factory=list)
+    ragged: list = field(default_factory=list)  # cases.lengths.Lengths: one TPOT step each
     tp: int = 1
     num_heads: int | None = None  # per rank; None: model heads / tp
     head_padding: str = "engine"
@@ -149,10 +155,10 @@ class ServingSpec:
             raise ValueError("prompt_lens and chunk_sizes: TTFT needs both (or neither)")
         if bool(self.batch_sizes) != bool(self.contexts):
             raise ValueError("batch_sizes and contexts: TPOT needs both (or neither)")
-        if not self.prompt_lens and not self.batch_sizes:
+        if not self.prompt_lens and not self.batch_sizes and not self.ragged:
             raise ValueError(
                 "serving: nothing to build: give prompt_lens + chunk_sizes (TTFT) "
-                "and/or batch_sizes + contexts (TPOT)"
+                "and/or batch_sizes + contexts or ragged (TPOT)"
             )
         if self.prompt_lens and not self.routes:
             raise ValueError("routes: TTFT needs at least one route")
@@ -257,6 +263,15 @@ def _sub(key: str, cls, v):
         raise ValueError(f"{key}: {e}") from None
 
 
+def _ragged(v) -> list:
+    """`ragged`: context_lens values as the scenario loader parsed them (cases.lengths)."""
+    from dsv4bench.cases.lengths import Lengths
+
+    if not isinstance(v, list) or not v or not all(isinstance(x, Lengths) for x in v):
+        raise ValueError(f"ragged: expected a non-empty list of context_lens values, got {v!r}")
+    return list(v)
+
+
 def spec_from_dict(d: dict) -> ServingSpec:
     """A validated ServingSpec from a scenario's `op: serving` mapping; ValueError if bad."""
     if not isinstance(d, dict):
@@ -294,6 +309,8 @@ def spec_from_dict(d: dict) -> ServingSpec:
         if not isinstance(d["indexer"], bool):
             raise ValueError(f"indexer: expected true or false, got {d['indexer']!r}")
         kw["indexer"] = d["indexer"]
+    if "ragged" in d:
+        kw["ragged"] = _ragged(d["ragged"])
     if "timing" in d:
         kw["timing"] = _sub("timing", Timing, d["timing"])
     if "tolerance" in d:
