@@ -418,7 +418,7 @@ class FA3(Backend):
         if case.d_v != D_V:
             return f"FA3 sparse MLA returns the 512-wide latent as V; d_v {case.d_v} is not 512"
         if case.decode_shape is not None:
-            reason = fp8_cache_reason(case, "FA3's bf16 pool is dequantized from")
+            reason = fp8_cache_reason(case, "FA3's cache conversions")
             if reason:
                 return reason
         if case.topk + case.extra_topk <= 0:
