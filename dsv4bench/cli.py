@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dsv4bench.cases.case import ARCHS
+from reference.models import MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"
@@ -211,6 +212,8 @@ def cmd_plan(args) -> int:
     for lim in limits:
         step = f" step {lim.step}" if lim.step > 1 else ""
         print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}){step} {lim.backend}: {lim.base.case_id}")
+    for name in dict.fromkeys([*(j.backend for j in jobs), *(lim.backend for lim in limits)]):
+        print(f"kernels {name}: {_kernels_found(backends.get(name))}")
     for arch in dict.fromkeys(a for a, _ in counts):
         summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
         print(f"on {arch}: {summary}")
@@ -384,17 +387,23 @@ def cmd_backends(args) -> int:
     table = []
     for name in backends.names():
         b = backends.get(name)
-        try:
-            prov = b.provider()
-            found = f"{prov.name} {prov.version}".strip()
-        except backends.Unsupported as e:
-            found = f"not available: {e}"
-        table.append((name, ",".join(b.archs), ",".join(b.ops), found))
+        table.append((name, ",".join(b.archs), ",".join(b.ops), _kernels_found(b)))
     head = ("backend", "archs", "ops", "kernels found")
     widths = [max(len(r[i]) for r in [head, *table]) for i in range(3)]
     for r in [head, *table]:
         print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)) + "  " + r[3])
     return 0
+
+
+def _kernels_found(b) -> str:
+    """Which build a backend found, or why none (one line: its rows will say unsupported)."""
+    from dsv4bench import backends
+
+    try:
+        prov = b.provider()
+    except backends.Unsupported as e:
+        return f"not available: {e}"
+    return f"{prov.name} {prov.version}".strip()
 
 
 def cmd_report(args) -> int:
@@ -436,6 +445,21 @@ def cmd_compare(args) -> int:
         raise UsageError(str(e)) from None
     print(f"regression report: {next((f for f in files if f.suffix == '.md'), out)}")
     return code
+
+
+def cmd_recommend(args) -> int:
+    from dsv4bench.report import ReportInputError
+    from dsv4bench.report.load import load_runs
+    from dsv4bench.serving import recommend
+
+    if args.tp < 1:
+        raise UsageError(f"--tp {args.tp}: expected a positive tensor-parallel size")
+    try:
+        rows = load_runs([Path(p) for p in args.run_dir])
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(recommend.lines(rows, args.model, args.tp)))
+    return 0
 
 
 def cmd_env(args) -> int:
@@ -626,6 +650,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser(
+        "recommend",
+        help="per phase: the fastest correct backend measured, its engine flags, the gain over "
+        "each engine's default (from serving rows)",
+    )
+    p.add_argument("run_dir", nargs="+", help="run directories holding serving rows")
+    p.add_argument("--model", required=True, choices=sorted(MODELS))
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the rows (default 1)")
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=cmd_recommend)
     p = sub.add_parser("env", help="GPU, driver and library versions")
     p.set_defaults(func=cmd_env)
     return top
