@@ -15,7 +15,7 @@ install:
 
 # GPU machines without a registry already have what the suite needs: install only if missing.
 ensure:
-	@PYTHONPATH=. $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
+	@$(PYPATH) $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
 
 # benchmarks/ runs once per case as a test (--benchmark-disable: no timing table). Two test
 # processes (pytest-xdist), each taking whole files, so module fixtures are built once. Target:
@@ -29,15 +29,21 @@ test: install
 test-slow: install
 	$(PYTHON) -m pytest -q -rs -m slow
 
+# Kernels found without extra environment: PYTHONPATH is prepended to (never replaced, so
+# FlashInfer or DeepGEMM put on it stay visible), and a checkout holding .kernels/ (what
+# tools/gpu/pack.sh carries: FlashMLA, FA3, DeepGEMM, FlashInfer) unpacks and exports them first.
+KERNELS = $(if $(wildcard .kernels),. tools/gpu/setup.sh &&)
+PYPATH = PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH}
+
 gpu-test: ensure
-	PYTHONPATH=. $(PYTHON) -m pytest -q -rs -m gpu
+	$(KERNELS) $(PYPATH) $(PYTHON) -m pytest -q -rs -m gpu
 
 # every visible GPU (one worker each) unless GPUS=0,1 names some; SHARD=I/N runs one shard
 bench: ensure
-	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli bench $(if $(ARCH),--arch $(ARCH)) $(if $(OUT),--out $(OUT)) $(if $(GPUS),--gpus $(GPUS)) $(if $(SHARD),--shard $(SHARD)) --runs $(RUNS)
+	$(KERNELS) $(PYPATH) $(PYTHON) -m dsv4bench.cli bench $(if $(ARCH),--arch $(ARCH)) $(if $(OUT),--out $(OUT)) $(if $(GPUS),--gpus $(GPUS)) $(if $(SHARD),--shard $(SHARD)) --runs $(RUNS)
 
 report: ensure
-	PYTHONPATH=. $(PYTHON) -m dsv4bench.cli report $(if $(OUT),$(OUT),$$(ls -d $(RUNS)/*/ | tail -n 1))
+	$(PYPATH) $(PYTHON) -m dsv4bench.cli report $(if $(OUT),$(OUT),$$(ls -d $(RUNS)/*/ | tail -n 1))
 
 lint:
 	$(PYTHON) -m ruff check .

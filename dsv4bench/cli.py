@@ -13,8 +13,9 @@ from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
 from dsv4bench.commands.merge import cmd_merge
 from dsv4bench.commands.plan import cmd_plan
-from dsv4bench.commands.read import cmd_backends, cmd_compare, cmd_env, cmd_report
-from dsv4bench.commands.run import cmd_bench, cmd_run
+from dsv4bench.commands.read import cmd_backends, cmd_compare, cmd_env, cmd_recommend, cmd_report
+from dsv4bench.commands.run import ROOT, cmd_bench, cmd_run
+from reference.models import MODELS
 
 
 class Terminated(Exception):
@@ -25,8 +26,12 @@ def _terminate(signum, frame):
     raise Terminated
 
 
+SCENARIO_HELP = "scenario YAML files (scenarios/*/*.yaml; op: serving files too)"
+PLUGIN_HELP = "a module (or .py file) that registers more backends (repeatable)"
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
     p.add_argument(
         "--backend-opt",
         action="append",
@@ -38,14 +43,20 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="same as --backend-opt flashmla.lib=PATH (default: $DSV4BENCH_FLASHMLA_LIB)",
     )
-    p.add_argument("--backend", action="append", metavar="NAME", help="only these backends")
+    p.add_argument(
+        "--backend", action="append", metavar="NAME", help="only these backends (repeatable)"
+    )
     p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", choices=ARCHS)
-    p.add_argument("--out", metavar="RUN_DIR")
-    p.add_argument("--runs", default="runs", help="parent of default run directories")
+    p.add_argument(
+        "--arch", choices=ARCHS, help="the architecture to run on (default: this machine's)"
+    )
+    p.add_argument("--out", metavar="RUN_DIR", help="where rows go (default: RUNS/<time>-<arch>)")
+    p.add_argument(
+        "--runs", default="runs", help="parent of default run directories (default: runs)"
+    )
     p.add_argument("--resume", action="store_true", help="skip jobs RUN_DIR already has")
     p.add_argument(
         "--retry-failed",
@@ -80,6 +91,19 @@ EXIT_STATUS = """exit status:
   130, 143  interrupted (Ctrl-C, SIGTERM): rows written so far are kept; --resume goes on"""
 
 
+def _version() -> str:
+    """The installed distribution's version, else pyproject.toml's (a checkout run in place)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("dsv4bench")
+    except metadata.PackageNotFoundError:
+        for line in (ROOT / "pyproject.toml").read_text().splitlines():
+            if line.startswith("version ="):
+                return line.split("=", 1)[1].strip().strip('"')
+    return "unknown"
+
+
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="dsv4bench",
@@ -87,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run_jobs(sub)
     _add_result_jobs(sub)
@@ -96,8 +121,10 @@ def parser() -> argparse.ArgumentParser:
 def _add_run_jobs(sub) -> None:
     """plan, run, bench."""
     p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
-    p.add_argument("scenario", nargs="+")
-    p.add_argument("--arch", choices=ARCHS)
+    p.add_argument("scenario", nargs="+", help=SCENARIO_HELP)
+    p.add_argument(
+        "--arch", choices=ARCHS, help="plan for this architecture (default: this machine's GPU)"
+    )
     p.add_argument("--shard", metavar="I/N", help="only the jobs of shard I of N")
     _common(p)
     p.set_defaults(func=cmd_plan)
@@ -107,7 +134,7 @@ def _add_run_jobs(sub) -> None:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("scenario", nargs="+")
+    p.add_argument("scenario", nargs="+", help=SCENARIO_HELP)
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_run)
@@ -123,7 +150,7 @@ def _add_run_jobs(sub) -> None:
 
 
 def _add_result_jobs(sub) -> None:
-    """merge, backends, report, compare, env: the jobs that read what runs wrote."""
+    """merge, backends, report (and _add_comparing_jobs): the jobs that read what runs wrote."""
     p = sub.add_parser(
         "merge",
         help="join shard run directories into one (refuses mixed GPU models or builds)",
@@ -141,8 +168,13 @@ def _add_result_jobs(sub) -> None:
         metavar="FILE",
         help="serving scenario whose TTFT/TPOT points to compute from the merged rows",
     )
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
-    p.add_argument("--backend-opt", action="append", metavar="NAME.OPTION=VALUE")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
+    p.add_argument(
+        "--backend-opt",
+        action="append",
+        metavar="NAME.OPTION=VALUE",
+        help="a backend's own option, for the serving points' backends",
+    )
     p.add_argument("--flashmla-lib", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_merge)
@@ -156,6 +188,11 @@ def _add_result_jobs(sub) -> None:
     )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_report)
+    _add_comparing_jobs(sub)
+
+
+def _add_comparing_jobs(sub) -> None:
+    """compare, recommend, env."""
     p = sub.add_parser(
         "compare",
         help="regression report BASE -> NEW; exit 1 on a regression",
@@ -171,7 +208,13 @@ def _add_result_jobs(sub) -> None:
         help="compare backend instance A (of BASE) with instance B (of NEW), e.g. two builds",
     )
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
-    p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
+    p.add_argument(
+        "--time-threshold",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="a slower median beyond this fraction (and the noise) regresses (default: 0.05)",
+    )
     p.add_argument(
         "--partial",
         action="store_true",
@@ -180,6 +223,16 @@ def _add_result_jobs(sub) -> None:
     )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser(
+        "recommend",
+        help="per phase: the fastest correct backend measured, its engine flags, the gain over "
+        "each engine's default (from serving rows)",
+    )
+    p.add_argument("run_dir", nargs="+", help="run directories holding serving rows")
+    p.add_argument("--model", required=True, choices=sorted(MODELS))
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the rows (default 1)")
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=cmd_recommend)
     p = sub.add_parser("env", help="GPU, driver and library versions")
     p.set_defaults(func=cmd_env)
 

@@ -207,7 +207,8 @@ def test_v32_scale_reading():
 
 
 @pytest.fixture
-def no_packages(monkeypatch):
+def no_packages(monkeypatch, tmp_path):
+    monkeypatch.setattr(flashmla, "CHECKOUT", tmp_path)  # nor the checkout's .kernels copy
     real = importlib.util.find_spec
     hidden = {"flash_mla", "vllm", "sgl_kernel"}
     monkeypatch.setattr(

@@ -55,6 +55,7 @@ def _load_builtin() -> None:
     _loaded_builtin = True
     from dsv4bench.backends import (
         deepgemm,
+        fa3,
         flashinfer,
         flashmla,
         reference_f64,
@@ -71,6 +72,7 @@ def _load_builtin() -> None:
     e4m3.name = "flashinfer-e4m3"
     register(e4m3)
     register(triton_kernels.TritonKernels())
+    register(fa3.FA3())
     register(deepgemm.DeepGEMM())
     register(reference_f64.ReferenceF64())
 

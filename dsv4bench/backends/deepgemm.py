@@ -1,33 +1,105 @@
-"""DeepGEMM's lightning-indexer kernels, through its documented Python API (README, and
-tests/test_attention.py `test_paged_mqa_logits` / `test_mqa_logits`):
+"""DeepGEMM's lightning-indexer kernels, both forms, through its Python API. The signatures of
+DeepGEMM 2.5.0 (the vLLM 0.26.0 wheel's vllm/third_party/deep_gemm), printed on the H100:
 
-  schedule = deep_gemm.get_paged_mqa_logits_metadata(context_lens, deep_gemm.get_num_sms())
-  logits = deep_gemm.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table,
-                                          schedule, max_model_len, clean_logits=True)
-  logits = deep_gemm.fp8_mqa_logits(q, (kv, kv_scales), weights, ks, ke)
+  get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None) -> schedule
+  fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta,
+                       max_context_len, clean_logits=False, indices=None) -> logits
+  fp8_mqa_logits(q, kv: (kv, scales), weights, cu_seq_len_k_start, cu_seq_len_k_end,
+                 clean_logits=True, max_seqlen_k=0) -> logits
 
-q, kv e4m3; kv_cache the (blocks, block_size, 1, D + 4) uint8 cache viewed as DeepGEMM wants
-it; weights fp32. The schedule is computed in prepare() (not timed), as engines compute it once
-per batch. Top-k is torch.topk, as for the Triton backend. DeepGEMM is found as the `deep_gemm`
-module (DeepGEMM itself or the sgl-deep-gemm wheel); sgl-deep-gemm 0.2.5 does not load on torch
-2.11 (KERNEL_FACTS §8), so on the lent GPUs this backend reports itself unsupported.
+2.5.0 asserts `context_lens.dim() == 2` (one length per query row, (batch, next_n)): a V3.2
+case's 1-D lengths (causal over the last next_n positions) become the per-row counts the oracle
+sees (reference.indexer.paged_visible). The older API this adapter was first written against
+(DeepGEMM's README then) is get_paged_mqa_logits_metadata(context_lens, num_sms) with 1-D or
+2-D lengths; both are recognised from the function's signature (its pybind docstring), and
+any other is refused with the signature in the reason.
+
+q, kv e4m3; kv_cache the (blocks, block_size, 1, D + 4) uint8 cache; weights fp32. The schedule
+(and the 2-D lengths) are computed in prepare(), not timed: engines compute them once per batch
+in their metadata builder. Top-k is torch.topk, as for the Triton backend. DeepGEMM is the
+`deep_gemm` module (DeepGEMM itself, sgl-deep-gemm, or vLLM's bundled copy found as
+`vllm.third_party.deep_gemm`), else the checkout's .kernels/deepgemm-vllm-*.tar.xz (unpacked
+once into .kernels/, as tools/gpu/setup.sh does).
 """
 
 from __future__ import annotations
 
+import glob
 import importlib
+import inspect
+import re
+import sys
+import tarfile
+from pathlib import Path
 
+from dsv4bench.backends import kernel_files
 from dsv4bench.backends.base import Backend, LazyOps, Output, Prepared, Provider, Unsupported
 from dsv4bench.cases.case import Case
 
 NOT_FOUND = "DeepGEMM not importable (deep_gemm)"
+CHECKOUT = Path(__file__).resolve().parents[2]
+PACKED_GLOB = ".kernels/deepgemm-vllm-*.tar.xz"  # tools/gpu/pack.sh's copy
+API_V25 = "context_lens, block_kv, num_sms"  # 2.5.0: 2-D lengths, the cache's block size
+API_OLD = "context_lens, num_sms"
+
+
+def params(fn) -> tuple[str, ...] | None:
+    """A function's parameter names: from inspect, else from a pybind docstring's first line
+    `name(a: T, b: T = x) -> R`; None if neither says."""
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        pass
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    m = re.match(r"\s*\w+\((.*)\)\s*->", doc[0]) if doc else None
+    if not m:
+        return None
+    return tuple(re.findall(r"(?:^|,\s*)(\w+)\s*:", m.group(1)))
+
+
+def metadata_api(dg) -> str:
+    """Which get_paged_mqa_logits_metadata this DeepGEMM has: API_V25 or API_OLD."""
+    names = params(dg.get_paged_mqa_logits_metadata)
+    if names and names[:3] == ("context_lens", "block_kv", "num_sms"):
+        return API_V25
+    if names and names[:2] == ("context_lens", "num_sms"):
+        return API_OLD
+    version = getattr(dg, "__version__", "?")
+    shown = ", ".join(names) if names else "unknown"
+    raise Unsupported(
+        f"DeepGEMM {version}: unknown get_paged_mqa_logits_metadata({shown}) "
+        f"(known: ({API_V25}) or ({API_OLD}))"
+    )
+
+
+def _unpacked(root: Path | None = None) -> Path | None:
+    """The folder holding deep_gemm/ from the checkout's .kernels tarball (unpacked once)."""
+    packed = sorted(glob.glob(str((root or CHECKOUT) / PACKED_GLOB)))
+    if not packed:
+        return None
+    return kernel_files.unpack_tar(Path(packed[-1]), "deep_gemm/__init__.py")
 
 
 def discover():
+    problems = []
+    for name in ("deep_gemm", "vllm.third_party.deep_gemm"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            problems.append(f"{name}: {e}")
+        except Exception as e:  # an ABI mismatch raises ImportError or OSError: the reason matters
+            raise Unsupported(f"{NOT_FOUND}: {type(e).__name__}: {e}"[:300]) from e
+    try:
+        folder = _unpacked()
+    except (OSError, tarfile.TarError) as e:
+        raise Unsupported(f"{NOT_FOUND}: cannot unpack {PACKED_GLOB}: {e}"[:300]) from e
+    if folder is None:
+        raise Unsupported(f"{NOT_FOUND} ({'; '.join(problems)})"[:300])
+    sys.path.insert(0, str(folder))
     try:
         return importlib.import_module("deep_gemm")
-    except Exception as e:  # an ABI mismatch raises ImportError or OSError: the reason matters
-        raise Unsupported(f"{NOT_FOUND}: {type(e).__name__}: {e}"[:300]) from e
+    except Exception as e:
+        raise Unsupported(f"{NOT_FOUND} from {folder}: {type(e).__name__}: {e}"[:300]) from e
 
 
 class DeepGEMM(Backend):
@@ -45,40 +117,69 @@ class DeepGEMM(Backend):
         return Provider("deep_gemm", getattr(dg, "__version__", ""), getattr(dg, "__file__", ""))
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        from dsv4bench.cases import indexer_case
         from reference.indexer import topk_indices
 
         dg = self._found.get()
-        x = inputs
-        if "kv" in x:
-
-            def logits():
-                kv = (x["kv"], x["kv_scales"])
-                return dg.fp8_mqa_logits(x["q"], kv, x["weights"], x["ks"], x["ke"])
-
-            kernel = "fp8_mqa_logits"
+        if "kv" in inputs:
+            logits, info = _ragged(dg, inputs)
         else:
-            lens = x["context_lens"]
-            sched = dg.get_paged_mqa_logits_metadata(lens, dg.get_num_sms())
-            cache = x["kv_cache"]  # uint8 (blocks, block_size, 1, D + 4), as DeepGEMM's tests
-
-            def logits():
-                return dg.fp8_paged_mqa_logits(
-                    x["q"],
-                    cache,
-                    x["weights"],
-                    lens,
-                    x["block_table"],
-                    sched,
-                    indexer_case.keys(case),
-                    clean_logits=True,
-                )
-
-            kernel = "fp8_paged_mqa_logits"
+            logits, info = _paged(dg, case, inputs)
 
         def run():
             out = logits()
             return out, topk_indices(out, case.topk)
 
-        info = {"kernel": kernel, "topk": "torch.topk"}
+        info["topk"] = "torch.topk"
         return Prepared(run=run, finish=lambda raw: Output(raw[0], None, raw[1]), info=info)
+
+
+def _ragged(dg, x: dict):
+    def logits():
+        kv = (x["kv"], x["kv_scales"])
+        return dg.fp8_mqa_logits(x["q"], kv, x["weights"], x["ks"], x["ke"])
+
+    return logits, {"kernel": "fp8_mqa_logits"}
+
+
+def _paged(dg, case: Case, x: dict):
+    import torch
+
+    from dsv4bench.cases import indexer_case
+    from reference.indexer import paged_visible
+
+    api = metadata_api(dg)
+    lens = x["context_lens"]
+    cache = x["kv_cache"]  # uint8 (blocks, block_size, 1, D + 4), as DeepGEMM's tests
+    b, next_n = x["q"].shape[:2]
+    if api == API_V25:
+        if lens.dim() == 1:  # per query row: what the 1-D causal rule gives each row
+            lens = paged_visible(lens, next_n).view(b, next_n).to(lens.dtype).contiguous()
+        sched = dg.get_paged_mqa_logits_metadata(lens, cache.shape[1], dg.get_num_sms())
+    else:
+        sched = dg.get_paged_mqa_logits_metadata(lens, dg.get_num_sms())
+    max_len = indexer_case.keys(case)
+    # 2.5.0 refuses clean_logits with 2-D lengths ("not is_context_lens_2d"): the keys past a
+    # row's length hold whatever was in memory, so they are masked after the call, inside the
+    # timed call (an engine's length-aware top-k skips them instead)
+    clean = api == API_OLD
+    past = None
+    if not clean:
+        cols = torch.arange(max_len, device=lens.device)
+        past = cols[None, :] >= lens.reshape(-1, 1)
+
+    def logits():
+        out = dg.fp8_paged_mqa_logits(
+            x["q"], cache, x["weights"], lens, x["block_table"], sched, max_len, clean_logits=clean
+        )
+        if past is not None:
+            out.masked_fill_(past, float("-inf"))
+        return out
+
+    info = {
+        "kernel": "fp8_paged_mqa_logits",
+        "metadata_api": f"get_paged_mqa_logits_metadata({api})",
+        "context_lens": "2-D" if lens.dim() == 2 else "1-D",
+        "clean_logits": "by the kernel" if clean else "masked after the call, timed",
+        "schedule_entries": int(sched.numel()) if hasattr(sched, "numel") else None,
+    }
+    return logits, info

@@ -46,6 +46,8 @@ from dsv4bench.measure import hardware
 
 ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
 LIB_FILE = "_flashmla_C.abi3.so"
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEFAULT_GLOB = ".kernels/flashmla-vllm-*/" + LIB_FILE  # the checkout's copy: the last resort
 NOT_FOUND = (
     "FlashMLA not found: install flash_mla, vllm or sgl-kernel, "
     "or pass --backend-opt flashmla.lib=PATH"
@@ -194,6 +196,9 @@ def discover(lib_path: str | None = None) -> KernelOps:
             continue
         if ops is not None:
             return ops
+    packed = sorted(CHECKOUT.glob(DEFAULT_GLOB))
+    if packed:  # the checkout's .kernels copy (tools/gpu/pack.sh)
+        return _from_file(str(packed[-1]))
     raise Unsupported(NOT_FOUND + (f" ({'; '.join(problems)})" if problems else ""))
 
 
@@ -256,6 +261,16 @@ class FlashMLA(Backend):
 
     def v32_scale_reading(self, arch: str) -> str | None:
         return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale
+
+    def limit_guess(self, case: Case, axis: str, arch: str) -> int | None:
+        # the decode scheduler's shared memory bounds the batch (b = chunk tokens on the
+        # decode-kernel route): 4*(5b+1) bytes within the opt-in limit (the 0.26.0 build)
+        if arch not in ("sm90", "sm100") or case.decode_shape is None:
+            return None
+        batch_axis = "tokens" if case.op == "prefill" else "batch_size"
+        if axis != batch_axis or (case.op == "prefill" and case.route != "decode-kernel"):
+            return None
+        return hardware.flashmla_sched_batch_limit(hardware.SMEM_OPTIN_SM90)
 
     def supports(self, case: Case, arch: str) -> str | None:
         reason = super().supports(case, arch)

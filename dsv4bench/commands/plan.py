@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4bench.commands.common import load, setup_backends, shard, take_shard
+from dsv4bench.commands.common import kernels_found, load, setup_backends, shard, take_shard
 
 
 def _plan_archs(wanted: str | None, scenario_archs: list[str]) -> tuple[list[str], str]:
@@ -40,6 +40,8 @@ def cmd_plan(args) -> int:
     for lim in limits:
         step = f" step {lim.step}" if lim.step > 1 else ""
         print(f"limit {lim.axis} in [{lim.lo}, {lim.hi}){step} {lim.backend}: {lim.base.case_id}")
+    for name in dict.fromkeys([*(j.backend for j in jobs), *(lim.backend for lim in limits)]):
+        print(f"kernels {name}: {kernels_found(backends.get(name))}")
     for arch in dict.fromkeys(a for a, _ in counts):
         summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
         print(f"on {arch}: {summary}")

@@ -23,6 +23,7 @@ from dsv4bench.report.sections import (
     limits,
     measurement,
     padding,
+    presets,
     run_info,
     serving,
     serving_backends,
@@ -37,6 +38,7 @@ def _winners(rep) -> None:
 SECTIONS = (
     serving.serving,  # TPOT and TTFT curves, the indexer's share
     serving_backends.serving_backends,  # the same points per backend, and the envelope
+    presets.engine_presets,  # engines' defaults against the envelope (issue 19)
     kernels.kernels,  # kernel throughput
     _winners,  # which backend is fastest per shape (report/winners.py)
     accuracy.accuracy,

@@ -81,7 +81,8 @@ def shapes(rows: list[dict]) -> list[Shape]:
         if r.get("status") == "ok" and ms:
             s.events[backend] = s.times[backend] = float(ms)
             s.timings[backend] = r["timing"]
-        else:
+            s.others.pop(backend, None)  # runs shown together: an ok row wins over another's
+        elif backend not in s.times:
             s.others[backend] = r.get("status") or "?"
     for s in by_id.values():
         s.rank_by_gpu_time()
@@ -89,14 +90,21 @@ def shapes(rows: list[dict]) -> list[Shape]:
 
 
 def _size(p: dict) -> tuple[str, int]:
-    """The x axis of a shape: ("batch", b) for decode, ("chunk", tokens) for prefill."""
+    """The x axis of a shape: ("batch", b) for decode, ("chunk", tokens) for prefill; the
+    indexer's ragged form (a chunk of `tokens`) runs along its context."""
     if p.get("op") == "prefill":
         return "chunk", int(p.get("tokens") or 0)
+    if p.get("op") == "indexer" and p.get("tokens"):
+        return "context", int(p.get("context_len") or 0)
     return "batch", int(p.get("batch_size") or 0)
 
 
 def _family(p: dict) -> str:
     """A curve's name: everything but the size."""
+    if p.get("op") == "indexer":  # paged at one context per curve, ragged at one chunk
+        form = f"t{p['tokens']}" if p.get("tokens") else f"ctx {p.get('context_len')}"
+        extra = f" s_q {p['s_q']}" if p.get("s_q", 1) > 1 else ""
+        return f"indexer {p.get('model')} h{p.get('num_heads')} {form}{extra}"
     extra = f" s_q {p['s_q']}" if p.get("op") == "decode" and p.get("s_q", 1) > 1 else ""
     route = f" {p['route']}" if p.get("op") == "prefill" and p.get("route") else ""
     return f"{p.get('op')} {p.get('model')} h{p.get('num_heads')}{extra}{route}"
@@ -108,8 +116,25 @@ def _order(s: Shape):
     return (p.get("op", ""), str(p.get("model")), heads, _family(p), _size(p))
 
 
+def _labels(items: list[Shape]) -> dict[str, str]:
+    """case_id -> the table's shape label: its family, plus the params that tell it apart
+    from other shapes of the same family and size (a context length, a compress ratio)."""
+    groups: dict[tuple, list[Shape]] = defaultdict(list)
+    for s in items:
+        groups[(_family(s.params), _size(s.params))].append(s)
+    labels = {}
+    for (fam, _), members in groups.items():
+        keys = sorted({k for m in members for k in m.params} - {"seed"})
+        differ = [k for k in keys if len({json.dumps(m.params.get(k)) for m in members}) > 1]
+        for m in members:
+            extra = ", ".join(f"{k} {m.params.get(k)}" for k in differ)
+            labels[m.case_id] = f"{fam} ({extra})" if extra else fam
+    return labels
+
+
 def table_rows(items: list[Shape]) -> list[list]:
     out = []
+    labels = _labels(items)
     for s in sorted(items, key=_order):
         kind, size = _size(s.params)
         win = s.winner
@@ -118,7 +143,7 @@ def table_rows(items: list[Shape]) -> list[list]:
         ratios = {b: s.ratio(b) for b in s.times if b != BASELINE}
         out.append(
             [
-                _family(s.params),
+                labels[s.case_id],
                 f"{kind} {size}",
                 win[0] if win else "none ok",
                 f"{win[1]:.4g}" if win else "",
@@ -135,7 +160,7 @@ def table_rows(items: list[Shape]) -> list[list]:
 
 def _variant(p: dict) -> tuple:
     """What tells shapes of one family apart besides their size (context, top-k, page ...)."""
-    size = "tokens" if p.get("op") == "prefill" else "batch_size"
+    size = {"chunk": "tokens", "context": "context_len"}.get(_size(p)[0], "batch_size")
     return tuple(sorted((k, json.dumps(v)) for k, v in p.items() if k not in (size, "seed")))
 
 
@@ -194,7 +219,7 @@ def _panel(fam: str, members: list[Shape], colors: dict | None = None) -> plots.
     kind = _size(members[0].params)[0]
     return plots.Panel(
         fam,
-        "batch size" if kind == "batch" else "chunk tokens",
+        {"batch": "batch size", "chunk": "chunk tokens"}.get(kind, "context tokens"),
         "time / FlashMLA time",
         series,
         logx=True,
@@ -245,7 +270,9 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
         return []
     doc.image(png, "time relative to FlashMLA against batch and chunk size")
     if single:
-        doc.para(f"{single} shape families measured at a single size are in the table, not drawn.")
+        what = "shape family ... is" if single == 1 else "shape families ... are"
+        noun, verb = what.split(" ... ")
+        doc.para(f"{single} {noun} measured at a single size {verb} in the table, not drawn.")
     return [png]
 
 

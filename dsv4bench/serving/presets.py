@@ -1,0 +1,311 @@
+"""What serving engines run for sparse MLA by default, per GPU, and what measured serving rows say
+about it: each preset's TTFT/TPOT from the backends it runs, the fastest correct backend per
+phase, and the engine flags that select each backend.
+
+A preset names a suite backend per phase and the KV-cache dtype the engine keeps:
+  TTFT  the preset's prefill backend on its route (serving rows of that backend and route);
+  TPOT  its decode backend (one decode step per layer).
+KV dtype: the serving model's sparse-prefill route adds the FP8 -> bf16 dequant an FP8-cache
+engine pays; an engine with a bf16 cache reads it as is, so a bf16 candidate's TTFT is the row's
+value minus its dequant part. Backends that read only a bf16 cache (fa3, FlashInfer's bf16
+path) are bf16 candidates only; FlashMLA's and Triton's decode kernels and the decode routes
+read the FP8 cache. One engine keeps one KV dtype for both phases: `best_pair` picks the fastest
+TTFT + TPOT pair that shares one.
+
+Sources (file and version; KERNEL_FACTS §9): see each preset's `source`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsv4bench.serving.aggregate import ENVELOPE
+from dsv4bench.serving.spec import DECODE_ROUTES
+
+BF16_KV = ("fa3", "flashinfer")  # backends whose kernels read a bf16 cache only
+KV_DTYPES = ("bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    engine: str  # sglang | vllm
+    gpu: str  # what the engine's defaults are for
+    arch: str
+    models: tuple[str, ...]
+    kv: str  # bf16 | fp8
+    prefill: str  # suite backend of TTFT
+    prefill_route: str  # serving route of its TTFT rows
+    decode: str  # suite backend of TPOT
+    flags: str
+    source: str
+    note: str = ""
+
+
+SGLANG_V32_DOC = (
+    "sglang docs/basic_usage/deepseek_v32.md ('the default configuration on H200 and B200', "
+    "sglang main, 2026); python/sglang/srt/layers/attention/nsa_backend.py"
+)
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        "sglang-h200",
+        "sglang",
+        "H200",
+        "sm90",
+        ("v3.2",),
+        "bf16",
+        "flashmla",
+        "sparse-prefill",
+        "fa3",
+        "defaults: --nsa-prefill-backend flashmla_sparse --nsa-decode-backend fa3 "
+        "--kv-cache-dtype bf16",
+        SGLANG_V32_DOC,
+        "prefills of <= 2048 tokens run FA3 varlen MHA (dense, on decompressed K/V), which the "
+        "suite does not time: their TTFT here is the sparse path's",
+    ),
+    Preset(
+        "sglang-b200",
+        "sglang",
+        "B200",
+        "sm100",
+        ("v3.2",),
+        "fp8",
+        "flashmla",
+        "sparse-prefill",
+        "flashmla",
+        "defaults: --nsa-prefill-backend flashmla_auto --nsa-decode-backend flashmla_kv "
+        "--kv-cache-dtype fp8_e4m3",
+        SGLANG_V32_DOC,
+        "flashmla_auto takes flashmla_sparse while total_kv_tokens < total_q_tokens * 512, else "
+        "flashmla_kv (the FP8 decode kernel); modelled as the sparse-prefill route",
+    ),
+    Preset(
+        "vllm-hopper",
+        "vllm",
+        "H100/H200",
+        "sm90",
+        ("v3.2",),
+        "bf16",
+        "fa3",
+        "sparse-prefill",
+        "fa3",
+        "defaults (kv-cache-dtype auto = bf16): FLASH_ATTN_MLA_SPARSE "
+        "(--attention-backend FLASH_ATTN_MLA_SPARSE)",
+        "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py; vllm/platforms/cuda.py "
+        "_get_backend_priorities, sparse MLA on sm90: FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE, "
+        "FLASHINFER_MLA_SPARSE_SM90 (vLLM 0.26.0, KERNEL_FACTS §9)",
+    ),
+    Preset(
+        "vllm-hopper-fp8",
+        "vllm",
+        "H100/H200",
+        "sm90",
+        ("v3.2",),
+        "fp8",
+        "flashmla",
+        "sparse-prefill",
+        "flashmla",
+        "--kv-cache-dtype fp8 (fp8_ds_mla: FLASHMLA_SPARSE is the only sparse backend left)",
+        "vllm/v1/attention/backends/mla/flashmla_sparse.py (vLLM 0.26.0)",
+        "below 32 heads per rank vLLM runs prefill through the FP8 decode kernel as one mixed "
+        "batch (route decode-mixed)",
+    ),
+    Preset(
+        "vllm-hopper-v4",
+        "vllm",
+        "H100/H200",
+        "sm90",
+        ("v4-flash", "v4-pro"),
+        "fp8",
+        "flashmla",
+        "sparse-prefill",
+        "flashmla",
+        "defaults: FLASHMLA_SPARSE_DSV4 (model-driven)",
+        "vllm/models/deepseek_v4/sparse_mla.py DeepseekV4FlashMLABackend; "
+        "vllm/v1/attention/backends/registry.py (vLLM 0.26.0)",
+    ),
+    Preset(
+        "sglang-hopper-v4",
+        "sglang",
+        "H100/H200",
+        "sm90",
+        ("v4-flash", "v4-pro"),
+        "fp8",
+        "flashmla",
+        "threshold:11673",
+        "flashmla",
+        "defaults (DSv4 backend)",
+        "sglang DSv4 attention backend: chunks of > 11673 tokens to flash_mla_sparse_fwd, "
+        "the rest through the decode kernel (sglang #25502; docs/engines.md)",
+    ),
+)
+
+# suite backend -> engine -> flags selecting it, per phase ("" where the engine has none)
+FLAGS: dict[str, dict[str, dict[str, str]]] = {
+    "fa3": {
+        "sglang": {
+            "ttft": "--nsa-prefill-backend fa3 --kv-cache-dtype bf16",
+            "tpot": "--nsa-decode-backend fa3 --kv-cache-dtype bf16",
+        },
+        "vllm": dict.fromkeys(("ttft", "tpot"), "--attention-backend FLASH_ATTN_MLA_SPARSE"),
+    },
+    "flashmla": {
+        "sglang": {
+            "ttft": "--nsa-prefill-backend flashmla_sparse",
+            "tpot": "--nsa-decode-backend flashmla_kv --kv-cache-dtype fp8_e4m3",
+        },
+        "vllm": dict.fromkeys(
+            ("ttft", "tpot"), "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"
+        ),
+    },
+    "flashinfer": {
+        "vllm": dict.fromkeys(("ttft", "tpot"), "--attention-backend FLASHINFER_MLA_SPARSE_SM90")
+    },
+    "flashinfer-e4m3": {
+        "vllm": dict.fromkeys(
+            ("ttft", "tpot"), "--attention-backend FLASHINFER_MLA_SPARSE_SM90 --kv-cache-dtype fp8"
+        )
+    },
+}
+
+
+# V4 backends are chosen by the model in both engines: FlashMLA is their Hopper default
+FLAGS_V4: dict[str, dict[str, dict[str, str]]] = {
+    "flashmla": {
+        "sglang": dict.fromkeys(("ttft", "tpot"), "defaults (DSv4 backend)"),
+        "vllm": dict.fromkeys(("ttft", "tpot"), "defaults (FLASHMLA_SPARSE_DSV4)"),
+    },
+}
+
+
+def flags_for(backend: str, metric: str, model: str = "") -> str:
+    """`engine: flags` for every engine that can select the backend for this phase."""
+    per = (FLAGS_V4 if model.startswith("v4") else FLAGS).get(backend, {})
+    found = [f"{engine}: {f[metric]}" for engine, f in per.items() if f.get(metric)]
+    return "; ".join(found) or "no engine offers it for this model (sglang, vLLM)"
+
+
+# ---- candidates -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a phase: a backend on a route with a KV dtype."""
+
+    backend: str
+    route: str
+    kv: str
+
+    def label(self) -> str:
+        route = "" if self.route in ("decode", "") else f" {self.route}"
+        return f"{self.backend}{route} ({self.kv} KV)"
+
+
+@dataclass
+class Phase:
+    """Every candidate's value per point of one phase (metric) of one model and TP."""
+
+    metric: str
+    points: list[tuple] = field(default_factory=list)  # point keys, in order
+    values: dict[Candidate, dict[tuple, float]] = field(default_factory=dict)
+    failed: dict[Candidate, dict[tuple, str]] = field(default_factory=dict)  # point -> status
+    envelope: dict[tuple, float] = field(default_factory=dict)
+
+
+def point_key(row: dict) -> tuple:
+    if row.get("metric") == "ttft":
+        return (row.get("prompt_len"), row.get("chunk_size"))
+    return (row.get("batch_size"), row.get("context_len"))
+
+
+def kv_options(backend: str, route: str, metric: str) -> tuple[str, ...]:
+    if backend in BF16_KV:
+        return ("bf16",)
+    if metric == "tpot" or route in DECODE_ROUTES or route != "sparse-prefill":
+        return ("fp8",)
+    return KV_DTYPES
+
+
+def _route(row: dict) -> str:
+    if row.get("metric") == "tpot":
+        return "decode"
+    route = row.get("route") or ""
+    dequant = row.get("dequant")
+    return route + (f" dequant={dequant}" if dequant not in (None, "read") else "")
+
+
+def phase(rows: list[dict], model: str, tp: int, metric: str) -> Phase:
+    """The serving rows of one model, TP and metric as candidates' values per point."""
+    ph = Phase(metric)
+    for r in rows:
+        if r.get("kind") != "serving" or r.get("model") != model or r.get("metric") != metric:
+            continue
+        if (r.get("tp") or 1) != tp:
+            continue
+        key = point_key(r)
+        if key not in ph.points:
+            ph.points.append(key)
+        route = _route(r)
+        if r["backend"] == ENVELOPE:
+            if r.get("status") == "ok" and route.startswith(("sparse-prefill", "decode")):
+                ph.envelope[key] = min(ph.envelope.get(key, float("inf")), r["value_ms"])
+            continue
+        for kv in kv_options(r["backend"], route.split(" ")[0], metric):
+            cand = Candidate(r["backend"], route, kv)
+            if r.get("status") != "ok" or r.get("value_ms") is None:
+                ph.failed.setdefault(cand, {})[key] = r.get("status") or "missing"
+                continue
+            dequant = (r.get("breakdown_ms") or {}).get("dequant") or 0.0
+            value = r["value_ms"] - (dequant if kv == "bf16" else 0.0)
+            ph.values.setdefault(cand, {})[key] = value
+    ph.points.sort(key=lambda k: tuple(x or 0 for x in k))
+    return ph
+
+
+@dataclass
+class Ranking:
+    points: list[tuple]  # the points every ranked candidate ran ok
+    order: list[tuple[Candidate, float]]  # (candidate, sum over points), fastest first
+    left_out: dict[Candidate, str]  # candidates not ranked, and why
+
+
+def rank(ph: Phase, kv: str | None = None) -> Ranking:
+    """Candidates ranked by their sum over the points all of them ran ok; a candidate with an
+    `incorrect` point is never ranked (not correct), nor one with no ok point."""
+    left_out: dict[Candidate, str] = {}
+    ok: dict[Candidate, dict] = {}
+    for cand in set(ph.values) | set(ph.failed):
+        if kv and cand.kv != kv:
+            continue
+        bad = ph.failed.get(cand, {})
+        if "incorrect" in bad.values():
+            left_out[cand] = f"incorrect at {sum(s == 'incorrect' for s in bad.values())} points"
+        elif not ph.values.get(cand):
+            left_out[cand] = "no ok point"
+        else:
+            ok[cand] = ph.values[cand]
+    if not ok:
+        return Ranking([], [], left_out)
+    common = [p for p in ph.points if all(p in v for v in ok.values())]
+    if not common:  # rank on each candidate's own points, the widest first
+        widest = max(len(v) for v in ok.values())
+        for cand in [c for c, v in ok.items() if len(v) < widest]:
+            left_out[cand] = f"ok at {len(ok.pop(cand))} of {widest} points"
+        common = [p for p in ph.points if all(p in v for v in ok.values())]
+    order = sorted(((c, sum(v[p] for p in common)) for c, v in ok.items()), key=lambda t: t[1])
+    return Ranking(common, order, left_out)
+
+
+def preset_candidate(p: Preset, metric: str) -> Candidate:
+    if metric == "ttft":
+        return Candidate(p.prefill, p.prefill_route, p.kv)
+    return Candidate(p.decode, "decode", p.kv)
+
+
+def presets_for(model: str, arch: str | None = None) -> list[Preset]:
+    return [p for p in PRESETS if model in p.models and (arch is None or p.arch == arch)]
+
+
+def value_on(ph: Phase, cand: Candidate, points: list[tuple]) -> float | None:
+    v = ph.values.get(cand, {})
+    return sum(v[p] for p in points) if points and all(p in v for p in points) else None
