@@ -202,21 +202,8 @@ def sparse_mla_prefill(
         logits, -inf without a valid key) and ``lse`` fp32 ``(s_q, h)`` (natural log, +inf
         without a valid key).
     """
-    if q.dim() != 3:
-        raise ValueError(f"q must be (s_q, h, d_qk), got {tuple(q.shape)}")
+    kv, indices = _prefill_operands(q, kv, indices)
     s_q, h, d_qk = q.shape
-    if kv.dim() == 3:
-        if kv.shape[1] != 1:
-            raise ValueError(f"kv must have one KV head, got shape {tuple(kv.shape)}")
-        kv = kv[:, 0]
-    if kv.dim() != 2 or kv.shape[1] != d_qk:
-        raise ValueError(f"kv must be (s_kv, 1, {d_qk}) to match q, got {tuple(kv.shape)}")
-    if indices.dim() == 3:
-        if indices.shape[1] != 1:
-            raise ValueError(f"indices must be (s_q, 1, topk), got {tuple(indices.shape)}")
-        indices = indices[:, 0]
-    if indices.dim() != 2 or indices.shape[0] != s_q:
-        raise ValueError(f"indices must be ({s_q}, 1, topk), got {tuple(indices.shape)}")
     _check_d_v(d_v, d_qk)
     lengths = _check_lengths(topk_length, s_q, "topk_length (s_q,)", q.device)
     sink = _check_sink(attn_sink, h, q.device)
@@ -264,6 +251,28 @@ def sparse_mla_prefill(
                 q_blk, keys, valid, sm_scale, d_v, sink
             )
     return out, max_logits, lse
+
+
+def _prefill_operands(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv as (s_kv, d_qk) and indices as (s_q, topk), their shapes checked against q."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be (s_q, h, d_qk), got {tuple(q.shape)}")
+    s_q, _, d_qk = q.shape
+    if kv.dim() == 3:
+        if kv.shape[1] != 1:
+            raise ValueError(f"kv must have one KV head, got shape {tuple(kv.shape)}")
+        kv = kv[:, 0]
+    if kv.dim() != 2 or kv.shape[1] != d_qk:
+        raise ValueError(f"kv must be (s_kv, 1, {d_qk}) to match q, got {tuple(kv.shape)}")
+    if indices.dim() == 3:
+        if indices.shape[1] != 1:
+            raise ValueError(f"indices must be (s_q, 1, topk), got {tuple(indices.shape)}")
+        indices = indices[:, 0]
+    if indices.dim() != 2 or indices.shape[0] != s_q:
+        raise ValueError(f"indices must be ({s_q}, 1, topk), got {tuple(indices.shape)}")
+    return kv, indices
 
 
 class _DecodePart:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ from dsv4bench import scenarios
 from dsv4bench.scenarios import ScenarioError
 from dsv4bench.serving import ServingSpec
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dsv4bench"
 BASE = "op: serving\nmodel: v4-flash\nbatch_sizes: [1]\ncontexts: [8K]\n"
 
 
@@ -47,15 +45,16 @@ def test_serving_errors_name_file_line_and_key(tmp_path, extra, line, path, word
     assert words in str(e.value)
 
 
-def test_only_the_scenario_loader_imports_yaml():
-    importers = set()
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            if any(n == "yaml" or n.startswith("yaml.") for n in names):
-                importers.add(path.relative_to(PACKAGE).as_posix())
-    assert importers == {"scenarios/read.py"}
+def test_the_command_line_reads_each_scenario_file_once(monkeypatch):
+    from dsv4bench import cli
+
+    root = Path(__file__).parent.parent / "scenarios"
+    files = [root / "smoke.yaml", root / "serving" / "v4_flash_sm90.yaml"]
+    reads: list[str] = []
+    for method in ("read_bytes", "read_text"):
+        real = getattr(Path, method)
+        spy = lambda p, *a, real=real, **k: reads.append(p.name) or real(p, *a, **k)  # noqa: E731
+        monkeypatch.setattr(Path, method, spy)
+    jobs, _, specs = cli._load([str(f) for f in files], None)
+    assert jobs and len(specs) == 1
+    assert sorted(reads) == sorted(f.name for f in files)

@@ -34,10 +34,33 @@ import json
 
 import torch
 
-from dsv4bench.cases import patterns
 from dsv4bench.cases.case import Case
+from dsv4bench.cases.tensors import (
+    block_table as _block_table,
+)
+from dsv4bench.cases.tensors import (
+    cache as _cache,
+)
+from dsv4bench.cases.tensors import (
+    choose as _choose,
+)
+from dsv4bench.cases.tensors import (
+    extra_local as _extra_local,
+)
+from dsv4bench.cases.tensors import (
+    last_window as _last_window,
+)
+from dsv4bench.cases.tensors import (
+    pages as _pages,
+)
+from dsv4bench.cases.tensors import (
+    poison_unused as _poison_unused,
+)
+from dsv4bench.cases.tensors import (
+    sink as _sink,
+)
 from reference import indices as remap
-from reference import layout_table, layouts
+from reference import layouts
 
 
 def seed_of(case: Case) -> int:
@@ -81,52 +104,6 @@ def fingerprint(inputs: dict) -> str:
 # ---- building blocks --------------------------------------------------------------------
 
 
-def _pages(n: int, page_size: int) -> int:
-    return -(-n // page_size)
-
-
-def _cache(case: Case, n_tokens: int, device, g) -> tuple[torch.Tensor, int]:
-    """A random FP8 cache of at least n_tokens tokens; returns (cache, number of slots)."""
-    d = case.d_qk
-    num_pages = max(1, _pages(n_tokens, case.page_size))
-    kv = torch.randn(num_pages * case.page_size, d, generator=g, device=device)
-    kv = kv.to(torch.bfloat16)
-    layout = layout_table.layout(case.layout)
-    if not layout.fp8:
-        raise ValueError(f"no FP8 cache for layout {case.layout!r}")
-    cache = layout.writer()(kv, case.page_size, case.scale_convention)
-    return cache, num_pages * case.page_size
-
-
-def _block_table(num_requests: int, pages_per_request: int, device, g) -> torch.Tensor:
-    perm = torch.randperm(num_requests * pages_per_request, generator=g, device=device)
-    return perm.view(num_requests, pages_per_request).to(torch.int32)
-
-
-def _choose(visible: torch.Tensor, k: int, g, pattern: str = "uniform", req=None):
-    """Per row, k distinct positions drawn from [0, visible), -1 past visible (valid first),
-    picked as the case's index_pattern says (cases/patterns.py; uniform: as always)."""
-    return patterns.choose(visible, k, g, pattern, req)
-
-
-def _last_window(pos: torch.Tensor, start, window: int, width: int) -> torch.Tensor:
-    """Offsets (from buffer start: an int, or a (rows, 1) tensor) of the last `window`
-    positions up to pos, -1 padded."""
-    first = (pos - window + 1).clamp(min=0)
-    offs = first[:, None] + torch.arange(width, device=pos.device)
-    valid = (offs <= pos[:, None]) & (torch.arange(width, device=pos.device) < window)
-    return torch.where(valid, offs - start, torch.full_like(offs, -1))
-
-
-def _extra_local(case: Case, pos: torch.Tensor, g, req=None) -> torch.Tensor:
-    """Compressed entries each query sees: C4 picks top-k of them, C128 takes all."""
-    visible = (pos + 1) // case.compress_ratio
-    if case.compress_ratio == 4:
-        return _choose(visible, case.extra_topk, g, case.index_pattern, req)
-    cols = torch.arange(case.extra_topk, device=pos.device)
-    return torch.where(cols < visible[:, None], cols, torch.full_like(cols, -1))
-
-
 def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, device, g) -> dict:
     """FP8 caches and global indices for queries at positions pos of requests req."""
     x: dict = {}
@@ -156,19 +133,6 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
     return x
 
 
-def _poison_unused(case: Case, cache: torch.Tensor, indices: torch.Tensor) -> None:
-    """NaN into every slot no index names: a kernel reading outside its indices fails."""
-    used = torch.zeros(cache.shape[0] * cache.shape[1], dtype=torch.bool, device=cache.device)
-    used[indices[indices >= 0].long()] = True
-    layouts.poison_tokens(cache, (~used).nonzero().flatten(), layout=case.layout)
-
-
-def _sink(case: Case, device, g) -> torch.Tensor | None:
-    if not case.sink:
-        return None
-    return torch.randn(case.num_heads, generator=g, device=device, dtype=torch.float32)
-
-
 def _to_int32(x: dict) -> dict:
     return {k: (v.to(torch.int32) if k.endswith("indices") else v) for k, v in x.items()}
 
@@ -195,7 +159,7 @@ def _prefill(case: Case, device, g) -> dict:
     if case.context_lens:  # one chunk per request over one ragged workspace (sglang NSA)
         from dsv4bench.cases import ragged
 
-        return ragged.prefill(case, device, g)
+        return ragged.prefill(case, device, g, chunk=_prefill)
     t, h = case.tokens, case.num_heads
     pos = case.context_len - t + torch.arange(t, device=device)
     req = torch.zeros(t, dtype=torch.int64, device=device)

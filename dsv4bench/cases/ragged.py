@@ -19,11 +19,12 @@ prefill (sglang's NSA ragged top-k, sglang #20606): request r's chunk of `tokens
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
-from dsv4bench.cases import inputs
+from dsv4bench.cases import tensors
 from dsv4bench.cases.case import Case
 from reference import indices as remap
 
@@ -51,7 +52,7 @@ def decode(case: Case, device, g) -> dict:
         if case.extra_topk:
             x["extra_topk_length"] = (x["extra_indices"][:, -1] >= 0).sum(-1).to(torch.int32)
     x["q"] = torch.randn(b, s_q, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
-    x["attn_sink"] = inputs._sink(case, device, g)
+    x["attn_sink"] = tensors.sink(case, device, g)
     return {k: (v.to(torch.int32) if k.endswith("indices") else v) for k, v in x.items()}
 
 
@@ -64,32 +65,33 @@ def query_sets(case: Case, pos, req, lens, device, g) -> dict:
         first = torch.zeros_like(lens).scatter_reduce(0, req, pos, "amin", include_self=False)
         start = (first - case.window + 1).clamp(min=0)
         spans = (lens - start).tolist()
-        local = inputs._last_window(pos, start[req][:, None], case.window, case.topk)
+        local = tensors.last_window(pos, start[req][:, None], case.window, case.topk)
     else:
         spans = lens.tolist()
-        local = inputs._choose(pos + 1, case.topk, g, case.index_pattern, req)
-    pages = [inputs._pages(n, page) for n in spans]
-    x["k_cache"], _ = inputs._cache(case, sum(pages) * page, device, g)
+        local = tensors.choose(pos + 1, case.topk, g, case.index_pattern, req)
+    pages = [tensors.pages(n, page) for n in spans]
+    x["k_cache"], _ = tensors.cache(case, sum(pages) * page, device, g)
     table = block_table(pages, device, g)
     x["indices"] = remap.to_global_slots(local[:, None, :], table[req], page)[:, 0]
-    inputs._poison_unused(case, x["k_cache"], x["indices"])
+    tensors.poison_unused(case, x["k_cache"], x["indices"])
     if case.extra_topk:
-        pages_c = [max(1, inputs._pages(n // case.compress_ratio, page)) for n in lens.tolist()]
-        x["extra_k_cache"], _ = inputs._cache(case, sum(pages_c) * page, device, g)
+        pages_c = [max(1, tensors.pages(n // case.compress_ratio, page)) for n in lens.tolist()]
+        x["extra_k_cache"], _ = tensors.cache(case, sum(pages_c) * page, device, g)
         table_c = block_table(pages_c, device, g)
-        local_c = inputs._extra_local(case, pos, g, req)
+        local_c = tensors.extra_local(case, pos, g, req)
         x["extra_indices"] = remap.to_global_slots(local_c[:, None, :], table_c[req], page)[:, 0]
-        inputs._poison_unused(case, x["extra_k_cache"], x["extra_indices"])
+        tensors.poison_unused(case, x["extra_k_cache"], x["extra_indices"])
     return x
 
 
-def prefill(case: Case, device, g) -> dict:
-    """One sparse-prefill call over every request's chunk (see the module docstring)."""
+def prefill(case: Case, device, g, chunk: Callable[[Case, object, object], dict]) -> dict:
+    """One sparse-prefill call over every request's chunk (see the module docstring); `chunk`
+    builds one request's lone chunk (inputs.py's prefill)."""
     t = case.tokens
     parts = []
     for n in case.context_lens:  # each request's chunk, as a lone chunk of its context
         alone = replace(case, context_lens=(), ragged="", batch_size=1, context_len=n)
-        parts.append(inputs._prefill(alone, device, g))
+        parts.append(chunk(alone, device, g))
     sizes = torch.tensor([p["kv"].shape[0] for p in parts], device=device)
     cu = torch.zeros(len(parts) + 1, dtype=torch.int32, device=device)
     cu[1:] = torch.cumsum(sizes, 0)

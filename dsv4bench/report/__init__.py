@@ -3,7 +3,8 @@
 - `build_report(run_dirs, out_dir) -> list[Path]`: report.md, report.html (self-contained) and
   the PNGs beside them (dsv4bench.report.render).
 - `compare.compare(base, new, out_dir, time_threshold=0.05) -> (exit_code, files)`:
-  compare.md and compare-ratios.png; exit code 1 on any regression (dsv4bench.report.compare).
+  compare.md and compare-ratios.png; exit code 1 on any regression (dsv4bench.report.compare;
+  its matching and rules: compare_rules, its document: compare_doc).
 - `load_rows(path)`: rows of a run dir, a results.jsonl or a pytest-benchmark JSON file;
   `ReportInputError` for a path that holds none of these.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.report.compare import (
+from dsv4bench.report.compare_rules import (
     MIN_SAMPLES,
     RULES,
     Entry,

@@ -33,42 +33,13 @@ def section(report, serving: list[dict]) -> None:
         "TTFT: x prompt length, one line per (model, chunk, route); TPOT: x batch size, one "
         "line per (model, context)."
     )
-    panels = []
-    for metric, x_key, xlabel in (
-        ("ttft", "prompt_len", "prompt length (tokens)"),
-        ("tpot", "batch_size", "batch size"),
-    ):
-        mrows = [r for r in rows if r.get("metric") == metric]
-        groups: dict[str, list[dict]] = {}
-        for r in mrows:
-            if metric == "ttft":
-                key = f"{r.get('model')} chunk {r.get('chunk_size')} {r.get('route')}"
-            else:
-                key = f"{r.get('model')} S={r.get('context_len')}"
-            groups.setdefault(f"{key} [{report.who(r)}]", []).append(r)
-        series = []
-        for i, (label, pts) in enumerate(sorted(groups.items())):
-            pts = sorted(pts, key=lambda r: r.get(x_key) or 0)
-            series.append(
-                plots.Series(
-                    label=label,
-                    xs=[r[x_key] for r in pts],
-                    ys=[share(r) for r in pts],
-                    marker=plots.MARKERS[i % len(plots.MARKERS)],
-                )
-            )
-        panels.append(
-            plots.Panel(
-                f"{metric.upper()}: indexer share",
-                xlabel,
-                "indexer / total",
-                series,
-                logx=True,
-                logy=False,
-                ypercent=True,
-                note=f"no {metric} rows with an indexer part",
-            )
+    panels = [
+        _panel(report, rows, metric, x_key, xlabel)
+        for metric, x_key, xlabel in (
+            ("ttft", "prompt_len", "prompt length (tokens)"),
+            ("tpot", "batch_size", "batch size"),
         )
+    ]
     fig = plots.line_figure("Lightning indexer share of TTFT and TPOT", panels, max_cols=2)
     d.image(report.save(fig, "indexer-share"), "indexer share of TTFT and TPOT")
     table = [
@@ -103,4 +74,36 @@ def section(report, serving: list[dict]) -> None:
         ],
         table,
         folded=True,
+    )
+
+
+def _panel(report, rows: list[dict], metric: str, x_key: str, xlabel: str):
+    """One metric's panel: the indexer's share along x_key, a line per model and shape."""
+    groups: dict[str, list[dict]] = {}
+    for r in (r for r in rows if r.get("metric") == metric):
+        if metric == "ttft":
+            key = f"{r.get('model')} chunk {r.get('chunk_size')} {r.get('route')}"
+        else:
+            key = f"{r.get('model')} S={r.get('context_len')}"
+        groups.setdefault(f"{key} [{report.who(r)}]", []).append(r)
+    series = []
+    for i, (label, pts) in enumerate(sorted(groups.items())):
+        pts = sorted(pts, key=lambda r: r.get(x_key) or 0)
+        series.append(
+            plots.Series(
+                label=label,
+                xs=[r[x_key] for r in pts],
+                ys=[share(r) for r in pts],
+                marker=plots.MARKERS[i % len(plots.MARKERS)],
+            )
+        )
+    return plots.Panel(
+        f"{metric.upper()}: indexer share",
+        xlabel,
+        "indexer / total",
+        series,
+        logx=True,
+        logy=False,
+        ypercent=True,
+        note=f"no {metric} rows with an indexer part",
     )

@@ -4,8 +4,9 @@ The schema is in docs/scenarios.md. The only package that touches YAML.
 Everything is checked before anything runs; the first problem is raised as a ScenarioError
 whose text is one line, `FILE:LINE: key.path: what was expected`. One module per step: read
 (YAML tree with lines), rules (value checks, also validate_case), expand (kernel cases),
-serving_entry (serving files), entries (one file -> what it holds). May import cases/,
-serving/spec and reference/; nothing that runs or reports.
+serving_entry (serving files), entries (one file -> what it holds); scenario holds the
+loaded Scenario and its LimitSearches. May import cases/, serving/spec and reference/; nothing
+that runs or reports.
 """
 
 from dsv4bench.scenarios.entries import (

@@ -7,8 +7,9 @@ from collections.abc import Collection
 from pathlib import Path
 
 from dsv4bench.cases.case import Case
-from dsv4bench.scenarios.expand import Scenario, ScenarioLoader
+from dsv4bench.scenarios.expand import ScenarioLoader
 from dsv4bench.scenarios.read import ScenarioError, parse, read_text
+from dsv4bench.scenarios.scenario import Scenario
 from dsv4bench.scenarios.serving_entry import is_serving, serving_spec
 from dsv4bench.serving.spec import ServingSpec
 

@@ -41,62 +41,13 @@ from dsv4bench.scenarios.rules import (
     Parser,
     case_problems,
 )
+from dsv4bench.scenarios.scenario import LimitSearch, Scenario
 from dsv4bench.scenarios.sizes import size_problems
 from dsv4bench.scenarios.workloads import workload_fields
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
 MAX_CASES = 100_000  # a guard against a typo that multiplies sweeps into millions
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]*$")
-
-
-@dataclass(frozen=True)
-class LimitSearch:
-    """Find where `backend` starts failing along `axis`: `lo` is expected to work, `hi` to fail.
-
-    `base` is the point at `axis = lo`; every other field stays fixed during the search, which
-    stops once the last working and first failing values are at most `step` apart."""
-
-    axis: str
-    lo: int
-    hi: int
-    backend: str
-    base: Case
-    step: int = 1
-
-    def at(self, value: int) -> Case:
-        return replace(self.base, **{self.axis: value})
-
-    @property
-    def limit_id(self) -> str:
-        return f"limit-{self.axis}-{self.base.case_id}"
-
-
-@dataclass
-class Scenario:
-    """A validated scenario file with its cases already expanded (in file order)."""
-
-    name: str
-    description: str
-    op: str  # the top-level op; without one, the cases' op, or "mixed"
-    arch: list[str]
-    backends: list[str]  # the scenario's backends; a `cases` entry may replace them
-    cases: list[Case]
-    limits: list[LimitSearch]
-    source: str
-    tags: list[str] = field(default_factory=list)
-    case_backends: dict[str, tuple[str, ...]] = field(default_factory=dict)  # case_id -> backends
-    # backend instances the file defines ({name: flashmla, as: ..., OPTION: VALUE} entries):
-    # [{"name", "base", "options", "origin"}], for backends.configure
-    instances: list[dict] = field(default_factory=list)
-    included: list[str] = field(default_factory=list)  # the files whose cases it runs (include)
-
-    def backends_for(self, case: Case) -> tuple[str, ...]:
-        """The backends this case runs on: its entry's `backends`, else the scenario's."""
-        return self.case_backends.get(case.case_id, tuple(self.backends))
-
-    def jobs(self) -> list[tuple[Case, str]]:
-        """Every (case, backend) pair in order."""
-        return [(c, b) for c in self.cases for b in self.backends_for(c)]
 
 
 TOP_KEYS = (

@@ -5,7 +5,8 @@ calls a serving engine makes for attention, the FP8 -> bf16 dequantization its s
 path needs, and index remapping. GEMMs, MoE, the indexer, communication and scheduling are not
 included. Numbers are sums of MEASURED medians: nothing is predicted or interpolated.
 
-Flow: `spec_from_dict` (the `op: serving` entry of a scenario) -> `plan` (the distinct Cases to
+Flow: `spec_from_dict` (the values of an `op: serving` scenario file, which
+dsv4bench.scenarios reads) -> `plan` (the distinct Cases to
 measure, and curves whose points list their parts as (case_id, multiplicity)) -> the runner
 measures every case -> `aggregate` (serving rows, one per curve point and backend).
 

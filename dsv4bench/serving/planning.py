@@ -381,18 +381,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
     for s in spec.contexts if spec.batch_sizes else ():
         points = []
         for bs in spec.batch_sizes:
-            scaled = [
-                (Part(b.attention(kind, op="decode", context_len=s, batch_size=bs), 1), count)
-                for kind, count in kinds.items()
-            ]
-            for kind, count in kinds.items():
-                ix = b.indexer(kind, context_len=s, batch_size=bs)
-                if ix is not None:
-                    scaled.append((ix, count))
-            if c128 != "none" and "c128" in kinds:
-                cid = b.c128_index(bs, s)
-                if cid is not None:  # once a step (shared by the C128 layers) or per layer
-                    scaled.append((Part(cid, 1, "remap"), 1 if c128 == "step" else kinds["c128"]))
+            scaled = _tpot_parts(b, kinds, bs, s, c128)
             points.append(
                 CurvePoint(
                     point_id=f"tpot-{cfg.name}{tpot_suffix}-B{bs}-S{s}",
@@ -410,6 +399,24 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
     for i, lens in enumerate(spec.ragged):
         curves.append(_ragged_curve(b, kinds, lens, f"tpot-{cfg.name}{suffix}-ragged{i}"))
     return ServingPlan(spec, list(b.cases.values()), curves, safe_limit)
+
+
+def _tpot_parts(b: _Builder, kinds: dict, bs: int, s: int, c128: str) -> list:
+    """(part, layers) of one decode step of bs requests at context s: attention per layer
+    kind, the indexer where a kind has one, the C128 index build (c128_index)."""
+    scaled = [
+        (Part(b.attention(kind, op="decode", context_len=s, batch_size=bs), 1), count)
+        for kind, count in kinds.items()
+    ]
+    for kind, count in kinds.items():
+        ix = b.indexer(kind, context_len=s, batch_size=bs)
+        if ix is not None:
+            scaled.append((ix, count))
+    if c128 != "none" and "c128" in kinds:
+        cid = b.c128_index(bs, s)
+        if cid is not None:  # once a step (shared by the C128 layers) or per layer
+            scaled.append((Part(cid, 1, "remap"), 1 if c128 == "step" else kinds["c128"]))
+    return scaled
 
 
 def _ragged_curve(b: _Builder, kinds: dict, lens, curve_id: str) -> Curve:

@@ -83,6 +83,11 @@ def _category_series(ax, s: str, i: int, points, cats, offsets, slot, color, flo
             "non-finite: x at the top",
             Line2D([], [], linestyle="none", marker="x", mew=2, color="0.3"),
         )
+    _rings(ax, xs, pts, floor, handles)
+
+
+def _rings(ax, xs: list, pts: list, floor: float, handles: dict) -> None:
+    """Red rings on the finite points beyond tolerance."""
     bad = [
         (x, min(max(p.value, floor), 1e300))
         for x, p in zip(xs, pts, strict=True)

@@ -66,24 +66,9 @@ def head_padding(rep) -> None:
                         pct(h / padded) if isinstance(padded, int) and padded else "",
                     ]
                 )
-        panels = [
-            plots.Panel(
-                "time per useful head",
-                "useful heads per rank",
-                "ms per useful head",
-                per_head,
-                logx=True,
-            ),
-            plots.Panel(
-                "relative to the largest head count",
-                "useful heads per rank",
-                "time per head / time per head at most heads",
-                relative,
-                logx=True,
-                hlines=[(1.0, "per-head cost at the most heads", "0.4")],
-            ),
-        ]
-        fig = plots.line_figure(f"Head-padding overhead: {model}", panels, max_cols=2)
+        fig = plots.line_figure(
+            f"Head-padding overhead: {model}", _panels(per_head, relative), max_cols=2
+        )
         d.heading(f"Head padding: {model}", 3)
         d.image(rep.save(fig, make_slug("head-padding", model)), f"head padding {model}")
         d.table(
@@ -100,3 +85,24 @@ def head_padding(rep) -> None:
             table,
             caption=f"Head-padding rows, {model}",
         )
+
+
+def _panels(per_head: list, relative: list) -> list:
+    """Time per useful head, and the same relative to the largest head count."""
+    return [
+        plots.Panel(
+            "time per useful head",
+            "useful heads per rank",
+            "ms per useful head",
+            per_head,
+            logx=True,
+        ),
+        plots.Panel(
+            "relative to the largest head count",
+            "useful heads per rank",
+            "time per head / time per head at most heads",
+            relative,
+            logx=True,
+            hlines=[(1.0, "per-head cost at the most heads", "0.4")],
+        ),
+    ]

@@ -1,0 +1,98 @@
+"""`dsv4bench report`, `compare`, `backends` and `env`: the commands that read what exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dsv4bench.commands.common import UsageError, setup_backends
+
+
+def cmd_backends(args) -> int:
+    from dsv4bench import backends
+
+    setup_backends(args)
+    table = []
+    for name in backends.names():
+        b = backends.get(name)
+        layouts = "any" if b.layouts is None else ",".join(b.layouts) or "-"
+        table.append((name, ",".join(b.archs), ",".join(b.ops), layouts, kernels_found(b)))
+    head = ("backend", "archs", "ops", "layouts", "kernels found")
+    widths = [max(len(r[i]) for r in [head, *table]) for i in range(4)]
+    for r in [head, *table]:
+        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+    return 0
+
+
+def kernels_found(b) -> str:
+    """Which build a backend found, or why none (one line: its rows will say unsupported)."""
+    from dsv4bench import backends
+
+    try:
+        prov = b.provider()
+    except backends.Unsupported as e:
+        return f"not available: {e}"
+    return f"{prov.name} {prov.version}".strip()
+
+
+def cmd_recommend(args) -> int:
+    from dsv4bench.report import ReportInputError
+    from dsv4bench.report.load import load_runs
+    from dsv4bench.serving import recommend
+
+    if args.tp < 1:
+        raise UsageError(f"--tp {args.tp}: expected a positive tensor-parallel size")
+    try:
+        rows = load_runs([Path(p) for p in args.run_dir])
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(recommend.lines(rows, args.model, args.tp)))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from dsv4bench.report import ReportInputError, build_report
+
+    first = Path(args.run_dir[0])
+    out = Path(args.out) if args.out else (first.parent if first.is_file() else first)
+    try:
+        files = build_report([Path(p) for p in args.run_dir], out)
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(str(f) for f in files if f.suffix in (".md", ".html")))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from dsv4bench.report import ReportInputError
+    from dsv4bench.report.compare import compare
+
+    if args.time_threshold <= 0:
+        raise UsageError(f"--time-threshold {args.time_threshold}: expected a positive fraction")
+    if args.new is None and not args.backends:
+        raise UsageError("compare: NEW is needed unless --backends A B compares two instances")
+    if args.backends and args.backends[0] == args.backends[1]:
+        raise UsageError(f"--backends: expected two different instances, got {args.backends[0]}")
+    new = Path(args.new or args.base)
+    out = Path(args.out) if args.out else new
+    out = out if out.is_dir() or not out.suffix else out.parent
+    try:
+        code, files = compare(
+            Path(args.base),
+            new,
+            out,
+            time_threshold=args.time_threshold,
+            backends=tuple(args.backends) if args.backends else None,
+            partial=args.partial,
+        )
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print(f"regression report: {next((f for f in files if f.suffix == '.md'), out)}")
+    return code
+
+
+def cmd_env(args) -> int:
+    from dsv4bench import env
+
+    print(json.dumps(env.collect(), indent=2))
+    return 0
