@@ -61,23 +61,21 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
         if not Path(path).is_file():
             raise UsageError(f"{path}: no such scenario file")
         try:
-            if serving.is_serving_file(Path(path).read_text()):
-                spec = serving.load_spec(path, known_backends=backends.names())
-                specs.append(spec)
-                if archs is not None:  # serving files name no arch: every one
-                    from dsv4bench.cases.case import ARCHS
-
-                    archs[spec.scenario] = list(ARCHS)
-                jobs += [Job(case, b) for case, b in serving.jobs_for(spec) if wanted(b)]
-                continue
-            sc = scenarios.load(path, known_backends=backends.catalog())
-            backends.configure_all(sc.instances)
+            entry = scenarios.load_any(path, known_backends=backends.catalog())
+            if isinstance(entry, scenarios.Scenario):
+                backends.configure_all(entry.instances)
         except (scenarios.ScenarioError, backends.PluginError) as e:
             raise UsageError(str(e)) from None
+        if isinstance(entry, serving.ServingSpec):
+            specs.append(entry)
+            if archs is not None:  # serving files name no arch: every one
+                archs[entry.scenario] = list(ARCHS)
+            jobs += [Job(case, b) for case, b in serving.jobs_for(entry) if wanted(b)]
+            continue
         if archs is not None:
-            archs[sc.name] = list(sc.arch)
-        jobs += [Job(case, b) for case, b in sc.jobs() if wanted(b)]
-        limits += [lim for lim in sc.limits if wanted(lim.backend)]
+            archs[entry.name] = list(entry.arch)
+        jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
+        limits += [lim for lim in entry.limits if wanted(lim.backend)]
     return jobs, limits, specs
 
 

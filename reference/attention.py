@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from reference.layout_table import LAYOUTS
+from reference.layout_table import of_cache
 from reference.layouts import gather_tokens
 
 BLOCK_BYTES = 128 * 2**20
@@ -50,8 +50,6 @@ BLOCK_BYTES = 128 * 2**20
 
 CUDA_BLOCK_BYTES = 2**30
 """Default budget on a GPU: larger blocks mean fewer, larger matmuls and launches."""
-
-_CACHE_D_QK = {lay.token_bytes: lay.d_qk for lay in LAYOUTS.values() if lay.fp8}
 
 
 def attend(
@@ -102,6 +100,7 @@ def sparse_mla_decode(
     extra_topk_length: torch.Tensor | None = None,
     scale_rounding: str | None = None,
     block_bytes: int | None = None,
+    layout: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse decode over an FP8 KV cache (FlashMLA ``flash_mla_with_kvcache`` sparse mode).
 
@@ -119,6 +118,8 @@ def sparse_mla_decode(
             a second cache of the same layout joined into the same softmax.
         scale_rounding: passed to ``gather_tokens`` (how the kernel reads V3.2 scales).
         block_bytes: working-set budget of one query block (default by device).
+        layout: the caches' layout name (reference.layout_table); None: the one layout of
+            the cache's width.
 
     Returns:
         ``out`` fp32 ``(b, s_q, h, d_v)`` and ``lse`` fp32 ``(b, h, s_q)``.
@@ -126,7 +127,7 @@ def sparse_mla_decode(
     if q.dim() != 4:
         raise ValueError(f"q must be (b, s_q, h, d_qk), got {tuple(q.shape)}")
     b, s_q, h, d_qk = q.shape
-    _check_cache(k_cache, d_qk, "k_cache")
+    _check_cache(k_cache, d_qk, "k_cache", layout)
     _check_d_v(d_v, d_qk)
     parts = [_DecodePart(k_cache, indices, topk_length, b, s_q, "indices")]
     if (extra_k_cache is None) != (extra_indices is None):
@@ -134,7 +135,7 @@ def sparse_mla_decode(
     if extra_topk_length is not None and extra_k_cache is None:
         raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
     if extra_k_cache is not None:
-        _check_cache(extra_k_cache, d_qk, "extra_k_cache")
+        _check_cache(extra_k_cache, d_qk, "extra_k_cache", layout)
         parts.append(
             _DecodePart(extra_k_cache, extra_indices, extra_topk_length, b, s_q, "extra_indices")
         )
@@ -159,7 +160,7 @@ def sparse_mla_decode(
             stop = min(start + step, num_tokens)
             tokens = torch.arange(start, stop, device=q.device)
             slots = [part.block_slots(start, stop, q.device) for part in parts]
-            readers = [_token_reader(part.cache, scale_rounding) for part in parts]
+            readers = [_token_reader(part.cache, scale_rounding, layout) for part in parts]
             keys = keys_buf[: (stop - start) * width * d_qk].view(stop - start, width, d_qk)
             _gather_distinct(readers, slots, chunk, keys)
             valid = torch.cat(slots, dim=1) >= 0
@@ -304,9 +305,9 @@ class _DecodePart:
 
 
 def _token_reader(
-    cache: torch.Tensor, scale_rounding: str | None
+    cache: torch.Tensor, scale_rounding: str | None, layout: str | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda slots: gather_tokens(cache, slots, scale_rounding=scale_rounding)
+    return lambda slots: gather_tokens(cache, slots, scale_rounding=scale_rounding, layout=layout)
 
 
 def _gather_distinct(
@@ -337,16 +338,16 @@ def _gather_distinct(
     torch.index_select(table, 0, index, out=keys.view(-1, keys.shape[-1]))
 
 
-def _check_cache(cache: torch.Tensor, d_qk: int, name: str) -> None:
-    if cache.element_size() != 1 or cache.dim() != 4 or cache.shape[-1] not in _CACHE_D_QK:
+def _check_cache(cache: torch.Tensor, d_qk: int, name: str, layout: str | None) -> None:
+    if cache.element_size() != 1 or cache.dim() != 4:
         raise ValueError(
-            f"{name} must be a 1-byte FP8 cache (pages, page_size, 1, 656 or 584), "
+            f"{name} must be a 1-byte FP8 cache (pages, page_size, 1, token bytes), "
             f"got {cache.dtype} {tuple(cache.shape)}"
         )
-    if _CACHE_D_QK[cache.shape[-1]] != d_qk:
+    entry = of_cache(cache, layout)
+    if entry.d_qk != d_qk:
         raise ValueError(
-            f"{name} with {cache.shape[-1]} B/token holds d_qk {_CACHE_D_QK[cache.shape[-1]]}, "
-            f"but q has d_qk {d_qk}"
+            f"{name} with {cache.shape[-1]} B/token holds d_qk {entry.d_qk}, but q has d_qk {d_qk}"
         )
 
 

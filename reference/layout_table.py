@@ -1,8 +1,10 @@
 """The KV-cache layouts: every fact a module needs about one, in one table (no torch import).
 
-Adding a layout means one `CacheLayout` entry here, its writer and reader in
-reference/layouts.py (named by `write`/`read`), and tests; every other module asks this table
-(bytes per token for metrics, d_qk for validation and backends, conventions for scenarios).
+Adding a layout means one `CacheLayout` entry here, its writer and reader (named by
+`write`/`read`, in reference/layouts.py or any module `module` names), the backends that opt in
+(their `layouts`), and tests; every other module asks this table (bytes per token for metrics,
+d_qk for validation and backends, conventions for scenarios). A layout's identity is its name,
+carried by the Case from the scenario to every reader: never guessed from a width.
 The byte formats themselves are described in reference/layouts.py's docstring.
 """
 
@@ -25,8 +27,15 @@ class CacheLayout:
     scale_format: str  # "fp32" (read exactly, or as bf16/e8m0 per arch), "ue8m0", "" (none)
     conventions: tuple[str, ...]  # scale writers (reference.layouts), the default first
     page_size: int = 64  # tokens per page engines use by default
-    write: str = ""  # reference.layouts function (kv [N, d_qk] fp32, page_size, convention)
-    read: str = ""  # reference.layouts function (cache, scale_rounding) -> fp32 [slots, d_qk]
+    write: str = ""  # function (kv [N, d_qk] fp32, page_size, convention) -> cache
+    read: str = ""  # function (cache, *, scale_rounding) -> fp32 [slots, d_qk]
+    # optional: (cache, slots, scale_rounding) -> fp32 [len(slots), d_qk] reading only those
+    # tokens (without one, `read` then index: fine for small caches)
+    gather: str = ""
+    # optional: (cache, slots) writing NaN-reading tokens in place (without one, unused slots
+    # keep the writer's values and a kernel reading outside its indices goes unseen)
+    poison: str = ""
+    module: str = "reference.layouts"  # where write/read/gather/poison live
 
     @property
     def fp8(self) -> bool:
@@ -44,11 +53,27 @@ class CacheLayout:
     def bytes_per_token(self, d_qk: int) -> int:
         return self.token_bytes if self.token_bytes is not None else 2 * d_qk
 
+    @property
+    def complete(self) -> bool:
+        """Whether the oracle can build and read this layout (a writer and a reader exist)."""
+        return bool(self.write and self.read)
+
+    def _function(self, name: str) -> Callable:
+        if not name:
+            raise ValueError(f"layout {self.name} has no such function in the layout table")
+        return getattr(importlib.import_module(self.module), name)
+
     def writer(self) -> Callable:
-        return getattr(importlib.import_module("reference.layouts"), self.write)
+        return self._function(self.write)
 
     def reader(self) -> Callable:
-        return getattr(importlib.import_module("reference.layouts"), self.read)
+        return self._function(self.read)
+
+    def gatherer(self) -> Callable | None:
+        return self._function(self.gather) if self.gather else None
+
+    def poisoner(self) -> Callable | None:
+        return self._function(self.poison) if self.poison else None
 
 
 LAYOUTS: dict[str, CacheLayout] = {
@@ -64,6 +89,8 @@ LAYOUTS: dict[str, CacheLayout] = {
         conventions=("pow2", "raw"),  # raw: vLLM's writer (any fp32 scale)
         write="quantize_v32",
         read="dequantize_v32",
+        gather="gather_v32",
+        poison="poison_v32",
     ),
     "v4": CacheLayout(
         "v4",
@@ -77,6 +104,8 @@ LAYOUTS: dict[str, CacheLayout] = {
         conventions=("flashmla", "vllm", "sglang"),
         write="quantize_v4",
         read="dequantize_v4",
+        gather="gather_v4",
+        poison="poison_v4",
     ),
     "bf16": CacheLayout(
         "bf16",
@@ -91,7 +120,7 @@ LAYOUTS: dict[str, CacheLayout] = {
     ),
 }
 
-FP8_LAYOUTS = tuple(name for name, lay in LAYOUTS.items() if lay.fp8)
+FP8_LAYOUTS = tuple(name for name, lay in LAYOUTS.items() if lay.fp8)  # as shipped
 
 
 def layout(name: str) -> CacheLayout:
@@ -102,8 +131,34 @@ def layout(name: str) -> CacheLayout:
 
 
 def of_width(token_bytes: int) -> CacheLayout | None:
-    """The FP8 layout whose tokens take `token_bytes` (a cache's last dimension), else None."""
-    return next((lay for lay in LAYOUTS.values() if lay.token_bytes == token_bytes), None)
+    """The one FP8 layout whose tokens take `token_bytes`, else None (none, or several).
+
+    Only for a cache handed in without its name (reference/ used on its own, and the Triton
+    files until they read `layout(case.layout)`): the pipeline carries the name."""
+    found = [lay for lay in LAYOUTS.values() if lay.token_bytes == token_bytes]
+    return found[0] if len(found) == 1 else None
+
+
+def of_cache(cache, name: str | None = None) -> CacheLayout:
+    """The entry of a cache tensor's layout: `name`'s (checked against the cache's last
+    dimension), or without a name the one layout of that width."""
+    width = cache.shape[-1] if cache.dim() else None
+    if name is None:
+        found = of_width(width) if width is not None else None
+        if found is None:
+            widths = " or ".join(
+                f"{lay.token_bytes} ({n})" for n, lay in LAYOUTS.items() if lay.fp8
+            )
+            raise ValueError(
+                f"cache last dim must be {widths} (or pass layout=), got {tuple(cache.shape)}"
+            )
+        return found
+    lay = layout(name)
+    if not lay.fp8 or width != lay.token_bytes:
+        raise ValueError(
+            f"a {name} cache has {lay.token_bytes}-byte tokens, got shape {tuple(cache.shape)}"
+        )
+    return lay
 
 
 def of_d_qk(d_qk: int) -> str:

@@ -20,11 +20,10 @@ Dequantized values are float32; for power-of-two scales they are exact.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Literal
 
 import torch
 
-from reference.layout_table import LAYOUTS, of_width
+from reference.layout_table import LAYOUTS, of_cache
 
 E4M3_MAX = 448.0
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -43,7 +42,7 @@ V4_PAGE_ALIGN = 576
 PLAIN_ROW_WIDTH = 512
 PLAIN_ROW_CHUNK = 1 << 16  # tokens dequantized at a time into plain rows
 
-Layout = Literal["v32", "v4"]
+Layout = str  # a name in reference.layout_table.LAYOUTS
 
 
 def _over_e4m3_max(x: torch.Tensor) -> torch.Tensor:
@@ -138,16 +137,15 @@ def _check_page_size(page_size: int, name: str = "page_size") -> None:
 def _cache_bytes(cache: torch.Tensor) -> torch.Tensor:
     if cache.dim() != 4 or cache.shape[2] != 1 or cache.element_size() != 1:
         raise ValueError(
-            "cache must be a 1-byte tensor (num_pages, page_size, 1, 656 | 584), "
+            "cache must be a 1-byte tensor (num_pages, page_size, 1, token bytes), "
             f"got {cache.dtype} {tuple(cache.shape)}"
         )
-    layout_of(cache)
     return cache.view(torch.uint8)
 
 
 def _check_layout(cache: torch.Tensor, layout: Layout, caller: str) -> None:
-    if layout_of(cache) != layout:
-        width = V4_TOKEN_BYTES if layout == "v4" else V32_TOKEN_BYTES
+    width = LAYOUTS[layout].token_bytes
+    if not cache.dim() or cache.shape[-1] != width:
         raise ValueError(f"{caller} needs a {width}-byte cache, got {tuple(cache.shape)}")
 
 
@@ -163,17 +161,14 @@ def _check_slots(slots: torch.Tensor, num_slots: int, device: torch.device) -> t
 
 
 def layout_of(cache: torch.Tensor) -> Layout:
-    """The cache layout by its last dim: "v32" (656-byte records) or "v4" (584)."""
-    layout = of_width(cache.shape[-1]) if cache.dim() else None
-    if layout is None:
-        widths = " or ".join(f"{lay.token_bytes} ({n})" for n, lay in LAYOUTS.items() if lay.fp8)
-        raise ValueError(f"cache last dim must be {widths}, got {tuple(cache.shape)}")
-    return layout.name
+    """A cache handed in without its layout name: the one layout of its width ("v32": 656-byte
+    records, "v4": 584). Callers that know the name pass it (`layout=`) instead."""
+    return of_cache(cache).name
 
 
-def head_dim_of(cache: torch.Tensor) -> int:
+def head_dim_of(cache: torch.Tensor, layout: str | None = None) -> int:
     """d_qk of the tokens in the cache: 576 (V3.2) or 512 (V4)."""
-    return LAYOUTS[layout_of(cache)].d_qk
+    return of_cache(cache, layout).d_qk
 
 
 def v4_page_stride(page_size: int) -> int:
@@ -253,7 +248,7 @@ def dequantize_v4(cache: torch.Tensor, *, scale_rounding: str | None = None) -> 
 
     ue8m0 scales are powers of two, which every scale_rounding keeps: it has no effect."""
     _check_layout(cache, "v4", "dequantize_v4")
-    return gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)
+    return gather_v4(cache, _all_slots(cache), scale_rounding)
 
 
 def split_pages_v4(cache: torch.Tensor, new_page_size: int = 64) -> torch.Tensor:
@@ -323,7 +318,7 @@ def dequantize_v32(cache: torch.Tensor, *, scale_rounding: str | None = None) ->
     even); "e8m0" truncated to a power of two (sm100 FlashMLA).
     """
     _check_layout(cache, "v32", "dequantize_v32")
-    return gather_tokens(cache, _all_slots(cache), scale_rounding=scale_rounding)
+    return gather_v32(cache, _all_slots(cache), scale_rounding)
 
 
 # ---- readers and converters for either layout --------------------------------------------
@@ -343,20 +338,44 @@ def _slot_address(
     return cache_bytes, slots // page_size, slots % page_size
 
 
+def gather_v4(
+    cache: torch.Tensor, slots: torch.Tensor, scale_rounding: str | None = None
+) -> torch.Tensor:
+    """The V4 tokens at the given slots, float32 [len(slots), 512] (the table's `gather`)."""
+    cache_bytes, page, offset = _slot_address(cache, slots)
+    data, scales = _v4_token_views(cache_bytes)
+    return _decode_v4(data[page, offset], scales[page, offset])
+
+
+def gather_v32(
+    cache: torch.Tensor, slots: torch.Tensor, scale_rounding: str | None = None
+) -> torch.Tensor:
+    """The V3.2 tokens at the given slots, float32 [len(slots), 576] (the table's `gather`)."""
+    _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
+    cache_bytes, page, offset = _slot_address(cache, slots)
+    return _decode_v32(cache_bytes[:, :, 0][page, offset], scale_rounding)
+
+
 def gather_tokens(
-    cache: torch.Tensor, slots: torch.Tensor, *, scale_rounding: str | None = None
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    scale_rounding: str | None = None,
+    layout: str | None = None,
 ) -> torch.Tensor:
     """float32 [len(slots), d_qk] of the tokens at the given slots, reading only those tokens.
 
-    scale_rounding is as in dequantize_v32; V4 scales are powers of two, which every
-    rounding keeps, so it has no effect there.
+    layout: the cache's layout name (the table entry's gather, or its reader); None only for
+    a cache handed in without one (the one layout of its width). scale_rounding is as in
+    dequantize_v32; V4 scales are powers of two, which every rounding keeps.
     """
     _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
-    cache_bytes, page, offset = _slot_address(cache, slots)
-    if layout_of(cache) == "v4":
-        data, scales = _v4_token_views(cache_bytes)
-        return _decode_v4(data[page, offset], scales[page, offset])
-    return _decode_v32(cache_bytes[:, :, 0][page, offset], scale_rounding)
+    entry = of_cache(cache, layout)
+    gather = entry.gatherer()
+    if gather is not None:
+        return gather(cache, slots, scale_rounding)
+    slots = _check_slots(slots, cache.shape[0] * cache.shape[1], cache.device)
+    return entry.reader()(cache, scale_rounding=scale_rounding)[slots]
 
 
 def _nan_record(d_nope: int, scale_bytes: bytes, device: torch.device) -> torch.Tensor:
@@ -367,39 +386,54 @@ def _nan_record(d_nope: int, scale_bytes: bytes, device: torch.device) -> torch.
     return torch.cat([nope, scales, rope]).to(device)
 
 
-def poison_tokens(cache: torch.Tensor, slots: torch.Tensor) -> None:
+def poison_tokens(cache: torch.Tensor, slots: torch.Tensor, *, layout: str | None = None) -> None:
     """Overwrite the tokens at `slots` in place with NaN encodings (values, scales and rope), as
-    FlashMLA's tests fill unused cache rows: a kernel reading outside its indices then fails."""
+    FlashMLA's tests fill unused cache rows: a kernel reading outside its indices then fails.
+    A layout without a `poison` function keeps its values."""
+    poison = of_cache(cache, layout).poisoner()
+    if poison is not None:
+        poison(cache, slots)
+
+
+def poison_v4(cache: torch.Tensor, slots: torch.Tensor) -> None:
     cache_bytes, page, offset = _slot_address(cache, slots)
-    if layout_of(cache) == "v4":
-        data, scales = _v4_token_views(cache_bytes)
-        record = _nan_record(V4_D_NOPE, b"", cache.device)
-        data[page, offset] = record
-        scales[page, offset] = torch.tensor(
-            [0xFF] * 7 + [0], dtype=torch.uint8, device=cache.device
-        )
-    else:
-        nan32 = torch.tensor([float("nan")] * 4, dtype=torch.float32).view(torch.uint8)
-        record = _nan_record(V32_D_NOPE, bytes(nan32.tolist()), cache.device)
-        cache_bytes[:, :, 0][page, offset] = record
+    data, scales = _v4_token_views(cache_bytes)
+    data[page, offset] = _nan_record(V4_D_NOPE, b"", cache.device)
+    scales[page, offset] = torch.tensor([0xFF] * 7 + [0], dtype=torch.uint8, device=cache.device)
+
+
+def poison_v32(cache: torch.Tensor, slots: torch.Tensor) -> None:
+    cache_bytes, page, offset = _slot_address(cache, slots)
+    nan32 = torch.tensor([float("nan")] * 4, dtype=torch.float32).view(torch.uint8)
+    record = _nan_record(V32_D_NOPE, bytes(nan32.tolist()), cache.device)
+    cache_bytes[:, :, 0][page, offset] = record
 
 
 def to_workspace(
-    cache: torch.Tensor, slots: torch.Tensor | None = None, *, scale_rounding: str | None = None
+    cache: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    *,
+    scale_rounding: str | None = None,
+    layout: str | None = None,
 ) -> torch.Tensor:
     """Flat bf16 kv [s_kv, 1, d_qk] for sparse prefill: every slot in order, or the given slots."""
     slots = _all_slots(cache) if slots is None else slots
-    return gather_tokens(cache, slots, scale_rounding=scale_rounding).to(torch.bfloat16)[:, None]
+    x = gather_tokens(cache, slots, scale_rounding=scale_rounding, layout=layout)
+    return x.to(torch.bfloat16)[:, None]
 
 
 def gather_workspace(
-    cache: torch.Tensor, indices: torch.Tensor, *, scale_rounding: str | None = None
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    scale_rounding: str | None = None,
+    layout: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Compact bf16 workspace [n_unique, 1, d_qk] of the slots in indices (any shape, -1 invalid),
     and indices remapped into it (same shape and dtype, -1 kept)."""
     valid = indices != -1
     unique_slots, local = torch.unique(indices[valid], return_inverse=True)
-    kv = to_workspace(cache, unique_slots, scale_rounding=scale_rounding)
+    kv = to_workspace(cache, unique_slots, scale_rounding=scale_rounding, layout=layout)
     local_indices = torch.full_like(indices, -1)
     local_indices[valid] = local.to(indices.dtype)
     return kv, local_indices
@@ -413,6 +447,7 @@ def to_plain_rows(
     scale: torch.Tensor | None = None,
     scale_rounding: str | None = None,
     chunk: int = PLAIN_ROW_CHUNK,
+    layout: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain rows [num_pages, 1, page_size, width]: each token's first `width` values.
 
@@ -425,12 +460,14 @@ def to_plain_rows(
     num_pages, page_size = cache.shape[:2]
     n = num_pages * page_size
     if dtype == "e4m3" and scale is None:
-        scale = plain_rows_scale(cache, width=width, scale_rounding=scale_rounding, chunk=chunk)
+        scale = plain_rows_scale(
+            cache, width=width, scale_rounding=scale_rounding, chunk=chunk, layout=layout
+        )
     out_dtype = torch.bfloat16 if dtype == "bf16" else torch.float8_e4m3fn
     rows = torch.empty(n, width, dtype=out_dtype, device=cache.device)
     for start in range(0, n, chunk):
         slots = torch.arange(start, min(start + chunk, n), device=cache.device)
-        x = gather_tokens(cache, slots, scale_rounding=scale_rounding)[:, :width]
+        x = gather_tokens(cache, slots, scale_rounding=scale_rounding, layout=layout)[:, :width]
         part = x.to(torch.bfloat16) if dtype == "bf16" else _to_e4m3(x / scale.to(x.device))
         rows[start : start + len(slots)] = part
     return rows.view(num_pages, 1, page_size, width), scale if dtype == "e4m3" else None
@@ -442,6 +479,7 @@ def plain_rows_scale(
     width: int = PLAIN_ROW_WIDTH,
     scale_rounding: str | None = None,
     chunk: int = PLAIN_ROW_CHUNK,
+    layout: str | None = None,
 ) -> torch.Tensor:
     """One fp32 e4m3 scale for a cache's plain rows: amax / 448 of the finite values (the
     NaN-poisoned unused slots do not count), floored at FLT_MIN."""
@@ -449,7 +487,8 @@ def plain_rows_scale(
     amax = torch.zeros((), dtype=torch.float32, device=cache.device)
     for start in range(0, n, chunk):
         slots = torch.arange(start, min(start + chunk, n), device=cache.device)
-        x = gather_tokens(cache, slots, scale_rounding=scale_rounding)[:, :width].abs()
+        x = gather_tokens(cache, slots, scale_rounding=scale_rounding, layout=layout)
+        x = x[:, :width].abs()
         amax = torch.maximum(amax, torch.where(torch.isfinite(x), x, 0.0).amax())
     return e4m3_scale(amax)
 

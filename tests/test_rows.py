@@ -40,7 +40,9 @@ def test_every_committed_row_loads_and_round_trips():
     ],
 )
 def test_case_row_invariants(fields, problem, tmp_path):
-    row = rows.CaseRow(case_id="c", **fields)
+    with pytest.raises(rows.RowError, match=problem):  # built in code: refused at once
+        rows.CaseRow(case_id="c", **fields)
+    row = rows.CaseRow(case_id="c", **fields, validate=False)  # as read from a file
     assert any(problem in p for p in row.problems())
     with pytest.raises(rows.RowError, match=problem):
         ResultWriter(tmp_path).append(row)
@@ -50,7 +52,9 @@ def test_case_row_invariants(fields, problem, tmp_path):
 def test_a_serving_point_has_a_value_exactly_when_ok():
     assert rows.ServingRow(value_ms=1.0).status == "ok"
     assert rows.ServingRow().status == "error"
-    assert rows.ServingRow(value_ms=1.0, status="error").problems()
+    assert rows.ServingRow(value_ms=1.0, status="error", validate=False).problems()
+    with pytest.raises(rows.RowError, match="value_ms"):
+        rows.ServingRow(value_ms=1.0, status="error")
 
 
 def test_the_row_carries_its_tolerance_and_the_report_uses_it():

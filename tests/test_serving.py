@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dsv4bench import scenarios
 from dsv4bench import serving as sv
 from dsv4bench.cases.case import OPS, Case
 from dsv4bench.scenarios import ScenarioError
@@ -633,14 +634,14 @@ SCENARIOS = Path(__file__).parent.parent / "scenarios"
 
 @pytest.mark.parametrize(
     "path",
-    sorted(p for p in SCENARIOS.rglob("*.yaml") if sv.is_serving_file(p.read_text())),
+    sorted(p for p in SCENARIOS.rglob("*.yaml") if scenarios.is_serving_text(p.read_text())),
     ids=lambda p: p.relative_to(SCENARIOS).as_posix(),
 )
 def test_shipped_serving_scenarios_load_and_plan(path):
-    assert sv.is_serving_file(path.read_text())
+    assert scenarios.is_serving_text(path.read_text())
     from dsv4bench import backends
 
-    spec = sv.load_spec(path, known_backends=backends.names())
+    spec = scenarios.load_serving(path, known_backends=backends.names())
     jobs = sv.jobs_for(spec)
     assert jobs and {c.model for c, _ in jobs} == {spec.model}
 
@@ -649,13 +650,13 @@ def test_bad_serving_file_names_file_line_and_key(tmp_path):
     bad = tmp_path / "s.yaml"
     bad.write_text("op: serving\nmodel: v4-flash\nbatch_sizes: [1, -2]\ncontexts: [8K]\n")
     with pytest.raises(ScenarioError) as e:
-        sv.load_spec(bad, known_backends={"torch"})
+        scenarios.load_serving(bad, known_backends={"torch"})
     assert str(e.value).startswith(f"{bad}:3: batch_sizes:")
     bad.write_text(
         "op: serving\nmodel: v4-flash\nbatch_sizes: [1]\ncontexts: [8K]\nbackends: [nope]\n"
     )
     with pytest.raises(ScenarioError) as e:
-        sv.load_spec(bad, known_backends={"torch"})
+        scenarios.load_serving(bad, known_backends={"torch"})
     assert str(e.value).startswith(f"{bad}:5: backends:") and "nope" in str(e.value)
 
 
@@ -664,7 +665,7 @@ def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
     from dsv4bench.measure import hardware
 
     path = Path(__file__).parent.parent / "scenarios" / "serving" / "v4_flash_sm90.yaml"
-    spec = sv.load_spec(path, known_backends=backends.names())
+    spec = scenarios.load_serving(path, known_backends=backends.names())
     limit = 11622  # the decode-route limit measured on sm90 (H100 and H200)
     between = [c for c in spec.chunk_sizes if limit < c <= hardware.SGLANG_DSV4_THRESHOLD]
     assert len(between) >= 2 and {"threshold:11673", "safe"} <= set(spec.routes)

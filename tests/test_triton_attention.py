@@ -218,7 +218,9 @@ def test_backend_supports_reasons():
     assert b.supports(_case("decode", num_heads=1), "sm120") is None
     assert "not cpu" in b.supports(_case("decode"), "cpu")
     assert "d_v 512" in b.supports(_case("decode", d_v=448), "sm90")
-    assert "v32 cache with d_qk 576" in b.supports(_case("decode", layout="bf16"), "sm90")
+    assert "read a v32 or v4 FP8 cache, not layout bf16" in b.supports(
+        _case("decode", layout="bf16"), "sm90"
+    )  # the declared layouts answer first (Backend.layout_reason)
     assert "d_qk 576 or 512" in b.supports(_case("prefill", tokens=4, d_qk=256), "sm90")
     with pytest.raises(Unsupported, match="d_v 512"):
         b.prepare(_case("decode", d_v=448), {}, "cpu")

@@ -191,18 +191,26 @@ def test_bad_workload_file_exits_2_with_one_line(tmp_path, run_cli):
     assert code == 2 and err.strip().count("\n") == 0 and f"{bad}:6:" in err
 
 
-def test_serving_plans_one_tpot_step_per_ragged_batch():
-    from dsv4bench.serving.planning import plan
-    from dsv4bench.serving.spec import spec_from_dict
+SERVING = """
+op: serving
+model: v4-flash
+batch_sizes: [4]
+contexts: [8192]
+ragged:
+  - {dist: one-long, long: 20480, short: 4096, batch: 4}
+"""
 
-    spec = spec_from_dict(
-        {
-            "model": "v4-flash",
-            "batch_sizes": [4],
-            "contexts": [8192],
-            "ragged": [{"dist": "one-long", "long": 20480, "short": 4096, "batch": 4}],
-        }
-    )
+
+def _serving(text: str, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return scenarios.load_serving(path, known_backends={"torch"}), path
+
+
+def test_serving_plans_one_tpot_step_per_ragged_batch(tmp_path):
+    from dsv4bench.serving.planning import plan
+
+    spec, _ = _serving(SERVING, tmp_path)
     curves = plan(spec).curves
     ragged = [c for c in curves if "ragged" in c.curve_id]
     assert len(curves) == 2 and len(ragged) == 1
@@ -214,13 +222,15 @@ def test_serving_plans_one_tpot_step_per_ragged_batch():
     assert sum(cases[0].context_lens) == 4 * 8192  # the uniform point's total tokens
 
 
-def test_serving_ragged_errors_name_the_key():
-    from dsv4bench.serving.spec import spec_from_dict
-
-    with pytest.raises(ValueError, match=r"ragged: \[0\]\.lengths\[1\]: expected a positive"):
-        spec_from_dict({"model": "v4-flash", "ragged": [{"lengths": [5, -2]}]})
-    with pytest.raises(ValueError, match="unknown length distribution 'zipf'"):
-        spec_from_dict({"model": "v4-flash", "ragged": [{"dist": "zipf", "batch": 2}]})
+def test_serving_ragged_errors_name_file_line_and_key(tmp_path):
+    bad = SERVING.replace("long: 20480", "long: -3")
+    with pytest.raises(scenarios.ScenarioError) as e:
+        _serving(bad, tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 's.yaml'}:7: ragged[0].long: expected a positive")
+    with pytest.raises(scenarios.ScenarioError, match=r":7: ragged\[0\]\.dist: unknown length"):
+        _serving(SERVING.replace("one-long", "zipf"), tmp_path)
+    with pytest.raises(scenarios.ScenarioError, match=r":6: ragged: expected a non-empty list"):
+        _serving(SERVING.replace("ragged:\n  - {dist", "ragged: []\nx:\n  - {dist"), tmp_path)
 
 
 def test_the_report_section_reads_the_h100_rows(tmp_path):

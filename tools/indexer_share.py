@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsv4bench import backends  # noqa: E402
-from dsv4bench.serving import aggregate, load_spec, plan  # noqa: E402
+from dsv4bench.scenarios import load_serving  # noqa: E402
+from dsv4bench.serving import aggregate, plan  # noqa: E402
 
 SPEC = Path(__file__).resolve().parent.parent / "scenarios/serving/v4_flash_indexer_sm90.yaml"
 
@@ -35,7 +36,7 @@ def main() -> int:
         for line in (run / "results.jsonl").read_text().splitlines():
             if line.strip():
                 rows.append(json.loads(line))
-    spec = load_spec(SPEC, known_backends=backends.names())
+    spec = load_serving(SPEC, known_backends=backends.names())
     serving = aggregate(plan(spec), rows)
     gpus = {(r.get("case_id"), r.get("backend")): (r.get("env") or {}).get("gpu") for r in rows}
     for r in serving:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bench.cases.case import Case
+from dsv4bench.cases.case import CACHE_OPS, Case, padding_count
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
 
@@ -98,6 +98,11 @@ class Backend:
 
     Adding a kernel means adding one such class and registering it (see registry).
 
+    Declarations: `archs`, `ops` and `layouts` say what the backend can read; the base
+    supports() checks them first (with a reason), so a subclass's supports() calls it before
+    its own rules, and a layout added to reference/layout_table.py reaches only the backends
+    that list it.
+
     Options: a backend's own settings (a library path, a cache dtype) are keyword arguments of
     its constructor with defaults, stored as attributes of the same name, and declared in the
     class attribute `options` (name -> default). `--backend-opt NAME.OPTION=VALUE` and a
@@ -109,6 +114,9 @@ class Backend:
     description: str = ""
     archs: tuple[str, ...] = ()  # "cpu", "sm90", "sm100", "sm120"
     ops: tuple[str, ...] = ()
+    # KV cache layouts (reference/layout_table.py names) its CACHE_OPS read; None: any layout
+    # the table can write and read (only the oracle, which reads through the table itself)
+    layouts: tuple[str, ...] | None = ("v32", "v4")
     # Its answers are the oracle's own: its rows are reference rows (a timing baseline), and
     # an accuracy of the oracle against itself would check nothing.
     is_oracle: bool = False
@@ -133,6 +141,21 @@ class Backend:
             return f"{self.name} runs on {', '.join(self.archs)}, not {arch}"
         if case.op not in self.ops:
             return f"{self.name} has no {case.op} kernel (has: {', '.join(self.ops)})"
+        return self.layout_reason(case)
+
+    def layout_reason(self, case: Case) -> str | None:
+        """Why this backend cannot read the case's cache layout; None if it can (or the op
+        reads no cache)."""
+        if case.op not in CACHE_OPS:
+            return None
+        entry = LAYOUTS.get(case.layout)
+        if entry is None:
+            return f"unknown layout {case.layout!r} (known: {', '.join(LAYOUTS)})"
+        if self.layouts is not None and case.layout not in self.layouts:
+            kinds = " or ".join(self.layouts) or "no"
+            return f"{self.name} kernels read a {kinds} FP8 cache, not layout {case.layout}"
+        if not entry.complete:
+            return f"layout {case.layout} has no writer and reader in the layout table yet"
         return None
 
     def v32_scale_reading(self, arch: str) -> str | None:
@@ -147,6 +170,38 @@ class Backend:
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class HeadRule:
+    """How a kernel takes query heads for one case: the counts it accepts (None: any), the
+    count an engine pads to (head_padding "engine"), and the kernel's name for reasons."""
+
+    kernel: str
+    counts: tuple[int, ...] | None
+    engine: int
+
+
+def resolve_heads(case: Case, rule: HeadRule) -> tuple[int, str | None]:
+    """The one reading of Case.head_padding ("engine" | "none" | N): the query heads handed to
+    the kernel, or 0 and the reason none fits."""
+    h, mode = case.num_heads, case.head_padding
+    if mode == "engine":
+        target = rule.engine
+    elif mode == "none":
+        target = h
+    elif padding_count(mode) is not None:
+        target = padding_count(mode)
+    else:
+        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
+    if rule.counts is not None and target not in rule.counts:
+        allowed = "/".join(map(str, rule.counts))
+        return 0, f"{rule.kernel} takes {allowed} query heads; head_padding {mode} gives {target}"
+    if h > target:
+        most = max(rule.counts) if rule.counts else None
+        tail = f"; {rule.kernel} kernels take at most {most}" if most and h > most else ""
+        return 0, f"{h} heads exceed head_padding {mode} ({target}){tail}"
+    return target, None
 
 
 def fp8_cache_reason(case: Case, kernel: str) -> str | None:

@@ -35,6 +35,7 @@ class DeepGEMM(Backend):
     description = "DeepGEMM fp8_paged_mqa_logits / fp8_mqa_logits (the indexer), top-k by torch"
     archs = ("sm90", "sm100")
     ops = ("indexer",)
+    layouts = ()  # the indexer's own key cache, no attention cache
 
     def __init__(self, module=None):
         self._found = LazyOps(module, discover)

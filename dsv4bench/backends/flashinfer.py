@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from dsv4bench.backends import flashinfer_fa3
 from dsv4bench.backends.base import (
     Backend,
+    HeadRule,
     LazyOps,
     Output,
     Prepared,
@@ -91,6 +92,7 @@ from dsv4bench.backends.base import (
     fp8_cache_reason,
     pad_heads,
     pad_sink,
+    resolve_heads,
 )
 from dsv4bench.cases.case import Case
 from dsv4bench.measure import hardware
@@ -201,24 +203,10 @@ def heads_for(family: str, version: str) -> tuple[int, ...]:
 
 
 def padded_heads(case: Case, heads: tuple[int, ...] = HEADS) -> tuple[int, str | None]:
-    """Query heads handed to the kernel (one of `heads`), or a reason why none fits."""
-    h, mode = case.num_heads, case.head_padding
-    if mode == "engine":
-        target = next((n for n in heads if n >= h), 0)
-    elif mode == "none":
-        target = h
-    elif mode.isdigit():
-        target = int(mode)
-    else:
-        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
-    if h > heads[-1]:
-        return 0, f"{h} heads: FlashInfer's sparse MLA kernels take at most {heads[-1]}"
-    if target not in heads:
-        allowed = "/".join(map(str, heads))
-        return 0, f"FlashInfer takes {allowed} query heads; head_padding {mode} gives {target}"
-    if h > target:
-        return 0, f"{h} heads exceed head_padding {mode} ({target})"
-    return target, None
+    """Query heads handed to the kernel (one of `heads`; an engine pads to the next one), or a
+    reason why none fits."""
+    engine = next((n for n in heads if n >= case.num_heads), heads[-1])
+    return resolve_heads(case, HeadRule("FlashInfer", heads, engine))
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -258,22 +246,25 @@ def apply_length(idx, length):
     return idx.masked_fill(cols >= length.to(idx.device).view(-1, 1, 1), -1)
 
 
-def cache_scale(cache, chunk: int = CONVERT_CHUNK):
+def cache_scale(cache, chunk: int = CONVERT_CHUNK, layout: str | None = None):
     """The per-tensor e4m3 scale of a cache's plain rows (all of d_qk)."""
     from reference import layouts
 
-    return layouts.plain_rows_scale(cache, width=layouts.head_dim_of(cache), chunk=chunk)
+    width = layouts.head_dim_of(cache, layout)
+    return layouts.plain_rows_scale(cache, width=width, chunk=chunk, layout=layout)
 
 
-def plain_rows(cache, *, dtype: str = "bf16", scale=None, chunk: int = CONVERT_CHUNK):
+def plain_rows(cache, *, dtype: str = "bf16", scale=None, chunk: int = CONVERT_CHUNK, layout=None):
     """FP8 cache -> plain rows [pages, 1, P, d_qk] (all of d_qk: 576 for V3.2, 512 for V4) and
     the e4m3 scale (None for bf16): reference.layouts.to_plain_rows at the full width."""
     from reference import layouts
 
     if dtype not in KV_DTYPES:
         raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
-    width = layouts.head_dim_of(cache)
-    return layouts.to_plain_rows(cache, dtype=dtype, width=width, scale=scale, chunk=chunk)
+    width = layouts.head_dim_of(cache, layout)
+    return layouts.to_plain_rows(
+        cache, dtype=dtype, width=width, scale=scale, chunk=chunk, layout=layout
+    )
 
 
 def repage_v4(cache, page_size: int = SM120_PAGE):
@@ -345,6 +336,7 @@ class FlashInfer(Backend):
     description = "FlashInfer sparse MLA: FA3 MLA (sm90), trtllm-gen (sm100), sm120 decode kernels"
     archs = ("sm90", "sm100", "sm120")
     ops = ("decode", "prefill")
+    layouts = ("v32", "v4")
     options = {"kv_dtype": "bf16"}
 
     def __init__(
@@ -512,7 +504,7 @@ class FlashInfer(Backend):
         idx, lengths = valid_first(x["indices"].reshape(t, -1))
         width = round_up(max(idx.shape[-1], TRTLLM_MIN_TOPK), INDEX_ALIGN)
         table = pad_indices(idx, width).view(t, 1, width)
-        rows, kscale = plain_rows(x["k_cache"], dtype=self.kv_dtype)
+        rows, kscale = plain_rows(x["k_cache"], dtype=self.kv_dtype, layout=case.layout)
         query, qk, bmm2 = self._query(q, heads, kscale)
         out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
         sink = pad_sink(x.get("attn_sink"), heads)
@@ -555,8 +547,10 @@ class FlashInfer(Backend):
         caches = [x["k_cache"]] + ([x["extra_k_cache"]] if extra is not None else [])
         scale = None
         if self.kv_dtype == "e4m3":  # one bmm scale for both pools: one shared kv scale
-            scale = max((cache_scale(c) for c in caches), key=float)
-        pools = [plain_rows(c, dtype=self.kv_dtype, scale=scale)[0] for c in caches]
+            scale = max((cache_scale(c, layout=case.layout) for c in caches), key=float)
+        pools = [
+            plain_rows(c, dtype=self.kv_dtype, scale=scale, layout=case.layout)[0] for c in caches
+        ]
         query, qk, bmm2 = self._query(q, heads, scale if scale is not None else 1.0)
         out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
         kwargs = dict(

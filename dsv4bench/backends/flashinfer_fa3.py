@@ -60,7 +60,15 @@ import math
 import time
 from dataclasses import dataclass
 
-from dsv4bench.backends.base import Output, Prepared, Unsupported, pad_heads, pad_sink
+from dsv4bench.backends.base import (
+    HeadRule,
+    Output,
+    Prepared,
+    Unsupported,
+    pad_heads,
+    pad_sink,
+    resolve_heads,
+)
 from dsv4bench.cases.case import Case
 
 D_CKV = 512
@@ -98,21 +106,22 @@ def supports(case: Case) -> str | None:
         )
     if case.d_v != D_CKV:
         return f"FlashInfer's FA3 MLA returns the 512-wide ckv as V; d_v {case.d_v} is not 512"
-    mode = case.head_padding
-    if mode not in ("engine", "none") and not mode.isdigit():
-        return f"unknown head_padding {mode!r} (engine, none or a head count)"
-    heads = padded_heads(case)
-    if heads < case.num_heads:
-        return f"{case.num_heads} heads exceed head_padding {mode}"
+    heads, reason = resolve_heads(case, head_rule(case))
+    if reason:
+        return reason
     if heads > MAX_HEADS:
         return f"FlashInfer's FA3 MLA was run with at most {MAX_HEADS} heads here, not {heads}"
     return None
 
 
+def head_rule(case: Case) -> HeadRule:
+    """Any head count; no padding by default (vLLM hands it num_heads per rank)."""
+    return HeadRule("FlashInfer's FA3 MLA", None, case.num_heads)
+
+
 def padded_heads(case: Case) -> int:
-    """No padding by default: the kernel takes any head count."""
-    mode = case.head_padding
-    return int(mode) if mode.isdigit() else case.num_heads
+    """The heads the kernel gets (supports() has checked that they fit)."""
+    return resolve_heads(case, head_rule(case))[0]
 
 
 # ---- index lists ------------------------------------------------------------------------
@@ -186,7 +195,7 @@ def pow2_scale(amax: float) -> float:
     return 2.0 ** math.ceil(math.log2(amax / E4M3_MAX)) if amax > 0 else 1.0
 
 
-def _gather_chunks(caches, chunk: int = CONVERT_CHUNK):
+def _gather_chunks(caches, layout: str | None = None, chunk: int = CONVERT_CHUNK):
     """(start slot in the pool, fp32 values [n, d_qk]) over every slot of each cache in order."""
     import torch
 
@@ -197,7 +206,7 @@ def _gather_chunks(caches, chunk: int = CONVERT_CHUNK):
         n = cache.shape[0] * cache.shape[1]
         for s in range(0, n, chunk):
             slots = torch.arange(s, min(s + chunk, n), device=cache.device)
-            yield base + s, layouts.gather_tokens(cache, slots)
+            yield base + s, layouts.gather_tokens(cache, slots, layout=layout)
         base += n
 
 
@@ -205,14 +214,14 @@ def pool_slots(caches) -> int:
     return sum(c.shape[0] * c.shape[1] for c in caches)
 
 
-def bf16_pool_from_caches(caches, d_qk: int) -> Pool:
+def bf16_pool_from_caches(caches, d_qk: int, layout: str | None = None) -> Pool:
     """The FP8 caches dequantized into one bf16 pool [slots, 1, d_qk] (ckv/kpe: views)."""
     import torch
 
     n = pool_slots(caches)
     rows = torch.empty(n, 1, d_qk, dtype=torch.bfloat16, device=caches[0].device)
     exact = True
-    for s, x in _gather_chunks(caches):
+    for s, x in _gather_chunks(caches, layout):
         y = x.to(torch.bfloat16)
         exact &= bool(((y.float() == x) | ~torch.isfinite(x)).all())
         rows[s : s + x.shape[0], 0] = y
@@ -235,7 +244,7 @@ def e4m3_pool(x, d_qk: int, kpe_scale: float | None = None) -> Pool:
     return Pool(q.view(n, 1, D_CKV), kpe.view(n, 1, kpe_dim), kw, reads)
 
 
-def e4m3_pool_from_caches(caches, d_qk: int) -> Pool:
+def e4m3_pool_from_caches(caches, d_qk: int, layout: str | None = None) -> Pool:
     """Every slot of the FP8 caches requantized (one pool, one kpe scale for all)."""
     import torch
 
@@ -243,13 +252,13 @@ def e4m3_pool_from_caches(caches, d_qk: int) -> Pool:
     kpe_dim = d_qk - D_CKV
     kpe_scale = 1.0
     if kpe_dim:
-        amax = max(finite_amax(x[:, D_CKV:]) for _, x in _gather_chunks(caches))
+        amax = max(finite_amax(x[:, D_CKV:]) for _, x in _gather_chunks(caches, layout))
         kpe_scale = pow2_scale(amax)
     ckv = torch.empty(n, 1, D_CKV, dtype=torch.float8_e4m3fn, device=dev)
     kpe = torch.empty(n, 1, kpe_dim, dtype=torch.float8_e4m3fn, device=dev)
     scales = torch.empty(n, 1, D_CKV // SCALE_GROUP, dtype=torch.float32, device=dev)
     reads = torch.empty(n, d_qk, dtype=torch.float32, device=dev)
-    for s, x in _gather_chunks(caches):
+    for s, x in _gather_chunks(caches, layout):
         p = e4m3_pool(x, d_qk, kpe_scale)
         e = s + x.shape[0]
         ckv[s:e], kpe[s:e], reads[s:e] = p.ckv, p.kpe, p.reads
@@ -306,8 +315,8 @@ def caches_from_reads(reads, caches, case: Case):
         else:
             new = layouts.quantize_v4(r.nan_to_num(0.0, 0.0, 0.0), cache.shape[1])
         if bad.any():
-            layouts.poison_tokens(new, bad.nonzero().flatten())
-        back = layouts.gather_tokens(new, torch.arange(n, device=new.device))
+            layouts.poison_tokens(new, bad.nonzero().flatten(), layout=case.layout)
+        back = layouts.gather_tokens(new, torch.arange(n, device=new.device), layout=case.layout)
         ok = (back == r) | bad[:, None]
         if not bool(ok.all()):
             return None
@@ -423,14 +432,14 @@ def _decode_pool(case: Case, x: dict, kv_dtype: str, info: dict):
         idx = torch.cat([idx, torch.where(extra >= 0, extra + main_slots, extra)], -1)
         ok = torch.cat([ok, ok_e], -1)
     if kv_dtype == "bf16":
-        pool = bf16_pool_from_caches(caches, case.d_qk)
+        pool = bf16_pool_from_caches(caches, case.d_qk, case.layout)
         info["reads_exact"] = pool.exact
         return pool, idx, ok, None  # bf16 of e4m3 * power of two: exact
     if case.layout == "v32" and len(caches) == 1:
         pool = v32_in_place_pool(caches[0])
         info["ckv"] = "V3.2 latent bytes and fp32 scales read in place"
     else:
-        pool = e4m3_pool_from_caches(caches, case.d_qk)
+        pool = e4m3_pool_from_caches(caches, case.d_qk, case.layout)
         info["ckv"] = "requantized, per-token per-128 power-of-two scales"
     info["kpe_scale"] = pool.scale_kwargs["kpe_scale"]
     new = caches_from_reads(pool.reads, caches, case)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dsv4bench.backends.base import (
     Backend,
+    HeadRule,
     LazyOps,
     Output,
     Prepared,
@@ -38,6 +39,7 @@ from dsv4bench.backends.base import (
     pad_heads,
     pad_sink,
     prefill_output,
+    resolve_heads,
 )
 from dsv4bench.cases.case import ROUTES, Case
 from dsv4bench.measure import hardware
@@ -199,23 +201,17 @@ def uses_decode_kernel(case: Case) -> bool:
     return case.decode_shape is not None
 
 
+def head_rule(case: Case, arch: str) -> HeadRule:
+    """64 or 128 query heads; an engine (vLLM) pads decode to 64 if h <= 64 else 128, and the
+    bf16 prefill to 128 on Blackwell."""
+    blackwell_prefill = arch == "sm100" and not uses_decode_kernel(case)
+    engine = 128 if case.num_heads > 64 or blackwell_prefill else 64
+    return HeadRule("FlashMLA", (64, 128), engine)
+
+
 def padded_heads(case: Case, arch: str) -> tuple[int, str | None]:
     """Query heads handed to the kernel (64 or 128), or a reason why none fits."""
-    h, mode = case.num_heads, case.head_padding
-    if mode == "engine":  # vLLM: decode 64 if h <= 64 else 128; bf16 prefill 128 on Blackwell
-        blackwell_prefill = arch == "sm100" and not uses_decode_kernel(case)
-        target = 128 if h > 64 or blackwell_prefill else 64
-    elif mode == "none":
-        target = h
-    elif mode.isdigit():
-        target = int(mode)
-    else:
-        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
-    if target not in (64, 128):
-        return 0, f"FlashMLA takes 64 or 128 query heads; head_padding {mode} gives {target}"
-    if h > target:
-        return 0, f"{h} heads exceed head_padding {mode} ({target}); FlashMLA takes at most 128"
-    return target, None
+    return resolve_heads(case, head_rule(case, arch))
 
 
 def _info(heads: int, kernel: str, out) -> dict:
@@ -231,6 +227,7 @@ class FlashMLA(Backend):
     description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
     archs = ("sm90", "sm100")
     ops = ("decode", "prefill")
+    layouts = ("v32", "v4")
     options = {"lib": None}  # a FlashMLA op library (.so or its directory); None: discover()
 
     def __init__(self, lib: str | None = None, ops: KernelOps | Callable | None = None):

@@ -27,6 +27,7 @@ class ReferenceF64(Backend):
     description = "float64 attention over its own FP8 byte parser; CPU, toy sizes"
     archs = ("cpu",)
     ops = ("decode", "prefill", "dequant", "remap")
+    layouts = ("v32", "v4")  # slow_f64.RECORD_BYTES
 
     def provider(self) -> Provider:
         return Provider("slow_f64", f"torch {torch.__version__} float64", "dsv4bench/backends")
@@ -45,7 +46,7 @@ class ReferenceF64(Backend):
         if case.op == "remap":
             return Prepared(run=lambda: Output(_remap(x["local_indices"], x["block_table"], case)))
         if case.op == "dequant":
-            cache = Fp8Cache(x["k_cache"])
+            cache = Fp8Cache(x["k_cache"], layout=case.layout)
             slots = x["k_cache"].shape[0] * x["k_cache"].shape[1]
             rows = torch.tensor([cache.token(s) for s in range(slots)], dtype=torch.float64)
             return Prepared(run=lambda: Output(rows.clone()))
@@ -56,9 +57,10 @@ class ReferenceF64(Backend):
             queries = x["q"].double()[:, None]  # (tokens, 1, h, d): one query per "request"
             run = _attend(queries, sets, case, x)
             return Prepared(run=run, finish=_prefill_output)
-        sets = [_parsed(x["k_cache"], x["indices"], x.get("topk_length"))]
+        sets = [_parsed(x["k_cache"], x["indices"], x.get("topk_length"), case.layout)]
         if x.get("extra_k_cache") is not None:
-            sets.append(_parsed(x["extra_k_cache"], x["extra_indices"], x.get("extra_topk_length")))
+            extra = (x["extra_indices"], x.get("extra_topk_length"), case.layout)
+            sets.append(_parsed(x["extra_k_cache"], *extra))
         queries = x["q"].double()
         run = _attend(queries, sets, case, x)
         if case.op == "prefill":  # a decode route: (T, 1) or (1, T) queries
@@ -66,9 +68,9 @@ class ReferenceF64(Backend):
         return Prepared(run=run)
 
 
-def _parsed(cache, indices, lengths):
+def _parsed(cache, indices, lengths, layout: str):
     """(keys of every slot the indices name, float64; those indices remapped into it, lengths)."""
-    reader = Fp8Cache(cache)
+    reader = Fp8Cache(cache, layout=layout)
     flat = indices.reshape(-1).tolist()
     slots = sorted({s for s in flat if s != -1})
     where = {s: i for i, s in enumerate(slots)}

@@ -50,16 +50,30 @@ def bf16_round(x: float) -> float:
     return struct.unpack("<f", struct.pack("<I", (bits >> 16) << 16 & 0xFFFFFFFF))[0]
 
 
-class Fp8Cache:
-    """Reads tokens of a V3.2 (656 B) or V4 (584 B) cache by global slot, byte by byte."""
+RECORD_BYTES = {"v32": 656, "v4": 584}  # the layouts this parser reads, by name
 
-    def __init__(self, cache: torch.Tensor, scale_rounding: str | None = None) -> None:
-        assert cache.element_size() == 1 and cache.dim() == 4 and cache.shape[2] == 1
+
+class Fp8Cache:
+    """Reads tokens of a V3.2 (656 B) or V4 (584 B) cache by global slot, byte by byte.
+
+    layout: the cache's layout name (the Case's); None: by its record width."""
+
+    def __init__(
+        self, cache: torch.Tensor, scale_rounding: str | None = None, layout: str | None = None
+    ) -> None:
+        if cache.element_size() != 1 or cache.dim() != 4 or cache.shape[2] != 1:
+            raise ValueError(f"expected a 1-byte (pages, P, 1, bytes) cache, got {cache.shape}")
         self.cache = cache.cpu().view(torch.uint8)
         self.page_size = cache.shape[1]
         self.record = cache.shape[3]
-        assert self.record in (656, 584)
-        self.d = 576 if self.record == 656 else 512
+        if layout is None:
+            layout = next((n for n, w in RECORD_BYTES.items() if w == self.record), "")
+        if RECORD_BYTES.get(layout) != self.record:
+            raise ValueError(
+                f"slow_f64 parses {' and '.join(RECORD_BYTES)} caches, not {layout or 'this'} "
+                f"({self.record}-byte tokens)"
+            )
+        self.d = 576 if layout == "v32" else 512
         self.scale_rounding = scale_rounding
         self._tokens: dict[int, list[float]] = {}
         self._pages: dict[int, list[int]] = {}  # V4 bytes by page: one read, not one per token

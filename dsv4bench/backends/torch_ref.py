@@ -12,6 +12,7 @@ class TorchReference(Backend):
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
     archs = ARCHS
     ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split")
+    layouts = None  # any layout with a writer and reader in reference/layout_table.py
     is_oracle = True
 
     def provider(self) -> Provider:

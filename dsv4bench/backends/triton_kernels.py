@@ -519,6 +519,7 @@ class TritonKernels(Backend):
     )
     archs = ("sm90", "sm100", "sm120")
     ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split")
+    layouts = ("v32", "v4")
 
     def provider(self) -> Provider:
         t = _load()

@@ -9,8 +9,10 @@ from dataclasses import asdict, dataclass, field, fields
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
 OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split")
+# The ops that read the Case's KV cache (in `layout`): a backend must declare that layout.
+CACHE_OPS = ("decode", "prefill", "dequant", "page_split")
 SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
-LAYOUTS = tuple(LAYOUT_TABLE)  # reference/layout_table.py: bytes, widths, scales of each
+LAYOUTS = tuple(LAYOUT_TABLE)  # as shipped; the live set is reference.layout_table.LAYOUTS
 # How a prefill chunk of T tokens reaches a kernel: the bf16 sparse prefill kernel over a
 # dequantized workspace, or the FP8 decode kernel as T requests of one token (sglang's DSv4)
 # or as one request of T tokens (vLLM's FlashMLA sparse backend below 32 heads per rank).
@@ -18,6 +20,14 @@ ROUTES = ("sparse-prefill", "decode-kernel", "decode-mixed")
 SCALE_CONVENTIONS = tuple(c for lay in LAYOUT_TABLE.values() for c in lay.conventions)
 ARCHS = ("cpu", "sm90", "sm100", "sm120")
 HEAD_PADDINGS = ("engine", "none", "64", "128")  # Case.head_padding
+
+
+def padding_count(head_padding: str) -> int | None:
+    """An explicit head_padding's head count ("64" -> 64); None for "engine" and "none", which
+    each backend resolves (backends.base.resolve_heads)."""
+    return int(head_padding) if head_padding.isdigit() else None
+
+
 TIMERS = ("events", "profiler", "both")  # Timing.timer
 
 

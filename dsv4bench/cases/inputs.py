@@ -142,7 +142,7 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
     x["k_cache"], _ = _cache(case, nreq * per_req * case.page_size, device, g)
     table = _block_table(nreq, per_req, device, g)
     x["indices"] = remap.to_global_slots(local[:, None, :], table[req], case.page_size)[:, 0]
-    _poison_unused(x["k_cache"], x["indices"])
+    _poison_unused(case, x["k_cache"], x["indices"])
     if case.extra_topk:
         entries = case.context_len // case.compress_ratio
         per_req_c = max(1, _pages(entries, case.page_size))
@@ -152,15 +152,15 @@ def _query_sets(case: Case, pos: torch.Tensor, req: torch.Tensor, nreq: int, dev
         x["extra_indices"] = remap.to_global_slots(
             local_c[:, None, :], table_c[req], case.page_size
         )[:, 0]
-        _poison_unused(x["extra_k_cache"], x["extra_indices"])
+        _poison_unused(case, x["extra_k_cache"], x["extra_indices"])
     return x
 
 
-def _poison_unused(cache: torch.Tensor, indices: torch.Tensor) -> None:
+def _poison_unused(case: Case, cache: torch.Tensor, indices: torch.Tensor) -> None:
     """NaN into every slot no index names: a kernel reading outside its indices fails."""
     used = torch.zeros(cache.shape[0] * cache.shape[1], dtype=torch.bool, device=cache.device)
     used[indices[indices >= 0].long()] = True
-    layouts.poison_tokens(cache, (~used).nonzero().flatten())
+    layouts.poison_tokens(cache, (~used).nonzero().flatten(), layout=case.layout)
 
 
 def _sink(case: Case, device, g) -> torch.Tensor | None:
@@ -206,7 +206,7 @@ def _prefill(case: Case, device, g) -> dict:
         b, s_q = case.decode_shape
         x = {k: v.view(b, s_q, -1) if k.endswith("indices") else v for k, v in x.items()}
         return _to_int32({**x, "q": q.view(b, s_q, h, case.d_qk), "attn_sink": sink})
-    kv = layouts.to_workspace(x["k_cache"])
+    kv = layouts.to_workspace(x["k_cache"], layout=case.layout)
     if case.extra_topk:
         valid = x["indices"] >= 0
         valid_c = x["extra_indices"] >= 0
@@ -218,7 +218,7 @@ def _prefill(case: Case, device, g) -> dict:
             kv.shape[0],
             pad_to=128,
         )
-        kv = torch.cat([kv, layouts.to_workspace(x["extra_k_cache"])])
+        kv = torch.cat([kv, layouts.to_workspace(x["extra_k_cache"], layout=case.layout)])
     else:
         idx = remap.pad_width(x["indices"], 128)
         lengths = (x["indices"] >= 0).sum(1)

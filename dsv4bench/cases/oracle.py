@@ -32,6 +32,7 @@ def oracle_call(
                 extra_indices=x.get("extra_indices"),
                 extra_topk_length=x.get("extra_topk_length"),
                 scale_rounding=scale_rounding,
+                layout=case.layout,
             )
             if case.op == "prefill":  # (T, 1) or (1, T) -> the prefill shapes
                 return prefill_output(out, lse)
@@ -57,7 +58,9 @@ def oracle_call(
         return prefill
     if case.op == "dequant":
         return lambda: Output(
-            layouts.to_workspace(x["k_cache"], scale_rounding=scale_rounding).squeeze(1)
+            layouts.to_workspace(
+                x["k_cache"], scale_rounding=scale_rounding, layout=case.layout
+            ).squeeze(1)
         )
     if case.op == "remap":
         return lambda: Output(

@@ -72,14 +72,14 @@ def query_sets(case: Case, pos, req, lens, device, g) -> dict:
     x["k_cache"], _ = inputs._cache(case, sum(pages) * page, device, g)
     table = block_table(pages, device, g)
     x["indices"] = remap.to_global_slots(local[:, None, :], table[req], page)[:, 0]
-    inputs._poison_unused(x["k_cache"], x["indices"])
+    inputs._poison_unused(case, x["k_cache"], x["indices"])
     if case.extra_topk:
         pages_c = [max(1, inputs._pages(n // case.compress_ratio, page)) for n in lens.tolist()]
         x["extra_k_cache"], _ = inputs._cache(case, sum(pages_c) * page, device, g)
         table_c = block_table(pages_c, device, g)
         local_c = inputs._extra_local(case, pos, g, req)
         x["extra_indices"] = remap.to_global_slots(local_c[:, None, :], table_c[req], page)[:, 0]
-        inputs._poison_unused(x["extra_k_cache"], x["extra_indices"])
+        inputs._poison_unused(case, x["extra_k_cache"], x["extra_indices"])
     return x
 
 

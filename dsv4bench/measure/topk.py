@@ -15,7 +15,10 @@ and its logits are judged by the cosine difference; a kernel that picks worse th
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 REL_TOL = 1e-5  # of the row's largest |logit|: fp32 summation-order noise, far below a real gap
 ROW_BLOCK = 256  # rows per step (a row's logits can be 128K wide)
@@ -24,6 +27,8 @@ ROW_BLOCK = 256  # rows per step (a row's logits can be 128K wide)
 def _selected_scores(ref: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of idx's picks under ref (-inf for -1), sorted descending; and per-row counts of
     bad picks: out of range, a masked (-inf) key, or a duplicate."""
+    import torch
+
     n = ref.shape[1]
     idx = idx.long()
     listed = idx >= 0
@@ -57,6 +62,8 @@ def compare_topk(
             f"shapes: logits {tuple(ref_logits.shape)}, expected {tuple(expected.shape)}, "
             f"actual {tuple(actual.shape)}"
         )
+    import torch
+
     device = ref_logits.device
     matched = compared = invalid = count_mismatch = overlap = listed = 0
     max_abs = max_err = 0.0

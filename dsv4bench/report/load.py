@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dsv4bench import rows
 from dsv4bench.cases.case import Tolerance
-from dsv4bench.measure.metrics import beyond_tolerance
+from dsv4bench.measure import judge
 from dsv4bench.measure.timing import percentile
 from dsv4bench.rows.results import RESULTS_FILE, read_rows
 
@@ -218,9 +218,9 @@ def tolerance(row: dict) -> dict:
 
 
 def accuracy_failure(row: dict) -> str | None:
-    """Why the row's accuracy exceeds its tolerance, or None when it does not (or has none)."""
-    found = beyond_tolerance(row.get("accuracy") or {}, tolerance(row))
-    return found[0][1] if found else None
+    """Why the row's answer is not correct by the run's own judge (tolerance, and the top-k
+    picks of an indexer row), or None when it is (or the row has no accuracy)."""
+    return judge.problem(row.get("accuracy") or {}, tolerance(row))
 
 
 def short(text, limit: int = 160) -> str:

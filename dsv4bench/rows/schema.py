@@ -2,6 +2,9 @@
 
 Rows travel as JSON lines (results.jsonl); `from_dict` reads any row this suite ever wrote
 (missing fields take their defaults, unknown ones are kept in `extra`), `to_dict` writes one.
+A row built in code is checked when it is constructed (and by every `dataclasses.replace`):
+a row breaking its kind's invariants never exists; only `from_dict` takes stored rows as
+they are.
 A case row keeps the invariants of flashinfer-bench's traces: accuracy only when the kernel ran
 and its output was compared (`ok`/`incorrect`), timing only when `ok`; and it carries the
 tolerance and the V3.2 scale reading it was judged with, so a report never re-judges it with
@@ -10,7 +13,7 @@ other numbers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
@@ -25,13 +28,18 @@ class RowError(ValueError):
 class Row:
     kind: ClassVar[str] = ""
     extra: dict = field(default_factory=dict)  # fields of other versions, kept as they were
+    validate: InitVar[bool] = True  # False only for a stored row read back (from_dict)
+
+    def __post_init__(self, validate: bool = True) -> None:
+        if validate:
+            self.check()
 
     @classmethod
     def from_dict(cls, d: dict) -> Row:
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names and v is not None}
         extra = {k: v for k, v in d.items() if k not in names and k != "kind"}
-        return cls(**known, extra=extra)
+        return cls(**known, extra=extra, validate=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -41,11 +49,15 @@ class Row:
     def problems(self) -> list[str]:
         return []
 
-    def checked(self) -> dict:
-        """to_dict() after the invariants hold (raises RowError otherwise)."""
+    def check(self) -> None:
+        """Raise RowError unless the kind's invariants hold."""
         bad = self.problems()
         if bad:
             raise RowError(f"{self.kind} row {getattr(self, 'case_id', '?')}: {'; '.join(bad)}")
+
+    def checked(self) -> dict:
+        """to_dict() after the invariants hold (raises RowError otherwise)."""
+        self.check()
         return self.to_dict()
 
 
@@ -74,9 +86,26 @@ class CaseRow(Row):
     env: dict | None = None
     input_fingerprint: str | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, validate: bool = True) -> None:
         if self.scale_reading is None:  # rows before the typed rows kept it in info
             self.scale_reading = self.info.get("v32_scale_reading")
+        super().__post_init__(validate)
+
+    @classmethod
+    def of(cls, case, backend, **fields_) -> CaseRow:
+        """The row of `case` (a Case) on `backend` (a Backend), with the given fields; checked.
+        Duck-typed, so that rows import nothing from the suite."""
+        identity = dict(
+            scenario=case.scenario,
+            case_id=case.case_id,
+            op=case.op,
+            params=case.params(),
+            tags=list(case.tags),
+            backend=backend.name,
+            backend_base=backend.base,
+            backend_options=backend.option_values(),
+        )
+        return cls(**{**identity, **fields_})
 
     def problems(self) -> list[str]:
         bad = []
@@ -135,9 +164,10 @@ class ServingRow(Row):
     label: str | None = None
     env: dict | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, validate: bool = True) -> None:
         if self.status is None:
             self.status = "ok" if self.value_ms is not None else "error"
+        super().__post_init__(validate)
 
     def problems(self) -> list[str]:
         if (self.value_ms is not None) != (self.status == "ok"):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dsv4bench import backends, env
 from dsv4bench.cases.case import Case
-from dsv4bench.rows import CaseRow
+from dsv4bench.rows import CaseRow, LimitRow
 from dsv4bench.rows.results import ResultWriter
 from dsv4bench.run.devices import Device
 from dsv4bench.run.worker import MARK, PARENT_ENV
@@ -248,26 +248,18 @@ class Runner:
             self._env = env.collect()
         return self._env
 
-    def _row(self, job: Job, answer: dict, slot: Slot) -> dict:
-        case = job.case
-        backend = backends.get(job.backend)
-        row = CaseRow(
-            scenario=case.scenario,
-            case_id=case.case_id,
-            op=case.op,
-            params=case.params(),
-            tags=list(case.tags),
-            backend=job.backend,
-            backend_base=backend.base,
-            backend_options=backend.option_values(),
-        ).to_dict()
-        row.update(answer)
-        row["env"] = {**(row.get("env") or self._env_info()), **slot.device.row_env()}
-        if self.shard:
-            row["shard"] = self.shard
-        return row
+    def _row(self, job: Job, answer: dict, slot: Slot) -> CaseRow:
+        """The job's row: the worker's (a whole row), or built here from an outcome (status and
+        message of a job that never got a worker's answer); with this slot's environment."""
+        if "case_id" in answer:
+            row = CaseRow.from_dict(answer)
+        else:
+            row = CaseRow.of(job.case, backends.get(job.backend), **answer)
+        extra = {**row.extra, "shard": self.shard} if self.shard else row.extra
+        env = {**(row.env or self._env_info()), **slot.device.row_env()}
+        return dataclasses.replace(row, env=env, extra=extra)
 
-    def _write(self, row: dict) -> None:
+    def _write(self, row: CaseRow) -> None:
         with self._lock:
             if self._stopping.is_set():  # a worker killed by the stop is no result
                 raise Stopped
@@ -323,7 +315,7 @@ class Runner:
                 slot.drop(worker)
         row = self._row(job, answer, slot)
         self._write(row)
-        return row
+        return row.to_dict()
 
     def close(self) -> None:
         for slot in self.slots:
@@ -462,26 +454,34 @@ class Runner:
         first_probe = probes[s.lo]
         if last_ok is None and first_fail is None:
             fail_row = first_probe
-        row = {
-            **self._row(Job(s.base, s.backend), {"env": first_probe.get("env")}, slot),
-            "kind": "limit",
-            "case_id": s.limit_id,
-            "axis": s.axis,
-            "last_ok": last_ok,
-            "first_fail": first_fail,
-            "status": fail_row["status"] if fail_row else "ok",
-            "message": fail_row["message"] if fail_row else f"no failure up to {s.hi}",
-            "provider": next((p["provider"] for p in probes.values() if p.get("provider")), None),
-            "probes": {str(v): r["status"] for v, r in sorted(probes.items())},
-            "step": s.step,
-        }
+        info = {}
         if s.base.op == "indexer":  # the fp32 logits matrix each probed size needs (one copy)
             from dsv4bench.cases import indexer_case
 
             sizes = {str(v): indexer_case.logits_bytes(s.at(v)) for v in sorted(probes)}
-            row["info"] = {**(row.get("info") or {}), "logits_bytes": sizes}
+            info["logits_bytes"] = sizes
+        # the env and shard fields as the job rows have them
+        where = self._row(
+            Job(s.base, s.backend), {"status": "ok", "env": first_probe.get("env")}, slot
+        )
+        row = LimitRow.of(
+            s.base,
+            backends.get(s.backend),
+            case_id=s.limit_id,
+            axis=s.axis,
+            last_ok=last_ok,
+            first_fail=first_fail,
+            status=fail_row["status"] if fail_row else "ok",
+            message=fail_row["message"] if fail_row else f"no failure up to {s.hi}",
+            provider=next((p["provider"] for p in probes.values() if p.get("provider")), None),
+            probes={str(v): r["status"] for v, r in sorted(probes.items())},
+            step=s.step,
+            info=info,
+            env=where.env,
+            extra=where.extra,
+        )
         self._write(row)
-        return row
+        return row.to_dict()
 
 
 EXPECT_FAILURE = "expect-failure"  # a case tag: crashing, hanging or running out is its result

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 MARK = "@@dsv4bench@@ "
 PARENT_ENV = "DSV4BENCH_RUNNER_PID"  # the runner's pid: a worker never outlives it
@@ -54,27 +54,60 @@ class Cache:
 
 
 def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
-    """Everything before timing: the verdict, the provider, inputs, the oracle's answer and the
-    correctness run. Returns the row so far and the Prepared call (None if unsupported)."""
-    import torch
+    """check_row's row as a dict (what a results file holds), and the Prepared call."""
+    row, prepared = check_row(case, backend, arch, cache)
+    return row.to_dict(), prepared
 
+
+def check_row(case, backend, arch: str, cache: Cache):
+    """Everything before timing: the verdict, the provider, inputs, the oracle's answer and the
+    correctness run. Returns the row so far (a CaseRow, checked at each step) and the Prepared
+    call (None if unsupported)."""
     from dsv4bench import env
     from dsv4bench.backends import Unsupported
-    from dsv4bench.cases import inputs
-    from dsv4bench.cases.oracle import oracle_call
-    from dsv4bench.measure import invariance, metrics
-    from reference.layout_table import LAYOUTS
+    from dsv4bench.rows import CaseRow
 
-    device = "cpu" if arch == "cpu" else "cuda"
-    row = {"status": "error", "message": "", "info": {}, "env": env.collect()}
+    row = CaseRow.of(case, backend, status="error", env=env.collect())
     reason = backend.supports(case, arch)
     if reason:
-        return {**row, "status": "unsupported", "message": reason}, None
+        return replace(row, status="unsupported", message=reason), None
     try:
         prov = backend.provider()
     except Unsupported as e:
-        return {**row, "status": "unsupported", "message": str(e)}, None
-    row["provider"] = {"name": prov.name, "version": prov.version, "location": prov.location}
+        return replace(row, status="unsupported", message=str(e)), None
+    provider = {"name": prov.name, "version": prov.version, "location": prov.location}
+    row = replace(row, provider=provider)
+    device = "cpu" if arch == "cpu" else "cuda"
+    reading = _inputs_and_expected(case, backend, arch, device, cache)
+    row = replace(row, input_fingerprint=cache.fingerprint)
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        prepared = backend.prepare(case, cache.inputs, device)
+    except Unsupported as e:
+        return replace(row, status="unsupported", message=str(e)), None
+    info = dict(prepared.info)
+    if cache.locality:
+        info["locality"] = cache.locality
+    row = replace(row, info=info, scale_reading=reading)
+    if prepared.poison is not None:
+        prepared.poison()
+    actual = prepared.finish(prepared.run())
+    if device == "cuda":
+        torch.cuda.synchronize()
+        row = replace(row, info={**row.info, "memory": memory(cache.inputs)})
+    row = _judged(row, case, backend, prepared, actual, cache, reading)
+    return _checks(row, case, backend, prepared, actual, cache, device), prepared
+
+
+def _inputs_and_expected(case, backend, arch: str, device: str, cache: Cache) -> str | None:
+    """The case's inputs and the oracle's answer in `cache` (shared by the backends of one
+    case); returns how the backend reads V3.2 fp32 scales (None: exactly)."""
+    from dsv4bench.cases import inputs
+    from dsv4bench.cases.oracle import oracle_call
+    from reference.layout_table import LAYOUTS
 
     if cache.key != case.case_id:
         cache.key, cache.inputs, cache.expected = None, {}, {}
@@ -82,7 +115,6 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
         cache.fingerprint = inputs.fingerprint(cache.inputs)
         cache.locality = index_locality(case, cache.inputs)
         cache.key = case.case_id
-    row["input_fingerprint"] = cache.fingerprint
     # fp32 scales (V3.2) are read differently per arch; ue8m0 ones exactly everywhere
     fp32_scales = (
         LAYOUTS.get(case.layout) is not None and LAYOUTS[case.layout].scale_format == "fp32"
@@ -90,67 +122,66 @@ def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     reading = backend.v32_scale_reading(arch) if fp32_scales else None
     if reading not in cache.expected:
         cache.expected[reading] = oracle_call(case, cache.inputs, reading)()
+    return reading
 
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    try:
-        prepared = backend.prepare(case, cache.inputs, device)
-    except Unsupported as e:
-        return {**row, "status": "unsupported", "message": str(e)}, None
-    row["info"] = dict(prepared.info)
-    if cache.locality:
-        row["info"]["locality"] = cache.locality
-    row["scale_reading"] = reading
-    if prepared.poison is not None:
-        prepared.poison()
-    actual = prepared.finish(prepared.run())
-    if device == "cuda":
-        torch.cuda.synchronize()
-        row["info"]["memory"] = memory(cache.inputs)
+
+def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
+    """The row with its accuracy and status: the oracle's own answer is a timing baseline;
+    every other answer is judged (measure.judge) against the oracle."""
+    from dsv4bench.cases.oracle import oracle_call
+    from dsv4bench.measure import judge, metrics
+
     if backend.is_oracle:  # its answer is `expected` itself: no accuracy to measure
-        row.update(status="ok", message="")
-        row["info"]["reference_row"] = "the oracle itself: a timing baseline, no accuracy"
-    else:
-        expected = cache.expected[reading]
-        if prepared.reads is not None:  # judged on the values the kernel reads
-            on_reads = oracle_call(case, prepared.reads, reading)()
-            conversion = metrics.accuracy(expected, on_reads)
-            row["info"]["conversion"] = {
-                k: conversion[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")
-            }
-            expected = on_reads
-        acc = metrics.accuracy(expected, actual)
-        ok, why = metrics.within_tolerance(acc, case.tolerance)
-        if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices
-            from dsv4bench.measure import topk
+        info = {**row.info, "reference_row": "the oracle itself: a timing baseline, no accuracy"}
+        return replace(row, status="ok", message="", info=info)
+    expected = cache.expected[reading]
+    info = dict(row.info)
+    if prepared.reads is not None:  # judged on the values the kernel reads
+        on_reads = oracle_call(case, prepared.reads, reading)()
+        conversion = metrics.accuracy(expected, on_reads)
+        info["conversion"] = {
+            k: conversion[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")
+        }
+        expected = on_reads
+    acc = metrics.accuracy(expected, actual)
+    if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices
+        from dsv4bench.measure import topk
 
-            expected = cache.expected[reading]
-            picked = topk.compare_topk(
-                expected.out, expected.topk, actual.topk, actual_logits=actual.out
-            )
-            acc.update(picked)
-            problem = topk.topk_problem(acc)
-            if ok and problem:
-                ok, why = False, problem
-        row.update(accuracy=acc, tolerance=asdict(case.tolerance))
-        row.update(status="ok" if ok else "incorrect", message=why)
-    if case.timing.determinism or case.timing.batch_invariance:
-        row["accuracy"] = row.get("accuracy") or {}
-        row["tolerance"] = asdict(case.tolerance)
+        expected = cache.expected[reading]
+        acc.update(
+            topk.compare_topk(expected.out, expected.topk, actual.topk, actual_logits=actual.out)
+        )
+    status, why = judge.verdict(acc, case.tolerance)
+    tol = asdict(case.tolerance)
+    return replace(row, accuracy=acc, tolerance=tol, status=status, message=why, info=info)
+
+
+def _checks(row, case, backend, prepared, actual, cache: Cache, device: str):
+    """The row with the optional checks (determinism, batch invariance) and how far the V3.2
+    scale reading alone moves the answer."""
+    from dsv4bench.backends import Unsupported
+    from dsv4bench.cases.oracle import oracle_call
+    from dsv4bench.measure import invariance, metrics
+
+    acc = dict(row.accuracy or {})
     if case.timing.determinism:
-        row["accuracy"]["determinism"] = invariance.determinism(prepared)
+        acc["determinism"] = invariance.determinism(prepared)
     if case.timing.batch_invariance:
         try:
             inv = invariance.batch_invariance(backend, case, cache.inputs, actual, device)
         except Unsupported as e:
             inv = {"error": f"a request alone is unsupported: {e}"}
-        row["accuracy"]["batch_invariance"] = inv
+        acc["batch_invariance"] = inv
+    if case.timing.determinism or case.timing.batch_invariance:
+        row = replace(row, accuracy=acc, tolerance=asdict(case.tolerance))
+    reading = row.scale_reading
     if reading and not backend.is_oracle:  # how far the reading alone moves the answer
         if None not in cache.expected:
             cache.expected[None] = oracle_call(case, cache.inputs, None)()
         exact = metrics.accuracy(cache.expected[None], actual)
-        row["info"]["vs_exact_scales"] = {k: exact[k] for k in ("cos_diff", "max_abs")}
-    return row, prepared
+        info = {**row.info, "vs_exact_scales": {k: exact[k] for k in ("cos_diff", "max_abs")}}
+        row = replace(row, info=info)
+    return row
 
 
 def index_locality(case, x: dict) -> dict:
@@ -176,6 +207,7 @@ def memory(x: dict) -> dict:
 
 
 def run_job(job: dict, cache: Cache) -> dict:
+    """One job's row, as the dict the runner reads."""
     from dsv4bench import backends
     from dsv4bench.cases.case import Case
     from dsv4bench.measure import hardware, metrics, timing
@@ -184,12 +216,12 @@ def run_job(job: dict, cache: Cache) -> dict:
     arch = job["arch"]
     if arch == "cpu":
         _one_cpu_thread()
-    row, prepared = check(case, backends.get(job["backend"]), arch, cache)
-    if prepared is None or row["status"] != "ok":  # a wrong answer's speed means nothing
-        return row
+    row, prepared = check_row(case, backends.get(job["backend"]), arch, cache)
+    if prepared is None or row.status != "ok":  # a wrong answer's speed means nothing
+        return row.to_dict()
     device = "cpu" if arch == "cpu" else "cuda"
     t = case.timing
-    row["timing"] = timing.measure(
+    measured = timing.measure(
         prepared.run,
         device=device,
         warmup=t.warmup,
@@ -198,9 +230,9 @@ def run_job(job: dict, cache: Cache) -> dict:
         timer=t.timer,
         graph=t.graph,
     )
-    padded = row["info"].get("padded_heads")
-    row["derived"] = metrics.derived(case, row["timing"], hardware.detect(device), padded)
-    return row
+    padded = row.info.get("padded_heads")
+    derived = metrics.derived(case, measured, hardware.detect(device), padded)
+    return replace(row, timing=measured, derived=derived).to_dict()
 
 
 def _one_cpu_thread() -> None:
@@ -246,6 +278,7 @@ def main() -> int:
             status = _classify(exc)
             tb = traceback.format_exc(limit=3)
             print(tb, file=sys.stderr, flush=True)
+            # the outcome only: the runner makes it the job's row (CaseRow.of)
             answer = {"status": status, "message": f"{type(exc).__name__}: {exc}"[:2000]}
             cache.key = None
             fatal = status == "crash"  # a CUDA error poisons the context: start afresh

@@ -1,17 +1,25 @@
-"""Scenario files: YAML -> validated Scenario -> Cases. The schema is in docs/scenarios.md.
+"""Scenario files: YAML -> validated Scenario -> Cases, or (`op: serving`) -> ServingSpec.
+The schema is in docs/scenarios.md. The only package that touches YAML.
 
 Everything is checked before anything runs; the first problem is raised as a ScenarioError
-whose text is one line, `FILE:LINE: key.path: what was expected`. Three steps, one module
-each: read (YAML tree with lines), rules (value checks, also validate_case), expand.
+whose text is one line, `FILE:LINE: key.path: what was expected`. One module per step: read
+(YAML tree with lines), rules (value checks, also validate_case), expand (kernel cases),
+serving_entry (serving files), entries (one file -> what it holds). May import cases/,
+serving/spec and reference/; nothing that runs or reports.
 """
 
+from dsv4bench.scenarios.entries import (
+    discover,
+    expand,
+    is_serving_text,
+    load_any,
+    load_serving,
+)
 from dsv4bench.scenarios.expand import (
     MAX_CASES,
     TOP_KEYS,
     LimitSearch,
     Scenario,
-    discover,
-    expand,
     load,
     load_text,
 )
@@ -36,7 +44,10 @@ __all__ = [
     "ScenarioError",
     "discover",
     "expand",
+    "is_serving_text",
     "load",
+    "load_any",
+    "load_serving",
     "load_text",
     "validate_case",
 ]

@@ -17,7 +17,6 @@ from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import (
     ARCHS,
     ROUTES,
-    TIMERS,
     WORKLOAD_DEFAULTS,
     Case,
     Timing,
@@ -29,6 +28,7 @@ from dsv4bench.scenarios.read import (
     ScenarioError,
     key_path,
     parse,
+    read_text,
     show_value,
 )
 from dsv4bench.scenarios.rules import (
@@ -241,30 +241,6 @@ class ScenarioLoader(Parser):
             if "step" in m and found.step >= hi - lo:  # hi = lo + 1 needs no step
                 raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")
         return found
-
-    def timing(self, n: Node) -> Timing:
-        self.expect_map(n)
-        checks = ("graph", "determinism", "batch_invariance")
-        self.check_keys(n, ("warmup", "iters", "flush_l2", "timer", "timeout_s", *checks))
-        m, t = n.value, Timing()
-        timeout = m.get("timeout_s")
-        return Timing(
-            **{k: self.boolean(m[k]) for k in checks if k in m},
-            warmup=self.integer(m["warmup"], 0) if "warmup" in m else t.warmup,
-            iters=self.integer(m["iters"], 1) if "iters" in m else t.iters,
-            flush_l2=self.boolean(m["flush_l2"]) if "flush_l2" in m else t.flush_l2,
-            timer=self.choice(m["timer"], TIMERS, "timer") if "timer" in m else t.timer,
-            timeout_s=self.number(timeout, positive=True) if timeout else t.timeout_s,
-        )
-
-    def tolerance(self, n: Node) -> Tolerance:
-        self.expect_map(n)
-        self.check_keys(n, ("cos_diff", "lse_abs"))
-        m, t = n.value, Tolerance()
-        return Tolerance(
-            cos_diff=self.number(m["cos_diff"], positive=False) if "cos_diff" in m else t.cos_diff,
-            lse_abs=self.number(m["lse_abs"], positive=False) if "lse_abs" in m else t.lse_abs,
-        )
 
     # ---- the whole file ----
 
@@ -599,22 +575,5 @@ def load_text(
 
 
 def load(path: str | Path, *, known_backends: Collection[str]) -> Scenario:
-    """Parse, validate and expand one scenario file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(str(path), 1, "(file)", f"cannot read: {e}") from None
-    return load_text(text, str(path), known_backends=known_backends)
-
-
-def expand(scenario: Scenario) -> list[Case]:
-    """The scenario's cases in order (expansion and validation already happened in load)."""
-    return list(scenario.cases)
-
-
-def discover(root: str | Path) -> list[Path]:
-    """Scenario files under a directory (recursively), sorted; a file is returned as is."""
-    root = Path(root)
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*.yaml") if p.is_file())
+    """Parse, validate and expand one (kernel) scenario file."""
+    return load_text(read_text(path), str(path), known_backends=known_backends)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,9 +24,6 @@ class ScenarioError(ValueError):
         self.file, self.line, self.path = file, line, path or "(top)"
         self.message = " ".join(str(message).split())
         super().__init__(f"{file}:{line}: {self.path}: {self.message}")
-
-
-# ---- results -------------------------------------------------------------------------------
 
 
 # ---- located YAML tree ---------------------------------------------------------------------
@@ -154,3 +152,11 @@ def parse(text: str, filename: str) -> Node:
         message = "expected a mapping of scenario keys, got an empty file"
         raise ScenarioError(filename, 1, "(top)", message)
     return Reader(filename).read(node, "")
+
+
+def read_text(path: str | Path) -> str:
+    """A scenario file's text; an unreadable file as a ScenarioError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(str(path), 1, "(file)", f"cannot read: {e}") from None

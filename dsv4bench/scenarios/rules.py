@@ -13,13 +13,15 @@ from typing import Any
 
 from dsv4bench.cases.case import (
     HEAD_PADDINGS,
-    LAYOUTS,
     OPS,
     ROUTES,
     SCALE_CONVENTIONS,
     SPLIT_PAGE,
     TIMERS,
     Case,
+    Timing,
+    Tolerance,
+    padding_count,
 )
 from dsv4bench.cases.patterns import PATTERNS
 from dsv4bench.scenarios import workloads
@@ -168,6 +170,30 @@ class Parser:
             raise self.fail(n, f"backend {name!r} is defined twice with other options")
         return name
 
+    def timing(self, n: Node) -> Timing:
+        self.expect_map(n)
+        checks = ("graph", "determinism", "batch_invariance")
+        self.check_keys(n, ("warmup", "iters", "flush_l2", "timer", "timeout_s", *checks))
+        m, t = n.value, Timing()
+        timeout = m.get("timeout_s")
+        return Timing(
+            **{k: self.boolean(m[k]) for k in checks if k in m},
+            warmup=self.integer(m["warmup"], 0) if "warmup" in m else t.warmup,
+            iters=self.integer(m["iters"], 1) if "iters" in m else t.iters,
+            flush_l2=self.boolean(m["flush_l2"]) if "flush_l2" in m else t.flush_l2,
+            timer=self.choice(m["timer"], TIMERS, "timer") if "timer" in m else t.timer,
+            timeout_s=self.number(timeout, positive=True) if timeout else t.timeout_s,
+        )
+
+    def tolerance(self, n: Node) -> Tolerance:
+        self.expect_map(n)
+        self.check_keys(n, ("cos_diff", "lse_abs"))
+        m, t = n.value, Tolerance()
+        return Tolerance(
+            cos_diff=self.number(m["cos_diff"], positive=False) if "cos_diff" in m else t.cos_diff,
+            lse_abs=self.number(m["lse_abs"], positive=False) if "lse_abs" in m else t.lse_abs,
+        )
+
     # ---- axes ----
 
     def head_padding(self, n: Node) -> str:
@@ -204,7 +230,9 @@ class Parser:
             topk = window
         else:
             raise self.fail(n, "required key missing (or give a window)", key_path(n.path, "topk"))
-        layout = self.choice(spec["layout"], LAYOUTS, "layout") if "layout" in spec else None
+        layout = (
+            self.choice(spec["layout"], LAYOUT_TABLE.keys(), "layout") if "layout" in spec else None
+        )
         layout = layout or of_d_qk(d_qk)
         need = LAYOUT_TABLE[layout].d_qk  # None: bf16 rows take any width
         if need is not None and need != d_qk:
@@ -303,7 +331,7 @@ AXES: dict[str, Axis] = {
     "extra_topk": int_axis(0),
     "context_len": int_axis(1),
     "page_size": int_axis(1),
-    "layout": enum_axis(LAYOUTS, "layout"),
+    "layout": enum_axis(LAYOUT_TABLE.keys(), "layout"),  # live: a layout added to the table
     "sink": Axis(Parser.boolean),
     "scale_convention": enum_axis(SCALE_CONVENTIONS, "scale convention"),
     "route": enum_axis(ROUTES, "route"),
@@ -336,8 +364,8 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
         if not is_int(v[name]) or v[name] < 0:
             return [(name, f"expected a non-negative integer, got {v[name]!r}")]
     layout = v["layout"]
-    if layout not in LAYOUTS:
-        return [("layout", f"expected one of {', '.join(LAYOUTS)}, got {layout!r}")]
+    if layout not in LAYOUT_TABLE:
+        return [("layout", f"expected one of {', '.join(LAYOUT_TABLE)}, got {layout!r}")]
     need = LAYOUT_TABLE[layout].d_qk  # None: bf16 rows take any width
     if need is not None and v["d_qk"] != need:
         return [
@@ -358,7 +386,7 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     pad = v["head_padding"]
     if pad not in HEAD_PADDINGS:
         return [("head_padding", f"expected one of {', '.join(HEAD_PADDINGS)}, got {pad!r}")]
-    if pad.isdigit() and v["num_heads"] > int(pad):
+    if padding_count(pad) is not None and v["num_heads"] > padding_count(pad):
         return [
             ("num_heads", f"expected at most head_padding ({pad}) heads, got {v['num_heads']}"),
             ("head_padding", f"pads to {pad} heads, fewer than num_heads ({v['num_heads']})"),

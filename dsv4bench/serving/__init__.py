@@ -108,8 +108,6 @@ from dsv4bench.serving.spec import (
     LABEL,
     ServingSpec,
     chunk_route,
-    is_serving_file,
-    load_spec,
     parse_route,
     spec_from_dict,
 )
@@ -132,9 +130,7 @@ __all__ = [
     "align",
     "chunk_route",
     "chunks",
-    "is_serving_file",
     "jobs_for",
-    "load_spec",
     "parse_route",
     "plan",
     "safe_limit_from_rows",

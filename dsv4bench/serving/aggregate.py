@@ -5,6 +5,7 @@ reach by picking the best kernel per call."""
 
 from __future__ import annotations
 
+from dsv4bench.rows import ServingRow
 from dsv4bench.serving.planning import Part, ServingPlan
 from dsv4bench.serving.spec import LABEL, LABEL_INDEXER, ROLES
 
@@ -71,6 +72,7 @@ def _pick(part: Part, backend: str, by_key: dict, by_case: dict) -> tuple[str | 
 
 
 def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
+    """One point's serving row (a ServingRow, checked, as the dict a results file holds)."""
     parts, total, status, message, env = [], 0.0, "ok", "", None
     breakdown = dict.fromkeys(ROLES, 0.0)
     for part in point.parts:
@@ -105,29 +107,28 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
         )
     ok = status == "ok"
     spec = plan.spec
-    return {
-        "kind": "serving",
-        "scenario": spec.scenario,
-        "case_id": point.point_id,
-        "curve_id": curve.curve_id,
-        "model": spec.model,
-        "metric": point.metric,
-        "backend": backend,
-        "route": point.route,
-        "threshold": point.threshold,
-        "dequant": point.dequant,
-        "c128_index": point.c128_index,
-        "prompt_len": point.prompt_len,
-        "chunk_size": point.chunk_size,
-        "batch_size": point.batch_size,
-        "context_len": point.context_len,
-        "num_heads": spec.heads,
-        "tp": spec.tp,
-        "value_ms": total if ok else None,
-        "breakdown_ms": breakdown if ok else None,
-        "status": status,
-        "message": message,
-        "parts": parts,
-        "label": LABEL_INDEXER if spec.indexer else LABEL,
-        "env": env,
-    }
+    return ServingRow(
+        scenario=spec.scenario,
+        case_id=point.point_id,
+        curve_id=curve.curve_id,
+        model=spec.model,
+        metric=point.metric,
+        backend=backend,
+        route=point.route,
+        threshold=point.threshold,
+        dequant=point.dequant,
+        c128_index=point.c128_index,
+        prompt_len=point.prompt_len,
+        chunk_size=point.chunk_size,
+        batch_size=point.batch_size,
+        context_len=point.context_len,
+        num_heads=spec.heads,
+        tp=spec.tp,
+        value_ms=total if ok else None,
+        breakdown_ms=breakdown if ok else None,
+        status=status,
+        message=message,
+        parts=parts,
+        label=LABEL_INDEXER if spec.indexer else LABEL,
+        env=env,
+    ).to_dict()

@@ -1,15 +1,13 @@
-"""The `op: serving` spec: its keys, parsing and validation, and route names."""
+"""The `op: serving` spec: its keys, validation of a plain mapping, and route names.
+
+scenarios/serving_entry.py reads the YAML file (with lines) and hands its values here."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
-from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance
+from dsv4bench.cases.case import HEAD_PADDINGS, ROUTES, Timing, Tolerance, padding_count
 from reference.layout_table import LAYOUTS
 from reference.models import MODELS, ModelConfig
 
@@ -188,8 +186,8 @@ class ServingSpec:
                 f"head_padding: expected one of {', '.join(HEAD_PADDINGS)}, "
                 f"got {self.head_padding!r}"
             )
-        pad = self.head_padding
-        if self.num_heads is not None and pad.isdigit() and self.num_heads > int(pad):
+        pad = padding_count(self.head_padding)
+        if self.num_heads is not None and pad is not None and self.num_heads > pad:
             raise ValueError(
                 f"num_heads: {self.num_heads} heads exceed head_padding {self.head_padding}"
             )
@@ -266,18 +264,12 @@ def _sub(key: str, cls, v):
 
 
 def _ragged(v) -> list:
-    """`ragged`: context_lens values, read by the scenario parser (the same forms, checks)."""
-    from dsv4bench.scenarios.read import ScenarioError, parse
-    from dsv4bench.scenarios.rules import Parser
-    from dsv4bench.scenarios.workloads import context_lens
+    """`ragged`: context_lens values as the scenario loader parsed them (cases.lengths)."""
+    from dsv4bench.cases.lengths import Lengths
 
-    if not isinstance(v, list) or not v:
+    if not isinstance(v, list) or not v or not all(isinstance(x, Lengths) for x in v):
         raise ValueError(f"ragged: expected a non-empty list of length mappings, got {v!r}")
-    try:
-        nodes = parse(yaml.safe_dump(v), "ragged").value
-        return [context_lens(Parser("ragged", ()), n) for n in nodes]
-    except ScenarioError as e:
-        raise ValueError(f"ragged: {e.path}: {e.message}") from None
+    return list(v)
 
 
 def spec_from_dict(d: dict) -> ServingSpec:
@@ -361,36 +353,3 @@ def chunk_route(route: str, tokens: int, safe_limit: int | None = None) -> str:
 def dequantizes(route: str) -> bool:
     """Whether some chunk of a route policy can take the sparse-prefill route (and dequantize)."""
     return parse_route(route)[0] not in DECODE_ROUTES
-
-
-# ---- scenario files -------------------------------------------------------------------------
-
-
-def is_serving_file(text: str) -> bool:
-    """Whether a scenario file's top level says `op: serving`."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return False  # scenarios.load reports the syntax error with its line
-    return isinstance(data, dict) and data.get("op") == "serving"
-
-
-def load_spec(path: str | Path, *, known_backends: Collection[str]) -> ServingSpec:
-    """A ServingSpec from an `op: serving` file; errors as `FILE:LINE: key: what was expected`."""
-    from dsv4bench.scenarios import ScenarioError
-
-    text = Path(path).read_text()
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value}
-    data = yaml.safe_load(text)
-    data = {("scenario" if k == "name" else k): v for k, v in data.items() if k != "description"}
-    try:
-        spec = spec_from_dict(data)
-        for b in (*spec.backends, *spec.helper_backends):
-            if b not in known_backends:
-                raise ValueError(f"backends: unknown backend {b!r}")
-    except ValueError as e:
-        key = str(e).split(":", 1)[0]
-        key = "name" if key == "scenario" else key
-        raise ScenarioError(str(path), lines.get(key, 1), key, str(e).split(": ", 1)[-1]) from None
-    return spec

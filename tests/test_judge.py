@@ -1,0 +1,27 @@
+"""One judge for every op: the worker's verdict, the report's and compare's are the same call."""
+
+from __future__ import annotations
+
+from dsv4bench.measure import judge
+from dsv4bench.report.compare import accuracy_bad
+from dsv4bench.report.load import accuracy_failure, normalize
+
+TOL = {"cos_diff": 5e-6, "lse_abs": 1e-3}
+GOOD = {"cos_diff": 1e-7, "lse_max_abs": 1e-6, "nonfinite": 0}
+
+
+def test_the_judge_reads_tolerance_and_topk_picks():
+    assert judge.verdict(GOOD, TOL) == ("ok", "")
+    assert judge.verdict({**GOOD, "cos_diff": 1e-3}, TOL)[0] == "incorrect"
+    status, why = judge.verdict({**GOOD, "topk_invalid": 3}, TOL)
+    assert status == "incorrect" and "3 top-k picks" in why
+    assert "0.5" in judge.problem({**GOOD, "topk_matched": 0.5}, TOL)
+
+
+def test_report_and_compare_apply_the_topk_judgement_to_stored_rows():
+    row = {"kind": "case", "op": "indexer", "status": "ok", "tolerance": TOL}
+    good = normalize({**row, "accuracy": GOOD}, "r")
+    bad = normalize({**row, "accuracy": {**GOOD, "topk_count_mismatch": 2}}, "r")
+    assert accuracy_failure(good) is None and accuracy_bad(good) is None
+    assert "2 rows pick a different number" in accuracy_failure(bad)
+    assert accuracy_bad(bad) == accuracy_failure(bad)
