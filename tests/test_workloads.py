@@ -285,3 +285,21 @@ def test_ragged_and_patterned_cases_run_ok_on_each_gpu_backend(backend):
         assert row["info"]["memory"]["peak_mib"] >= row["info"]["memory"]["inputs_mib"] > 0
         seen += 1
     assert seen >= 5
+
+
+def test_a_ragged_request_alone_keeps_its_own_length(toy):
+    from dsv4bench.measure import invariance
+
+    case = next(c for c in toy.cases if c.context_lens == (600, 100, 300))
+    x = inputs.make_inputs(case, "cpu")
+    alone, sub = invariance.single_request(case, x, 1)
+    assert (alone.batch_size, alone.context_lens) == (1, (100,))
+    assert sub["extra_topk_length"].tolist() == [25] and sub["q"].shape[0] == 1
+    row = invariance.batch_invariance(backends.get("torch"), case, x, _oracle(case, x), "cpu")
+    assert row["max_abs"] == 0.0  # the oracle answers each request alone as in the batch
+
+
+def _oracle(case, x):
+    from dsv4bench.cases.oracle import oracle_call
+
+    return oracle_call(case, x)()
