@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dsv4bench import scenarios
 from dsv4bench.cases.case import OPS, ROUTES, Case
-from dsv4bench.scenarios import ScenarioError, load_text, validate_case
+from dsv4bench.scenarios import ScenarioError, is_serving_text, load_text, validate_case
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN = {
@@ -80,7 +80,7 @@ def error_of(text: str) -> ScenarioError:
 def test_every_shipped_file_is_listed():
     root = ROOT / "scenarios"
     found = {p.relative_to(root).as_posix() for p in scenarios.discover(root)}
-    serving = {f for f in found if scenarios.is_serving_text((root / f).read_text())}
+    serving = {f for f in found if is_serving_text((root / f).read_text())}  # test_serving.py
     assert found - serving == set(SHIPPED)
 
 

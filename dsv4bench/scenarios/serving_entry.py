@@ -50,11 +50,10 @@ class ServingLoader(Parser):
                 data["tolerance"] = self.tolerance(n)
             elif key == "head_padding":
                 data["head_padding"] = self.head_padding(n)
-            elif key == "ragged":  # context_lens values, as kernel scenarios write them
-                items = n.value if n.kind == "seq" else []
-                if not items:
-                    raise self.fail(n, "expected a non-empty list of length mappings")
-                data["ragged"] = [context_lens(self, item) for item in items]
+            elif key == "ragged":
+                if n.kind != "seq" or not n.value:
+                    raise self.fail(n, "expected a non-empty list of context_lens mappings")
+                data["ragged"] = [context_lens(self, item) for item in n.value]
             else:
                 data["scenario" if key == "name" else key] = plain(n)
         try:

@@ -268,7 +268,7 @@ def _ragged(v) -> list:
     from dsv4bench.cases.lengths import Lengths
 
     if not isinstance(v, list) or not v or not all(isinstance(x, Lengths) for x in v):
-        raise ValueError(f"ragged: expected a non-empty list of length mappings, got {v!r}")
+        raise ValueError(f"ragged: expected a non-empty list of context_lens values, got {v!r}")
     return list(v)
 
 
