@@ -30,7 +30,7 @@ test-slow: install
 	$(PYTHON) -m pytest -q -rs -m slow
 
 gpu-test: ensure
-	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu
+	PYTHONPATH=. $(PYTHON) -m pytest -q -rs -m gpu
 
 # every visible GPU (one worker each) unless GPUS=0,1 names some; SHARD=I/N runs one shard
 bench: ensure

@@ -1,7 +1,10 @@
 """pytest-benchmark over scenario cases: `pytest benchmarks --benchmark-only [--scenario FILE]`.
 
 Every (case, backend) of the scenario (default: the CPU smoke scenario) is one benchmark; its
-accuracy against the oracle goes into extra_info and a case outside tolerance fails.
+accuracy against the oracle goes into extra_info and a case outside tolerance fails. A scenario
+whose `arch` leaves out this machine's (an sm90 file on a CPU) is skipped with that reason. The
+options live in the checkout's root conftest.py, so `--scenario FILE` parses as well as
+`--scenario=FILE`.
 """
 
 from __future__ import annotations
@@ -11,30 +14,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pytest_addoption(parser):
-    group = parser.getgroup("dsv4bench")
-    group.addoption(
-        "--scenario",
-        action="append",
-        default=[],
-        help="scenario YAML to benchmark (repeatable; default scenarios/smoke.yaml)",
-    )
-    group.addoption(
-        "--bench-backend",
-        action="append",
-        default=[],
-        help="run these backends on every case instead of the scenario's (repeatable)",
-    )
-    group.addoption("--plugin", action="append", default=[], help="backend plugin module")
-    group.addoption(
-        "--backend-opt",
-        action="append",
-        default=[],
-        help="a backend's option NAME.OPTION=VALUE, e.g. flashmla.lib=PATH (repeatable)",
-    )
-    group.addoption("--flashmla-lib", default=None, help="same as --backend-opt flashmla.lib=PATH")
 
 
 def _jobs(config):
@@ -48,12 +27,14 @@ def _jobs(config):
     paths = config.getoption("scenario") or [str(ROOT / "scenarios" / "smoke.yaml")]
     only = config.getoption("bench_backend")
     jobs = []
+    config._dsv4bench_archs = archs = {}
     for path in paths:
         try:
             sc = scenarios.load(path, known_backends=backends.catalog())
         except (scenarios.ScenarioError, OSError) as e:  # one line, as from the CLI
             raise pytest.UsageError(f"--scenario: {e}") from None
         backends.configure_all(sc.instances)
+        archs[sc.name] = list(sc.arch)
         jobs += [(c, b) for c in sc.cases for b in only] if only else sc.jobs()
     return jobs
 
@@ -72,4 +53,16 @@ def pytest_generate_tests(metafunc):
     if "scenario_job" in metafunc.fixturenames:
         jobs = getattr(metafunc.config, "_dsv4bench_jobs", None) or _jobs(metafunc.config)
         ids = [f"{case.case_id}-{backend}" for case, backend in jobs]
-        metafunc.parametrize("scenario_job", jobs, ids=ids)
+        metafunc.parametrize("scenario_job", [_param(metafunc.config, j) for j in jobs], ids=ids)
+
+
+def _param(config, job):
+    """A job, skipped (before any oracle runs) when its scenario is for another architecture."""
+    from dsv4bench.measure import hardware
+
+    here = hardware.arch_of(0)
+    archs = config._dsv4bench_archs.get(job[0].scenario) or [here]
+    if here in archs:
+        return job
+    why = f"scenario {job[0].scenario} is for {', '.join(archs)}; this machine is {here}"
+    return pytest.param(job, marks=pytest.mark.skip(reason=why))

@@ -57,9 +57,8 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
     # --backend NAME takes its instances too (flashmla -> flashmla-0.33)
     wanted = lambda b: not only_backends or {b, backends.get(b).base} & set(only_backends)
     jobs, limits, specs = [], [], []
-    for path in paths:
-        if not Path(path).is_file():
-            raise UsageError(f"{path}: no such scenario file")
+    for path in dict.fromkeys(paths):  # a file named twice runs once
+        _check_scenario_path(Path(path))
         try:
             entry = scenarios.load_any(path, known_backends=backends.catalog())
             if isinstance(entry, scenarios.Scenario):
@@ -76,7 +75,37 @@ def _load(paths: list[str], only_backends: list[str] | None, archs: dict | None 
             archs[entry.name] = list(entry.arch)
         jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
         limits += [lim for lim in entry.limits if wanted(lim.backend)]
-    return jobs, limits, specs
+    _check_backends_used(only_backends, jobs, limits)
+    return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
+
+
+def _check_scenario_path(path: Path) -> None:
+    """What is not a regular file is a one-line UsageError (the loader reads and decodes it)."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such scenario file")
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory, not a scenario file (name its *.yaml files)")
+    if not path.is_file():  # a FIFO or a device: reading it could block forever
+        raise UsageError(f"{path}: not a regular file, not a scenario file")
+
+
+def _unique(items: list, key) -> list:
+    """The first of each key: the same scenario (or case) given twice runs once."""
+    seen: dict = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return list(seen.values())
+
+
+def _check_backends_used(only: list[str] | None, jobs: list, limits: list) -> None:
+    """--backend NAME that no scenario runs is a mistake, not "nothing to do"."""
+    from dsv4bench import backends
+
+    used = {j.backend for j in jobs} | {lim.backend for lim in limits}
+    used |= {backends.get(b).base for b in used}
+    for name in only or []:
+        if name not in used:
+            raise UsageError(f"--backend {name}: no job of these scenarios runs on it")
 
 
 def _serving_rows(specs, writer) -> int:
@@ -115,6 +144,8 @@ def _arch(wanted: str | None, flag: str) -> str:
 def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     from dsv4bench.rows.results import RESULTS_FILE
 
+    if resume and force:
+        raise UsageError("--resume goes on in RUN_DIR, --force starts over: pass one of them")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file, not a run directory")
     results = out / RESULTS_FILE
@@ -247,6 +278,8 @@ def _run(args, paths: list[str]) -> int:
     slots = _devices(args.gpus, arch)
     if part is not None:
         jobs, limits = _take_shard(part, jobs, limits)
+    if args.out is not None and not args.out.strip():
+        raise UsageError("--out '': expected a run directory")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
     _prepare_out(out, resume=args.resume, force=args.force)
     _record_command(out, args.resume, args.argv)
@@ -392,6 +425,7 @@ def cmd_compare(args) -> int:
             out,
             time_threshold=args.time_threshold,
             backends=tuple(args.backends) if args.backends else None,
+            partial=args.partial,
         )
     except ReportInputError as e:
         raise UsageError(str(e)) from None
@@ -542,6 +576,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
     p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="NEW covers part of BASE by design (a shard, a subset): cases it lacks are listed, "
+        "not regressions",
+    )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("env", help="GPU, driver and library versions")

@@ -57,7 +57,7 @@ _V4_SCALE_RULES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "vllm": lambda amax: _over_e4m3_max(amax.clamp_min(1e-4)),
     "sglang": lambda amax: _over_e4m3_max(amax.clamp_min(1e-8)),
 }
-_SCALE_ROUNDINGS = (None, "bf16", "e8m0")
+_SCALE_ROUNDINGS = (None, "bf16", "bf16-product", "e8m0")
 
 
 # ---- small numeric helpers ---------------------------------------------------------------
@@ -283,10 +283,11 @@ def _decode_v32(records: torch.Tensor, scale_rounding: str | None) -> torch.Tens
     scale_bytes = records[:, V32_D_NOPE : V32_D_NOPE + 4 * num_tiles]
     scale = _round_scale(scale_bytes.view(torch.float32), scale_rounding)
     latent = _e4m3_tiles(records[:, :V32_D_NOPE], V32_TILE) * scale.unsqueeze(-1)
-    if scale_rounding == "bf16":
+    if scale_rounding in ("bf16", "bf16-product"):
         # sm90 FlashMLA also forms the product in bf16 (e4m3 -> bf16, times the bf16 scale).
         # The fp32 product of 4 and 8 significant bits is exact, so rounding it once to bf16
-        # is that product.
+        # is that product. "bf16-product" (FlashInfer's sm90 FA3 MLA, mla_hopper.cuh
+        # repack_fp8_kv_to_bf16): the fp32 scale unrounded, e4m3 * scale in fp32 rounded once.
         latent = latent.to(torch.bfloat16).float()
     rope = records[:, V32_D_NOPE + 4 * num_tiles :].view(torch.bfloat16).float()
     return torch.cat([latent.flatten(-2), rope], dim=-1)
@@ -315,7 +316,8 @@ def dequantize_v32(cache: torch.Tensor, *, scale_rounding: str | None = None) ->
 
     scale_rounding emulates how a kernel reads the fp32 scale: None exactly; "bf16" as sm90
     FlashMLA does, the scale and then the value times the scale rounded to bf16 (nearest
-    even); "e8m0" truncated to a power of two (sm100 FlashMLA).
+    even); "bf16-product" the fp32 scale as it is and only the product rounded to bf16
+    (FlashInfer's sm90 FA3 MLA); "e8m0" truncated to a power of two (sm100 FlashMLA).
     """
     _check_layout(cache, "v32", "dequantize_v32")
     return gather_v32(cache, _all_slots(cache), scale_rounding)

@@ -33,3 +33,20 @@ def run_cli(capsys, monkeypatch):
         return code, out, err
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def backends_as_they_were():
+    """Every test leaves the backend registry as it found it: a plugin backend or instance one
+    test builds in this process is not sent to the workers of a later test's run (under load
+    `--dist loadfile` put test_runner.py before test_merge.py in one process, and test_merge's
+    run failed: "worker did not start: unknown backend 'isolated'")."""
+    from dsv4bench import backends
+
+    backends.names()  # the shipped backends, loaded once (a flag keeps them loaded)
+    registry, configured = dict(backends._REGISTRY), dict(backends._CONFIGURED)
+    yield
+    backends._REGISTRY.clear()
+    backends._REGISTRY.update(registry)
+    backends._CONFIGURED.clear()
+    backends._CONFIGURED.update(configured)

@@ -150,14 +150,31 @@ def test_ok_to_incorrect_is_a_regression(tmp_path):
     assert code == 1 and "lse_max_abs 0.5" in md
 
 
-def test_missing_cases_are_listed_not_failed(tmp_path):
+def test_cases_missing_from_new_are_a_regression_unless_partial(tmp_path, capsys):
     base = base_rows()
     new = [*copy.deepcopy(base[1:]), row("decode-new", ms=0.1)]
     code, _, md = run(tmp_path, base, new)
+    assert code == 1 and "1 missing" in capsys.readouterr().out
+    assert "| missing | `decode-a` | flashmla |" in md
+    code, _, md = run(tmp_path, base, new, partial=True)
     assert code == 0
     only_base = md.split("## Only in base", 1)[1].split("##", 1)[0]
     only_new = md.split("## Only in new", 1)[1].split("##", 1)[0]
     assert "decode-a" in only_base and "decode-new" in only_new
+
+
+def test_an_empty_new_run_is_a_regression(tmp_path, capsys):
+    from dsv4bench import cli
+
+    base = write(tmp_path / "base", base_rows())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "results.jsonl").write_text("")
+    assert cli.main(["compare", str(base), str(empty), "--out", str(tmp_path / "o")]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION: 0 matched, 5 regressed" in out and "5 missing" in out
+    args = ["compare", str(base), str(empty), "--out", str(tmp_path / "p"), "--partial"]
+    assert cli.main(args) == 0
 
 
 def test_faster_is_not_a_regression(tmp_path):

@@ -211,6 +211,29 @@ def test_v32_e4m3_reads_the_cache_latent_in_place():
     assert not diff[:528].any() and diff[528:].any()
 
 
+def test_v32_raw_scales_are_judged_on_the_kernels_reading_and_say_what_it_reads():
+    # raw (vLLM, max|x|/448) scales: the kernel reads bf16(e4m3 * fp32 scale), not FlashMLA's
+    # bf16 scale; declared as the backend's scale reading, the row is judged on what it reads
+    case = make_case(**V32, batch_size=2, context_len=512, scale_convention="raw")
+    be = backend("e4m3")
+    reading = be.v32_scale_reading("sm90")
+    assert reading == "bf16-product" == fa3.V32_SCALE_READING
+    x = make_inputs(case, "cpu")
+    p = be.prepare(case, x, "cpu")
+    assert p.reads is not None and not p.info["reads_exact"]  # bf16-rounded, but representable
+    assert p.info["reads_what"]["q"].startswith("bf16, not quantized")
+    assert "fp32 scale not rounded" in p.info["reads_what"]["latent"]
+    got = p.finish(p.run())
+    on_reads = oracle_call(case, p.reads, reading)()
+    acc = metrics.accuracy(on_reads, got)
+    assert acc["cos_diff"] < 5e-6, acc  # the kernel's own error only
+    exact = metrics.accuracy(oracle_call(case, x)(), got)
+    assert exact["cos_diff"] > 2 * acc["cos_diff"]  # the reading and the rope moved it
+    # FlashMLA's sm90 reading (the scale rounded to bf16 first) is another answer
+    flashmla_way = oracle_call(case, p.reads, "bf16")()
+    assert not torch.equal(flashmla_way.out, on_reads.out)
+
+
 def test_one_index_list_per_query_row_over_one_pool():
     case = make_case(**V4, batch_size=2, s_q=2, context_len=1024)
     x = make_inputs(case, "cpu")

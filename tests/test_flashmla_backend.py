@@ -69,6 +69,7 @@ class FakeKernel:
             }
         )
         self.calls[-1]["extra_indices"] = eidx
+        self.calls[-1]["extra_topk_length"] = elen
         if sched is None:
             sched = torch.zeros(SCHED_PARTS, 8, dtype=torch.int32)
             splits = torch.arange(b + 1, dtype=torch.int32)
@@ -152,7 +153,6 @@ def test_supported(kw, arch):
         ({**V4, "layout": "bf16"}, "sm90", "read a v32 or v4 FP8 cache, not layout bf16"),
         ({**V4, "layout": "v32"}, "sm90", "read the v32 cache with d_qk 576, not 512"),
         ({**V32, "topk": 100}, "sm90", "topk % 64 == 0, got 100"),
-        ({**V4, "extra_topk": 96}, "sm90", "extra_topk % 64 == 0, got 96"),
         ({**V4, "topk": 0}, "sm90", "topk > 0"),
         ({**V32, "extra_topk": 64}, "sm90", "sm90 V3.2 (d_qk 576) decode kernel takes no extra"),
         ({**V4, "op": "prefill", "tokens": 8, "route": "magic"}, "sm90", "no prefill route"),
@@ -303,6 +303,24 @@ def decode_inputs(case: Case, with_sink: bool = True) -> dict:
         x["extra_k_cache"] = x["k_cache"].clone()
         x["extra_indices"] = torch.zeros(b, s_q, case.extra_topk, dtype=torch.int32)
     return x
+
+
+def test_an_extra_width_off_the_block_is_padded_with_minus_one_and_its_length(fake):
+    # V4-Flash C128 at a 500K context: 3906 compressed entries, not a multiple of 64
+    case = make_case(V4, extra_topk=3906, batch_size=2, context_len=500_000, compress_ratio=128)
+    assert FlashMLA().supports(case, "sm90") is None
+    x = decode_inputs(case)
+    x["extra_indices"] = torch.arange(2 * 3906, dtype=torch.int32).view(2, 1, 3906)
+    p = fake_backend().prepare(case, x, "cpu")
+    seen = fake.calls[0]["extra_indices"]
+    assert seen.shape == (2, 1, 3968) and seen.is_contiguous()
+    assert torch.equal(seen[..., :3906], x["extra_indices"]) and (seen[..., 3906:] == -1).all()
+    assert fake.calls[0]["extra_topk_length"].tolist() == [3906, 3906]
+    assert p.info["extra_topk_padded"]["from"] == 3906 and p.info["extra_topk_padded"]["to"] == 3968
+    assert "padded with -1 as engines do" in p.info["extra_topk_padded"]["why"]
+    fake.calls.clear()
+    fake_backend().prepare(make_case(V4), decode_inputs(make_case(V4)), "cpu")
+    assert fake.calls[0]["extra_topk_length"] is None  # a width on the block is passed as is
 
 
 def test_decode_pads_heads_and_drops_them(fake):

@@ -77,6 +77,16 @@ def test_searches_of_one_lane_are_joined_and_other_lanes_kept():
     assert lane_id(limits[0]) == lane_id(joined) != lane_id(limits[2])
 
 
+def test_disagreeing_probes_never_put_last_ok_above_first_fail():
+    # a second search saw 14000 fail where the first saw 14400 pass (a flaky size): the joined
+    # limit is bounded by the lowest failure, and last_ok is the best pass below it
+    first = limit("fm-0.33", 12288, 14400, 14528, {12288: "ok", 14400: "ok", 14528: "crash"})
+    second = limit("fm-0.33", 13000, 13500, 14000, {13000: "ok", 13500: "ok", 14000: "crash"})
+    (joined,) = merge_limits([first, second])
+    assert (joined["last_ok"], joined["first_fail"]) == (13500, 14000)
+    assert joined["last_ok"] < joined["first_fail"]
+
+
 def test_builds_side_by_side_show_the_joined_limit_only():
     _, new = instance_groups(two_builds())[0]
     text = paragraph(new)
@@ -121,3 +131,18 @@ def test_a_route_that_never_wins_says_so():
             rows.append({**case("fm", f"p{heads}{route}", ms), "op": "prefill", "params": params})
     (c,) = crossovers(rows)
     assert "decode-mixed loses at every measured head count (h16..h64)" in _sentence(c)
+
+
+def test_limit_probes_are_no_crossover_points():
+    # a limit search's probes are prefill rows too (3 calls, at the limit's sizes): a probe
+    # that seems to win must not turn a route that never wins into a crossover
+    rows = []
+    for heads in (64, 32, 16):
+        for route, ms in (("sparse-prefill", 1.0), ("decode-mixed", 1.7)):
+            params = dict(model="v3.2", num_heads=heads, tokens=4096, route=route)
+            rows.append({**case("fm", f"p{heads}{route}", ms), "op": "prefill", "params": params})
+    probe = dict(rows[-1], case_id="probe", tags=["limit-probe"])
+    probe["timing"] = {"median_ms": 0.1, "samples_ms": [0.1] * 3, "n": 3}
+    rows[-1] = probe  # the decode-mixed point at h16 measured by a probe only
+    (c,) = crossovers(rows)
+    assert "decode-mixed loses at every measured head count (h32..h64)" in _sentence(c)

@@ -147,3 +147,29 @@ def test_gpus_without_a_gpu_is_one_line_and_exit_2(tmp_path, capsys, command):
     assert not (tmp_path / "r").exists()
     code, _, err = here(capsys, *args, "--shard", "2/1")
     assert code == 2 and "--shard 2/1" in err
+
+
+def test_merge_refuses_a_part_with_an_unreadable_line(tmp_path, capsys):
+    a = rows_dir(tmp_path / "a", [row("a", "1/2"), row("b", "1/2"), row("c", "1/2")])
+    lines = (a / "results.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:20] + "\x00garbage"  # a corrupted middle line: job b would vanish
+    (a / "results.jsonl").write_text("\n".join(lines) + "\n")
+    b = rows_dir(tmp_path / "b", [row("d", "2/2")])
+    code, _, err = here(capsys, "merge", a, b, "--out", tmp_path / "m")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "1 unreadable line(s) (line 2)" in err
+    assert not (tmp_path / "m" / "results.jsonl").exists()
+
+
+def test_an_unsharded_run_and_shard_1_keep_their_own_provenance(tmp_path, capsys):
+    whole = rows_dir(tmp_path / "whole", [row("a", None)])
+    s1 = rows_dir(tmp_path / "s1", [row("b", "1/2")])
+    code, _, err = here(capsys, "merge", whole, s1, "--out", tmp_path / "m")
+    assert code == 0, err
+    record = json.loads((tmp_path / "m" / "merged.json").read_text())
+    dirs = [p["dir"] for p in record["parts"]]
+    assert len(set(dirs)) == 2
+    for p in record["parts"]:
+        source = Path(p["source"]).name
+        kept = (tmp_path / "m" / p["dir"] / "command.txt").read_text()
+        assert kept == f"dsv4bench run for {source}\n"

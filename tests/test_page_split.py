@@ -73,6 +73,19 @@ def test_triton_split_is_the_oracles_bit_for_bit(page_size, pages):
     assert torch.equal(tk.page_split(view), layouts.split_pages_v4(view, 64))
 
 
+def test_triton_split_reads_an_unpadded_source_stride():
+    # every quantize_v4 cache pads its page stride to R x the 64-token page's (37440 x 4):
+    # a kernel stepping source pages by dst_stride * R would pass them all; 256 x 584 does not
+    padded = layouts.quantize_v4(torch.randn(3 * 256 - 5, 512).to(torch.bfloat16), 256)
+    tight = 256 * 584
+    assert padded.stride(0) == 4 * 37440 != tight
+    cache = torch.zeros(3 * tight, dtype=torch.uint8).as_strided(padded.shape, (tight, 584, 584, 1))
+    cache.copy_(padded)
+    want = layouts.split_pages_v4(cache, 64)
+    assert torch.equal(layouts.dequantize_v4(want), layouts.dequantize_v4(padded))
+    assert torch.equal(tk.page_split(cache), want)
+
+
 def test_triton_split_rejects_what_it_cannot_read():
     cache = layouts.quantize_v4(torch.randn(256, 512).to(torch.bfloat16), 256)
     with pytest.raises(ValueError, match="64-token pages, got page_size 32"):

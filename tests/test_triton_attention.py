@@ -70,15 +70,15 @@ def _poison_unused(cache: torch.Tensor, *index_sets: torch.Tensor) -> None:
 # ---- decode -------------------------------------------------------------------------------
 
 
-PREFETCH_32 = ta.Config(16, 32, 4, 2, prefetch=True)  # software-pipelined gathers, 32-key blocks
+SMALL_32 = ta.Config(16, 32, 4, 2, idx_ahead=True)  # 16 heads, 32-key blocks, indices ahead
 
 
 @pytest.mark.parametrize(
     "layout,page_size,heads,topk,splits,config",
     [
         ("v32", 64, 3, 40, 1, None),  # 3 heads, topk not a multiple of the key block, one split
-        ("v32", 64, 1, 72, 3, PREFETCH_32),  # 1 head, split-KV + combine
-        ("v4", 64, 3, 40, None, PREFETCH_32),  # the planned split count (interpreter SM count)
+        ("v32", 64, 1, 72, 3, SMALL_32),  # 1 head, split-KV + combine
+        ("v4", 64, 3, 40, None, SMALL_32),  # the planned split count (interpreter SM count)
         ("v4", 256, 1, 24, 2, None),
     ],
 )
@@ -106,7 +106,9 @@ def test_decode_matches_oracle(layout, page_size, heads, topk, splits, config):
     scale = d**-0.5
     out, lse = attention.sparse_mla_decode(q, cache, idx, scale, **kw)
     tri_kw = {("extra_kv" if k == "extra_k_cache" else k): v for k, v in kw.items()}
-    t_out, t_lse = ta.sparse_decode(q, cache, idx, scale, splits=splits, config=config, **tri_kw)
+    t_out, t_lse = ta.sparse_decode(
+        q, cache, idx, scale, layout=layout, splits=splits, config=config, **tri_kw
+    )
     assert t_out.dtype == torch.bfloat16 and t_out.shape == (b, s_q, heads, 512)
     assert t_lse.dtype == torch.float32 and t_lse.shape == (b, heads, s_q)
     _assert_close(Output(out, lse), Output(t_out, t_lse), DECODE_TOL)
@@ -126,7 +128,7 @@ def test_decode_no_valid_key_and_infinite_sink():
     out, lse = attention.sparse_mla_decode(q, cache, idx, 0.05, topk_length=lengths, attn_sink=sink)
     for splits in (1, 2):
         t_out, t_lse = ta.sparse_decode(
-            q, cache, idx, 0.05, topk_length=lengths, attn_sink=sink, splits=splits
+            q, cache, idx, 0.05, layout="v4", topk_length=lengths, attn_sink=sink, splits=splits
         )
         assert bool((t_out[0] == 0).all()) and bool(torch.isinf(t_lse[0]).all())
         assert bool((t_out[1, 0, 0] == 0).all()) and bool(torch.isfinite(t_lse[1, 0]).all())
@@ -151,7 +153,7 @@ def test_prefill_matches_oracle(d_qk, heads):
         q, kv, idx, 0.07, attn_sink=sink, topk_length=lengths
     )
     t_out, t_max, t_lse = ta.sparse_prefill(
-        q, kv, idx, 0.07, topk_length=lengths, attn_sink=sink, config=PREFETCH_32
+        q, kv, idx, 0.07, topk_length=lengths, attn_sink=sink, config=SMALL_32
     )
     assert t_out.shape == (s_q, heads, 512) and t_lse.shape == t_max.shape == (s_q, heads)
     _assert_close(Output(out, lse), Output(t_out, t_lse), PREFILL_TOL)
@@ -165,12 +167,16 @@ def test_prefill_matches_oracle(d_qk, heads):
 def test_launcher_rejects():
     cache = _cache("v32", 64, 64, seed=0)
     q = torch.zeros(1, 1, 2, 512, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="d_qk 576"):
-        ta.sparse_decode(q, cache, torch.zeros(1, 1, 8, dtype=torch.int32), 0.1)
+    idx = torch.zeros(1, 1, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="d_qk 512"):
+        ta.sparse_decode(q, cache, idx, 0.1, layout="v32")
+    with pytest.raises(ValueError, match=r"\(pages, P, 1, 584\)"):  # the layout is not inferred
+        ta.sparse_decode(q, cache, idx, 0.1, layout="v4")
+    q576 = torch.zeros(1, 1, 2, 576, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="4-byte aligned"):
         buf = torch.zeros(64 * 658, dtype=torch.uint8)
         odd = torch.as_strided(buf, cache.shape, (64 * 658, 658, 658, 1))
-        ta.sparse_decode(q, odd, torch.zeros(1, 1, 8, dtype=torch.int32), 0.1)
+        ta.sparse_decode(q576, odd, idx, 0.1, layout="v32")
     with pytest.raises(ValueError, match="bf16"):
         kv = torch.zeros(4, 1, 512)
         ta.sparse_prefill(torch.zeros(2, 1, 512), kv, torch.zeros(2, 1, 4, dtype=torch.int32), 1)

@@ -111,7 +111,7 @@ def test_dequant_v4_e4m3_dtype_and_slots():
     cache = _v4_cache(2 * 64, 64).view(torch.float8_e4m3fn)  # FlashMLA's test writer's dtype
     slots = torch.tensor([127, 0, 64, 5, 5, 100], dtype=torch.int32)
     _assert_bits_equal(tk.dequant_v4(cache, slots), _reference(cache, slots))
-    _assert_bits_equal(tk.dequant(cache), _reference(cache))
+    _assert_bits_equal(tk.dequant(cache, "v4"), _reference(cache))
     assert tk.dequant_v4(cache, slots[:0]).shape == (0, 512)
     with pytest.raises(ValueError, match="slots must lie"):
         tk.dequant_v4(cache, torch.tensor([128]))
@@ -123,8 +123,10 @@ def test_dequant_rejects_bad_caches():
         tk.dequant_v4(torch.as_strided(cache, cache.shape, (2000, 600, 600, 1)))
     with pytest.raises(ValueError, match="v32 cache"):
         tk.dequant_v32(cache)
-    with pytest.raises(ValueError, match="584 \\(V4\\) or 656"):
-        tk.dequant(torch.zeros(1, 2, 1, 100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="v4 cache must be"):  # the layout is named, not inferred
+        tk.dequant(torch.zeros(1, 2, 1, 100, dtype=torch.uint8), "v4")
+    with pytest.raises(ValueError, match="v4 or v32"):
+        tk.dequant(cache, "bf16")
 
 
 # ---- V3.2 dequant -------------------------------------------------------------------------
@@ -222,8 +224,6 @@ def test_provider_and_supports():
 
 
 def test_provider_without_triton(monkeypatch):
-    monkeypatch.setattr(tk, "triton", None)
-    monkeypatch.setattr(tk, "tl", None)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     with pytest.raises(Unsupported, match="Triton not found: pip install triton"):
         tk.TritonKernels().provider()

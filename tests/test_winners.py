@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dsv4bench.report import winners
 
 
@@ -41,7 +43,10 @@ def test_winner_margin_and_ratio():
 def test_section_has_table_and_figure(tmp_path):
     text, images = winners.markdown(ROWS, tmp_path)
     assert "## Which backend wins" in text and "flashmla 1, flashinfer 1" in text
-    assert "| decode v3.2 h128 | batch 64 | flashinfer | 0.1 | flashmla 0.11 | 1.10x |" in text
+    row64 = (
+        "| decode v3.2 h128 | batch 64 | flashinfer | 0.1 | events | 0.1 | flashmla 0.11 | 1.10x |"
+    )
+    assert row64 in text
     assert "triton: unsupported" in text
     assert [p.name for p in images] == ["winners-ratio.png"] and images[0].stat().st_size > 0
 
@@ -70,3 +75,27 @@ def test_figure_draws_a_line_per_variant_and_leaves_one_size_families_to_the_tab
     ]
     assert "1 shape families measured at a single size are in the table" in text
     assert "| prefill v3.2 h8 | chunk 4096 | triton |" in text
+
+
+def test_gpu_time_ranks_where_every_backend_measured_it():
+    fast_launch = row("b2", "flashmla", 0.0188, batch_size=2)
+    fast_kernel = row("b2", "triton", 0.0194, batch_size=2)
+    fast_launch["timing"]["profiler_ms"] = 0.0160
+    fast_kernel["timing"]["profiler_ms"] = 0.0150
+    (s,) = winners.shapes([fast_launch, fast_kernel])
+    assert s.basis == "profiler makespan" and s.winner == ("triton", 0.0150)
+    assert s.events == {"flashmla": 0.0188, "triton": 0.0194}  # kept beside
+    del fast_kernel["timing"]["profiler_ms"]  # one backend without it: events for both
+    (s,) = winners.shapes([fast_launch, fast_kernel])
+    assert s.basis == "events" and s.winner == ("flashmla", 0.0188)
+
+
+def test_committed_h100_rows_rank_by_makespan():
+    from dsv4bench.report.load import load_rows
+
+    rows = load_rows(Path(__file__).resolve().parent.parent / "results/sm90/h100-bench")
+    by_id = {s.case_id: s for s in winners.shapes(rows)}
+    # V4-Flash decode at batch 1: FlashMLA's events are lower, Triton's kernels are shorter
+    s = by_id["decode-v4-flash-v4-h64-b1-k128-e76dd5251c"]
+    assert s.basis == "profiler makespan" and s.winner[0] == "triton"
+    assert s.events["flashmla"] < s.events["triton"]

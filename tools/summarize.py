@@ -94,10 +94,8 @@ def main(run1: str, run2: str, serving: str) -> None:
                 )
     for r in s:
         if r["kind"] == "serving" and r["metric"] == "tpot" and r["batch_size"] in (1, 64, 128):
-            print(
-                f"TPOT {r['backend']} B={r['batch_size']} S={r['context_len']}: "
-                f"{r['value_ms']:.3f} ms"
-            )
+            value = f"{r['value_ms']:.3f} ms" if r["value_ms"] is not None else r["status"]
+            print(f"TPOT {r['backend']} B={r['batch_size']} S={r['context_len']}: {value}")
     for r in s:
         if r["kind"] == "serving" and r["metric"] == "ttft" and r["prompt_len"] == 131072:
             value = f"{r['value_ms']:.0f} ms" if r["value_ms"] is not None else r["status"]

@@ -1,25 +1,30 @@
-"""Launch-shape sweep of the Triton attention kernel against FlashMLA on a few cases of
-scenarios/sm90/triton_vs_flashmla.yaml (GPU only; times with dsv4bench.measure.timing, cold L2).
+"""Launch-shape sweep of the Triton attention kernel against FlashMLA on cases of
+scenarios/sm90/triton_vs_flashmla.yaml, and of the Triton ragged indexer against DeepGEMM's
+fp8_mqa_logits (logits only, no top-k), on a GPU; times with dsv4bench.measure.timing, cold L2.
 
-    python3 tools/triton_attention_sweep.py [--flashmla-lib PATH] [--jobs N] [CASE_PREFIX ...]
+    python3 tools/triton_attention_sweep.py [--jobs N] [--no-indexer] [--no-attention]
+                                            [CASE_PREFIX ...]
+(FlashMLA from $DSV4BENCH_FLASHMLA_LIB, deep_gemm importable: tools/gpu/setup.sh.)
 
 First compiles every (case, config) in N parallel processes (Triton's on-disk cache keeps the
 kernels), then times them one by one in this process. Prints one line per (case, config):
-median ms and the ratio of FlashMLA's time to it (> 1: Triton is faster).
+median ms and the ratio of the engine's time to it (> 1: Triton is faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import sys
 
 SCENARIO = "scenarios/sm90/triton_vs_flashmla.yaml"
 DEFAULT_CASES = [
     "decode-v3.2-v32-h128-b64-",
-    "decode-v4-flash-v4-h64-b64-",
+    "decode-v3.2-v32-h128-b128-",
     "decode-v4-pro-v4-h128-b64-",
-    "decode-v4-flash-v4-h8-b64-",
+    "decode-v4-flash-v4-h64-b128-",
+    "decode-v4-flash-v4-h64-b64-",
     "decode-v4-flash-v4-h32-b64-",
     "decode-v3.2-v32-h16-b64-",
     "decode-v3.2-v32-h32-b64-",
@@ -28,22 +33,40 @@ DEFAULT_CASES = [
     "prefill-v4-flash-v4-h32-t4096-",
     "prefill-v3.2-v32-h16-t4096-",
 ]
+# (block_h, block_n, num_warps, num_stages, idx_ahead); the shipped default first. The
+# loop-pipelining
+# variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
+# kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
+WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True)]  # idx_ahead: next block's indices early
+NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True)]
+WIDE_BF16 = [(64, 64, 8, 2, True)]
+NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True)]
+# ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
+INDEXER_TILES = [
+    None,
+    dict(SKIP=False),
+    dict(SKIP=False, STAGES=3),
+    dict(SIGN_FOLD=True),
+    dict(SIGN_FOLD=True, SKIP=False),
+    dict(SIGN_FOLD=True, SKIP=False, STAGES=3),
+    dict(SIGN_FOLD=True, SKIP=False, STAGES=3, BLOCK_Q=128),
+    dict(SIGN_FOLD=True, SKIP=False, STAGES=3, num_warps=8),
+]
+INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768"]
+# paged indexer (decode): model:batch:s_q:context_len, timed with both dot orientations
+PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
 
 
 def _configs(heads: int, layout: str):
     """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
     from dsv4bench.backends.triton_attention import Config, config_for
 
-    small = max(16, 1 << (heads - 1).bit_length())
-    if heads >= 64:
-        c = [Config(64, 64, 8, 1, False), Config(64, 64, 8, 2, False), Config(64, 32, 8, 2, True)]
+    if layout == "bf16":
+        table = WIDE_BF16 if heads >= 64 else NARROW_BF16
     else:
-        c = [Config(small, 64, 4, 2, False), Config(small, 32, 4, 2, True),
-             Config(64, 64, 8, 1, False), Config(64, 64, 8, 2, False)]  # fmt: skip
-        if small == 32:
-            c += [Config(32, 32, 8, 2, True), Config(32, 64, 8, 2, False)]
+        table = WIDE_FP8 if heads >= 64 else NARROW_FP8
     default = config_for(heads, layout)
-    return [(default, None)] + [(x, None) for x in c if x != default]
+    return [(default, None)] + [(Config(*x), None) for x in table if Config(*x) != default]
 
 
 def _layout(case) -> str:
@@ -64,18 +87,22 @@ def _launch(case, x, cfg, splits=None):
     from dsv4bench.backends import triton_attention as ta
 
     decode = ta.uses_decode_kernel(case)
-    return ta.attention_launcher(
+    extra = {}
+    if decode:
+        extra = {"extra_kv": x.get("extra_k_cache"), "extra_indices": x.get("extra_indices"),
+                 "extra_topk_length": x.get("extra_topk_length")}  # fmt: skip
+    return ta.plan_attention(
         x["q"],
         x["k_cache"] if decode else x["kv"],
         x["indices"],
         case.scale,
+        layout=case.layout if decode else "bf16",
+        op="decode" if decode else "prefill",
         topk_length=x.get("topk_length"),
         attn_sink=x.get("attn_sink"),
-        extra_kv=x.get("extra_k_cache"),
-        extra_indices=x.get("extra_indices"),
-        op="decode" if decode else "prefill",
         config=cfg,
         splits=splits,
+        **extra,
     )
 
 
@@ -96,50 +123,179 @@ def _compile(args):
         return f"{case.case_id} {cfg}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("prefixes", nargs="*", default=DEFAULT_CASES)
-    ap.add_argument("--flashmla-lib")
-    ap.add_argument("--jobs", type=int, default=12)
-    a = ap.parse_args()
+def _attention(prefixes, kw) -> None:
     import torch
 
     from dsv4bench import backends
     from dsv4bench.cases import inputs
-    from dsv4bench.measure import timing
+    from dsv4bench.measure import metrics, timing
 
-    backends.setup(flashmla_lib=a.flashmla_lib)
-    cases = _cases(a.prefixes)
-    work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
-            for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
-    with mp.get_context("spawn").Pool(a.jobs) as pool:
-        for err in pool.imap_unordered(_compile, work):
-            if err:
-                print("compile:", err, flush=True)
     fm = backends.get("flashmla")
-    for case in cases:
+    for case in _cases(prefixes):
         x = inputs.make_inputs(case, "cuda")
-        t = case.timing
-        kw = dict(device="cuda", warmup=t.warmup, iters=t.iters, flush_l2=True, timer="events")
         ref_ms = None
         try:
             ref_ms = timing.measure(fm.prepare(case, x, "cuda").run, **kw)["median_ms"]
             print(f"{case.case_id:58s} flashmla {ref_ms:8.4f} ms", flush=True)
         except Exception as e:
             print(f"{case.case_id:58s} flashmla failed: {type(e).__name__}: {e}", flush=True)
+        want = None  # the shipped default's output: every variant is compared with it
         for cfg, splits in _configs(case.num_heads, _layout(case)):
             try:
                 launch = _launch(case, x, cfg, splits)
                 ms = timing.measure(launch.run, **kw)["median_ms"]
+                got = _as_output(case, x, launch.run())
+                got = type(got)(got.out.clone(), got.lse.clone())
+                if want is None:
+                    want = got
+                cos = metrics.accuracy(want, got).get("cos_diff")
             except Exception as e:
                 print(f"{'':58s} {cfg}: failed {type(e).__name__}: {str(e)[:150]}", flush=True)
                 continue
             ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
             print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
-                  f"s{cfg.num_stages} pf{int(cfg.prefetch)} splits{launch.info['splits']} "
-                  f"{ms:8.4f} ms  flashmla/triton {ratio}", flush=True)  # fmt: skip
+                  f"s{cfg.num_stages} ia{int(cfg.idx_ahead)} "
+                  f"splits{launch.info['splits']} {ms:8.4f} ms  flashmla/triton {ratio} "
+                  f"cos {cos:.2g}", flush=True)  # fmt: skip
         del x
         torch.cuda.empty_cache()
+
+
+def _as_output(case, x, got):
+    from dsv4bench.backends import triton_attention as ta
+    from dsv4bench.backends.base import Output, prefill_output
+
+    out, lse, _ = got
+    if ta.uses_decode_kernel(case):
+        b, s_q, h, _ = x["q"].shape
+        o = out.view(b, s_q, h, ta.D_V)
+        return prefill_output(o, lse) if case.op == "prefill" else Output(o, lse)
+    return Output(out, lse)
+
+
+def _indexer(kw) -> None:
+    import torch
+
+    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.cases import inputs
+    from dsv4bench.cases.case import Case
+    from dsv4bench.measure import timing
+
+    try:
+        import deep_gemm
+    except Exception as e:
+        deep_gemm = None
+        print("deep_gemm:", type(e).__name__, e)
+    for spec in INDEXER_CASES:
+        model, tokens, ctx = spec.split(":")
+        case = _indexer_case(Case, model, int(tokens), int(ctx))
+        x = inputs.make_inputs(case, "cuda")
+        kv = (x["kv"], x["kv_scales"])
+        ref_ms, want = None, None
+        if deep_gemm is not None:
+            fn = functools.partial(
+                deep_gemm.fp8_mqa_logits, x["q"], kv, x["weights"], x["ks"], x["ke"]
+            )
+            try:
+                want = fn()
+                ref_ms = timing.measure(fn, **kw)["median_ms"]
+                print(f"indexer {spec:28s} deepgemm {ref_ms:8.4f} ms", flush=True)
+            except Exception as e:
+                print(f"indexer {spec:28s} deepgemm failed {type(e).__name__}: {e}", flush=True)
+        for tiles in INDEXER_TILES:
+            t = tiles
+            try:
+                launch, out = ti.ragged_launcher(x["q"], kv, x["weights"], x["ks"], x["ke"],
+                                                 tiles=t)  # fmt: skip
+                launch()
+                ms = timing.measure(launch, **kw)["median_ms"]
+                err = "-"
+                if want is not None:
+                    fin = torch.isfinite(want)
+                    same_inf = bool((fin == torch.isfinite(out)).all())
+                    rel = ((out[fin] - want[fin]).norm() / want[fin].norm()).item()
+                    err = f"rel {rel:.2g} inf-match {same_inf}"
+            except Exception as e:
+                print(f"{'':36s} {tiles}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
+            print(f"{'':36s} {str(tiles):24s} {ms:8.4f} ms deepgemm/triton {ratio} {err}",
+                  flush=True)  # fmt: skip
+        del x
+        torch.cuda.empty_cache()
+
+
+def _indexer_case(Case, model, tokens, ctx, batch=0, s_q=1):
+    from dsv4bench import backends
+    from dsv4bench.scenarios import load
+
+    scenario = load("scenarios/indexer/sm90.yaml", known_backends=backends.names())
+    for c in scenario.cases:
+        same = c.model == model and c.tokens == tokens and c.context_len == ctx
+        if same and (tokens or (c.batch_size == batch and c.s_q == s_q)):
+            return c
+    raise SystemExit(f"no indexer case {model} {tokens} {ctx} {batch} {s_q}")
+
+
+def _paged(kw) -> None:
+    """The paged (decode) logits with heads as the dot's M and with keys as M."""
+    import torch
+
+    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.cases import indexer_case, inputs
+    from dsv4bench.cases.case import Case
+    from dsv4bench.measure import timing
+
+    for spec in PAGED_CASES:
+        model, batch, s_q, ctx = spec.split(":")
+        case = _indexer_case(Case, model, 0, int(ctx), int(batch), int(s_q))
+        x = inputs.make_inputs(case, "cuda")
+        args = (x["q"], x["kv_cache"], x["weights"], x["context_lens"], x["block_table"],
+                indexer_case.keys(case))  # fmt: skip
+        base = None
+        for keys_m in (False, True):
+            launch, out = ti.paged_launcher(*args, keys_m=keys_m)
+            launch()
+            ms = timing.measure(launch, **kw)["median_ms"]
+            got = out.clone()
+            base = got if base is None else base
+            fin = torch.isfinite(base)
+            same_inf = bool((fin == torch.isfinite(got)).all())
+            rel = ((got[fin] - base[fin]).norm() / base[fin].norm()).item()
+            print(f"paged {spec:28s} keys_m={int(keys_m)} {ms:8.4f} ms rel {rel:.2g} "
+                  f"inf-match {same_inf}", flush=True)  # fmt: skip
+        del x
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("prefixes", nargs="*", default=DEFAULT_CASES)
+    ap.add_argument("--jobs", type=int, default=12)
+    ap.add_argument("--no-indexer", action="store_true")
+    ap.add_argument("--no-attention", action="store_true")
+    ap.add_argument("--defaults-only", action="store_true", help="only the shipped configs")
+    a = ap.parse_args()
+    from dsv4bench import backends
+
+    backends.setup()
+    kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
+    if a.defaults_only:
+        global WIDE_FP8, NARROW_FP8, WIDE_BF16, NARROW_BF16, INDEXER_TILES
+        WIDE_FP8 = NARROW_FP8 = WIDE_BF16 = NARROW_BF16 = []
+        INDEXER_TILES = [None]
+    if not a.no_attention:
+        cases = _cases(a.prefixes)
+        work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
+                for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
+        with mp.get_context("spawn").Pool(a.jobs) as pool:
+            for err in pool.imap_unordered(_compile, work):
+                if err:
+                    print("compile:", err, flush=True)
+        _attention(a.prefixes, kw)
+    if not a.no_indexer:
+        _indexer(kw)
+        _paged(kw)
     return 0
 
 

@@ -103,6 +103,10 @@ def load_plugin(module: str) -> list[str]:
             if "" not in sys.path and os.getcwd() not in sys.path:
                 sys.path.append(os.getcwd())
             mod = importlib.import_module(module)
+            if set(_REGISTRY) == before and module in sys.modules:
+                # imported before: its import-time register() calls ran then, and the
+                # registry may have been reset since; running it again registers them anew
+                mod = importlib.reload(mod)
     except Exception as e:  # a broken plugin is the user's input: report it in one line
         raise PluginError(f"--plugin {module}: cannot import: {type(e).__name__}: {e}") from e
     for b in _as_backends(getattr(mod, "BACKENDS", []), f"--plugin {module}"):

@@ -159,7 +159,8 @@ class Backend:
         return None
 
     def v32_scale_reading(self, arch: str) -> str | None:
-        """How this backend reads a V3.2 fp32 scale on arch: None (exact), "bf16" or "e8m0"."""
+        """How this backend reads a V3.2 fp32 scale on arch: None (exact), "bf16",
+        "bf16-product" or "e8m0" (reference.layouts scale_rounding)."""
         return None
 
     def process_key(self) -> str:

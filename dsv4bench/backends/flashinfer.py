@@ -367,7 +367,9 @@ class FlashInfer(Backend):
         # sm100: prepare() dequantizes exactly into plain rows. sm120: FlashInfer's default
         # V3.2 format takes power-of-two fp32 scales (non-power-of-two needs its
         # "arbitrary_fp32" format), read here as an exponent: unverified on hardware.
-        return {"sm120": "e8m0"}.get(arch)
+        # sm90 (FA3 MLA): bf16(e4m3 * fp32 scale), the product rounded once; e4m3 in place
+        # (mla_hopper.cuh repack_fp8_kv_to_bf16), bf16 by this backend's conversion
+        return {"sm90": flashinfer_fa3.V32_SCALE_READING, "sm120": "e8m0"}.get(arch)
 
     def supports(self, case: Case, arch: str) -> str | None:
         if arch not in self.archs:

@@ -75,6 +75,19 @@ D_CKV = 512
 KPE_DIM = {576: 64, 512: 0}  # d_qk -> head_dim_kpe
 MAX_HEADS = 256  # largest head count seen running on the H100 (probe)
 SCALE_GROUP = 128  # ckv_scale_arr: one scale per token per 128 ckv columns
+# How the kernel reads a V3.2 fp32 scale (reference.layouts scale_rounding): the fp32 product
+# e4m3 * scale rounded once to bf16, the scale itself unrounded (mla_hopper.cuh,
+# repack_fp8_kv_to_bf16: `static_cast<bf16>(static_cast<float>(bf16(e4m3)) * scale)`).
+V32_SCALE_READING = "bf16-product"
+# What the e4m3 kernel reads of a V3.2 cache (row info.reads_what): found in FlashInfer
+# 0.6.18's include/flashinfer/attention/mla_hopper.cuh and the plan() call below
+V32_E4M3_READS = {
+    "latent": "bf16(e4m3 x fp32 scale): the product rounded once to bf16, the fp32 scale not "
+    "rounded (raw scales: unlike sm90 FlashMLA, which rounds the scale to bf16 first)",
+    "rope": "e4m3 x one per-tensor power-of-two scale (this backend's conversion of the bf16 "
+    "rope; its error is info.conversion)",
+    "q": "bf16, not quantized (plan q_data_type bfloat16)",
+}
 E4M3_MAX = 448.0
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommendation and vLLM's _WORKSPACE_BYTES
 CONVERT_CHUNK = 1 << 16  # cache tokens converted at once
@@ -291,12 +304,12 @@ def v32_in_place_pool(cache) -> Pool:
 # ---- the values read, in the oracle's form --------------------------------------------------
 
 
-def caches_from_reads(reads, caches, case: Case):
+def caches_from_reads(reads, caches, case: Case, scale_rounding: str | None = None):
     """FP8 caches (same layout, page size, slots) holding exactly the values `reads` [slots, d]:
     the decode oracle reads only FP8 caches. V3.2: the original records with the rope replaced
     (the latent is read in place). V4: requantized by the layout's own writer, which is exact for
-    values that are e4m3 times a power of two per 128 columns. Checked: None where the values
-    are not representable (V3.2 scales that are not powers of two: the kernel rounds to bf16)."""
+    values that are e4m3 times a power of two per 128 columns. Checked, reading V3.2 scales as
+    `scale_rounding` does (the kernel's reading): None where the values are not representable."""
     import torch
 
     from reference import layouts
@@ -316,7 +329,8 @@ def caches_from_reads(reads, caches, case: Case):
             new = layouts.quantize_v4(r.nan_to_num(0.0, 0.0, 0.0), cache.shape[1])
         if bad.any():
             layouts.poison_tokens(new, bad.nonzero().flatten(), layout=case.layout)
-        back = layouts.gather_tokens(new, torch.arange(n, device=new.device), layout=case.layout)
+        slots = torch.arange(n, device=new.device)
+        back = layouts.gather_tokens(new, slots, scale_rounding=scale_rounding, layout=case.layout)
         ok = (back == r) | bad[:, None]
         if not bool(ok.all()):
             return None
@@ -435,14 +449,17 @@ def _decode_pool(case: Case, x: dict, kv_dtype: str, info: dict):
         pool = bf16_pool_from_caches(caches, case.d_qk, case.layout)
         info["reads_exact"] = pool.exact
         return pool, idx, ok, None  # bf16 of e4m3 * power of two: exact
+    reading = None
     if case.layout == "v32" and len(caches) == 1:
         pool = v32_in_place_pool(caches[0])
         info["ckv"] = "V3.2 latent bytes and fp32 scales read in place"
+        info["reads_what"] = dict(V32_E4M3_READS)
+        reading = V32_SCALE_READING
     else:
         pool = e4m3_pool_from_caches(caches, case.d_qk, case.layout)
         info["ckv"] = "requantized, per-token per-128 power-of-two scales"
     info["kpe_scale"] = pool.scale_kwargs["kpe_scale"]
-    new = caches_from_reads(pool.reads, caches, case)
+    new = caches_from_reads(pool.reads, caches, case, scale_rounding=reading)
     info["reads_exact"] = pool.exact and new is not None
     if new is None:  # judged against the original cache; the bf16 rounding counts as error
         return pool, idx, ok, None

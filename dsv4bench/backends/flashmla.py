@@ -273,11 +273,11 @@ class FlashMLA(Backend):
                 return reason
             if case.topk <= 0:
                 return "FlashMLA sparse decode needs topk > 0"
-            for what, k in (("topk", case.topk), ("extra_topk", case.extra_topk)):
-                if k % DECODE_TOPK_BLOCK:
-                    return (
-                        f"FlashMLA sparse decode needs {what} % {DECODE_TOPK_BLOCK} == 0, got {k}"
-                    )
+            # an extra width off the block is padded with -1 (as engines do): see _pad_extra
+            if case.topk % DECODE_TOPK_BLOCK:
+                return (
+                    f"FlashMLA sparse decode needs topk % {DECODE_TOPK_BLOCK} == 0, got {case.topk}"
+                )
             if arch == "sm90" and case.d_qk == 576 and case.extra_topk:
                 return "FlashMLA's sm90 V3.2 (d_qk 576) decode kernel takes no extra cache"
         elif case.topk + case.extra_topk <= 0:
@@ -305,7 +305,7 @@ class FlashMLA(Backend):
         qp = pad_heads(q, heads, 2)
         out = qp.new_empty((b, s_q, heads, case.d_v)) if ops.decode_out else None
         sink = pad_sink(x.get("attn_sink"), heads)
-        extra = [x.get(k) for k in ("extra_k_cache", "extra_indices", "extra_topk_length")]
+        extra, padded = _pad_extra(x, b)
         args = [
             qp,
             kv,
@@ -323,6 +323,8 @@ class FlashMLA(Backend):
         args[5], args[6] = first[2], first[3]
         timed = tuple(args)
         info = _info(heads, "sparse_decode_fwd", out)
+        if padded:
+            info["extra_topk_padded"] = padded
         if first[2] is not None:
             info["sched_parts"] = int(first[2].shape[0])
             info["num_splits"] = int(first[3][-1])  # cumulative per request: last = total
@@ -353,3 +355,24 @@ class FlashMLA(Backend):
         info = _info(heads, "sparse_prefill_fwd", out)
         finish = lambda raw: Output(raw[0][:, :h], raw[2][:, :h])  # (out, max_logits, lse)
         return Prepared(lambda: ops.prefill(*args), finish, _poison(out), info)
+
+
+def _pad_extra(x: dict, b: int) -> tuple[list, dict | None]:
+    """(extra_k_cache, extra_indices, extra_topk_length) for the decode kernel, which asserts
+    extra_topk % 64 == 0. A width off the block (V4-Flash C128 at a 500K context: 3906 entries)
+    is padded with -1 to the next multiple of 64, and the true width goes in as
+    extra_topk_length, as vLLM and sglang do; the answer is unchanged (-1 is never read).
+    Returns what was padded (for the row's info), or None."""
+    import torch
+
+    cache, idx, length = (x.get(k) for k in ("extra_k_cache", "extra_indices", "extra_topk_length"))
+    width = 0 if idx is None else idx.shape[-1]
+    if not width % DECODE_TOPK_BLOCK:
+        return [cache, idx, length], None
+    to = -(-width // DECODE_TOPK_BLOCK) * DECODE_TOPK_BLOCK
+    pad = idx.new_full((*idx.shape[:-1], to - width), -1)
+    idx = torch.cat([idx, pad], dim=-1).contiguous()
+    if length is None:
+        length = torch.full((b,), width, dtype=torch.int32, device=idx.device)
+    why = "FlashMLA decode asserts extra_topk % 64 == 0: padded with -1 as engines do"
+    return [cache, idx, length], {"from": width, "to": to, "extra_topk_length": width, "why": why}

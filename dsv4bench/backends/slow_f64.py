@@ -97,9 +97,9 @@ class Fp8Cache:
         elif self.scale_rounding == "e8m0":
             scales = [2.0 ** math.floor(math.log2(s)) if s > 0 else s for s in scales]
         else:
-            assert self.scale_rounding is None, self.scale_rounding
+            assert self.scale_rounding in (None, "bf16-product"), self.scale_rounding
         latent = [e4m3_value(raw[i]) * scales[i // 128] for i in range(512)]
-        if self.scale_rounding == "bf16":  # sm90 FlashMLA multiplies in bf16 too
+        if self.scale_rounding in ("bf16", "bf16-product"):  # the product rounded to bf16
             latent = [bf16_round(x) for x in latent]
         rope = [bf16_value(raw[528 + 2 * i], raw[529 + 2 * i]) for i in range(64)]
         return latent + rope

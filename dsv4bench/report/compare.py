@@ -7,8 +7,9 @@ lane (every param but the searched axis), several searches of one lane joined.
 With `backends=(A, B)` two backend instances are compared instead (one run may hold both, e.g.
 two FlashMLA builds): base is A's rows, new is B's, matched by case_id under the name "A -> B".
 
-Regression rules: RULES below (any one makes the exit code 1). Cases present on one side only
-are listed, never failures.
+Regression rules: RULES below (any one makes the exit code 1). A case of BASE that NEW lacks is
+a regression (a run that lost rows must not pass the gate) unless `partial`: NEW covers part of
+BASE by design (a shard, a subset). Cases only in NEW are listed, never failures.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ RULES = (
     "**status**: the base row was ok and the new one is not (crash, timeout, oom, error, "
     "unsupported).",
     "**limit**: the new run fails at a size the base run passed (new first_fail <= base last_ok).",
-    "Cases present on one side only are listed, never failures; limit-probe rows are judged "
-    "through their limit rows.",
+    "**missing**: a case (or limit lane) of base has no row in new (a run that lost rows or "
+    "wrote none); `--partial` lists them instead, for a new run that covers part of base by "
+    "design.",
+    "Cases only in new are listed, never failures; limit-probe rows are judged through their "
+    "limit rows.",
 )
 RATIO_PLOT_MAX = 40  # bars in the PNG
 VERDICT_COLORS = {
@@ -129,8 +133,10 @@ def accuracy_bad(row: dict) -> str | None:
     return accuracy_failure(row) if row.get("status") == "ok" else None
 
 
-def judge(entry: Entry, threshold: float) -> None:
+def judge(entry: Entry, threshold: float, *, partial: bool = False) -> None:
     b, n = entry.base, entry.new
+    if b is not None and n is None and not partial:
+        entry.regressions.append(("missing", f"base has a {b.get('status')} row; new has none"))
     if b is None or n is None:
         return
     if b.get("kind") == "limit":
@@ -171,14 +177,16 @@ def _keyed(rows: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
-def compare_rows(base_rows: list[dict], new_rows: list[dict], threshold: float) -> list[Entry]:
+def compare_rows(
+    base_rows: list[dict], new_rows: list[dict], threshold: float, *, partial: bool = False
+) -> list[Entry]:
     """One entry per (case_id, backend) of either side, judged; worst first: regressions,
-    then by time ratio, then the rest."""
+    then by time ratio, then the rest. `partial`: cases missing from new are not regressions."""
     base, new = _keyed(base_rows), _keyed(new_rows)
     entries = []
     for key in sorted(set(base) | set(new)):
         e = Entry(key[0], key[1], base.get(key), new.get(key))
-        judge(e, threshold)
+        judge(e, threshold, partial=partial)
         entries.append(e)
     entries.sort(key=lambda e: (not e.regressions, -(e.ratio or 0.0), e.case_id, e.backend))
     return entries
@@ -205,6 +213,7 @@ def compare(
     *,
     time_threshold: float = 0.05,
     backends: tuple[str, str] | None = None,
+    partial: bool = False,
 ) -> tuple[int, list[Path]]:
     """Write compare.md (and compare-ratios.png) into out_dir; print a short summary.
     backends (A, B): compare instance A's rows of `base` with instance B's rows of `new`.
@@ -217,7 +226,7 @@ def compare(
         label = f"{backends[0]} -> {backends[1]}"
         base_rows = instance_rows(base_rows, backends[0], label, base)
         new_rows = instance_rows(new_rows, backends[1], label, new)
-    entries = compare_rows(base_rows, new_rows, time_threshold)
+    entries = compare_rows(base_rows, new_rows, time_threshold, partial=partial)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     png = _ratio_png(entries, out_dir, time_threshold)
@@ -245,7 +254,7 @@ def counts(entries: list[Entry]) -> dict[str, int]:
         else:
             c["only_new"] += 1
         c["regressions"] += bool(e.regressions)
-    for kind in ("time", "accuracy", "status", "limit"):
+    for kind in ("time", "accuracy", "status", "limit", "missing"):
         c[kind] = sum(1 for e in entries for k, _ in e.regressions if k == kind)
     return c
 
@@ -291,7 +300,8 @@ def _print_summary(entries: list[Entry], md: Path, stream=None) -> None:
     head = "REGRESSION" if c["regressions"] else "no regression"
     print(
         f"compare: {head}: {c['matched']} matched, {c['regressions']} regressed "
-        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit), "
+        f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit, "
+        f"{c['missing']} missing), "
         f"{c['only_base']} only in base, {c['only_new']} only in new",
         file=stream,
     )

@@ -76,7 +76,8 @@ def summary(doc: Doc, c: Comparison) -> None:
     verdict = "**REGRESSION**" if n["regressions"] else "no regression"
     doc.para(
         f"{verdict}: {n['matched']} matched, {n['regressions']} with a regression "
-        f"({n['time']} time, {n['accuracy']} accuracy, {n['status']} status, {n['limit']} limit); "
+        f"({n['time']} time, {n['accuracy']} accuracy, {n['status']} status, {n['limit']} limit, "
+        f"{n['missing']} missing); "
         f"{n['only_base']} only in base, {n['only_new']} only in new."
     )
 

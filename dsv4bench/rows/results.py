@@ -77,9 +77,35 @@ class ResultWriter:
 
 
 class Rows(list):
-    """Rows read from a results file; `unreadable` holds the line numbers that were not rows."""
+    """Rows read from a results file; `unreadable` holds the line numbers that were not rows,
+    `lines` each row's line number, `torn_tail` whether the last line lacks its newline (a
+    writer killed mid-row)."""
 
     unreadable: tuple[int, ...] = ()
+    lines: tuple[int, ...] = ()
+    torn_tail: bool = False
+
+
+def read_checked(path: str | Path, *, torn_tail_ok: bool = False) -> Rows:
+    """read_rows, refusing (RowError, one line) what is not this suite's rows: an unreadable
+    line (but a torn last line when `torn_tail_ok`) or a row that breaks
+    `rows.stored_problems`."""
+    found = read_rows(path, quiet=True)
+    where = Path(path) / RESULTS_FILE if Path(path).is_dir() else Path(path)
+    bad = list(found.unreadable)
+    torn = torn_tail_ok and found.torn_tail and bad and bad[-1] > max(found.lines, default=0)
+    if torn:
+        bad.pop()
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise rows.RowError(f"{where}:{bad[0]}: not a JSON object{more}: not a results file?")
+    for number, row in zip(found.lines, found, strict=True):
+        problems = rows.stored_problems(row)
+        if problems:
+            raise rows.RowError(f"{where}:{number}: not a result row: {'; '.join(problems)}")
+    if torn:
+        print(f"dsv4bench: {where}: torn last line {found.unreadable[-1]} skipped", file=sys.stderr)
+    return found
 
 
 def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
@@ -92,8 +118,9 @@ def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
     rows = Rows()
     if not path.exists():
         return rows
-    bad = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    bad, numbers = [], []
+    text = path.read_text(errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
@@ -103,9 +130,11 @@ def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
             row = None
         if isinstance(row, dict):
             rows.append(row)
+            numbers.append(number)
         else:
             bad.append(number)
-    rows.unreadable = tuple(bad)
+    rows.unreadable, rows.lines = tuple(bad), tuple(numbers)
+    rows.torn_tail = bool(text) and not text.endswith("\n")
     if bad and not quiet:
         shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
         what = f"{len(bad)} unreadable line(s) skipped (line {shown})"

@@ -176,6 +176,37 @@ class ServingRow(Row):
 
 
 KINDS: dict[str, type[Row]] = {k.kind: k for k in (CaseRow, LimitRow, ServingRow)}
+TIMES = ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "q1_ms", "q3_ms")
+
+
+def stored_problems(d: object) -> list[str]:
+    """Why a stored object is not a row this suite could have written (empty when it is one):
+    a row names its case and backend (a serving point its metric), has a known status and holds
+    only finite, non-negative times. Looser than `checked()`, so that rows written before an
+    invariant existed still load; a kind of a later version is taken as it is."""
+    if not isinstance(d, dict):
+        return [f"a JSON {type(d).__name__}, not a row"]
+    kind = d.get("kind") or "case"
+    if kind not in KINDS:
+        return []
+    need = ("metric",) if kind == "serving" else ("case_id", "backend")
+    bad = [f"no {k}" for k in need if not isinstance(d.get(k), str) or not d.get(k)]
+    if kind != "serving" and d.get("status") not in STATUSES:
+        bad.append(f"unknown status {d.get('status')!r}")
+    timing = d.get("timing")
+    if timing is not None and not isinstance(timing, dict):
+        bad.append(f"timing {timing!r} is not a mapping")
+    times = {k: (timing or {}).get(k) for k in TIMES} if isinstance(timing, dict) else {}
+    if kind == "serving":
+        times = {"value_ms": d.get("value_ms")}
+    for key, v in times.items():
+        if v is not None and not _a_time(v):
+            bad.append(f"{key} {v!r} is not a finite time >= 0")
+    return bad
+
+
+def _a_time(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
 
 
 def from_dict(d: dict) -> Any:

@@ -1,10 +1,10 @@
 """`dsv4bench merge RUN_DIR... --out RUN_DIR`: shard run directories -> one run directory.
 
-The merged results.jsonl holds every shard's rows (shard order); shards/<i>/ keeps each
-shard's command.txt, logs, its environment blocks (env.json) and where it came from. Merging
-refuses what would make a false comparison: the same shard twice, shards of different splits,
-a job present in two inputs, and (unless `allow_mixed`) rows of different GPU models or
-kernel builds.
+The merged results.jsonl holds every shard's rows (shard order); shards/<i>/ (for an unsharded
+input shards/run-<n>/) keeps each shard's command.txt, logs, its environment blocks (env.json)
+and where it came from. Merging refuses what would make a false comparison: a part with
+unreadable lines, the same shard twice, shards of different splits, a job present in two inputs,
+and (unless `allow_mixed`) rows of different GPU models or kernel builds.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4bench.rows import stored_problems
 from dsv4bench.rows.results import RESULTS_FILE, read_rows
 
 KEPT = ("command.txt", "run.log", RESULTS_FILE + ".torn")  # a shard's files kept as provenance
@@ -51,7 +52,20 @@ def row_key(row: dict) -> tuple:
 def read_part(path: Path) -> Part:
     if not (path / RESULTS_FILE).is_file():
         raise MergeError(f"{path}: no {RESULTS_FILE} (not a run directory)")
-    rows = list(read_rows(path))
+    found = read_rows(path, quiet=True)
+    if found.unreadable:
+        lines = ", ".join(map(str, found.unreadable[:5])) + (
+            ", ..." if len(found.unreadable) > 5 else ""
+        )
+        raise MergeError(
+            f"{path / RESULTS_FILE}: {len(found.unreadable)} unreadable line(s) (line {lines}): "
+            "their jobs would be lost; delete those lines and rerun that part with --resume"
+        )
+    for number, row in zip(found.lines, found, strict=True):
+        problems = stored_problems(row)
+        if problems:
+            raise MergeError(f"{path / RESULTS_FILE}:{number}: not a result row: {problems[0]}")
+    rows = list(found)
     shards = sorted({str(r["shard"]) for r in rows if r.get("shard")})
     if len(shards) > 1:
         raise MergeError(f"{path}: rows of several shards ({', '.join(shards)})")
@@ -135,7 +149,8 @@ def merge(paths: list[Path], out: Path, *, allow_mixed: bool = False, command: s
     with open(out / RESULTS_FILE, "w") as f:
         for n, i in enumerate(order, 1):
             part = parts[i]
-            name = str(part.index or n)
+            # shards keep their index; an unsharded run is `run-N`, so neither overwrites the other
+            name = str(part.index) if part.index else f"run-{n}"
             for row in part.rows:
                 f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
             _keep_provenance(part, out / "shards" / name)

@@ -41,6 +41,7 @@ from dsv4bench.scenarios.rules import (
     Parser,
     case_problems,
 )
+from dsv4bench.scenarios.sizes import size_problems
 from dsv4bench.scenarios.workloads import workload_fields
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
@@ -432,7 +433,8 @@ class ScenarioLoader(Parser):
                 for point in sweep_points:
                     merged = {**top.base, **top.defaults, **own, **point}
                     case = self.resolve({**merged, axis: (lo, lo_at)}, e, common)
-                    self.resolve({**merged, axis: (hi, hi_at)}, e, common)
+                    # hi is expected to fail: it may exceed any GPU (no size check)
+                    self.resolve({**merged, axis: (hi, hi_at)}, e, common, sized=False)
                     search = LimitSearch(axis, lo, hi, backend, case, e.step)
                     searches.setdefault((search.limit_id, search.backend), search)
         return searches
@@ -465,9 +467,11 @@ class ScenarioLoader(Parser):
                 message = f"prefill takes one chunk of tokens: expected {key} 1, got {got}"
                 raise self.fail(merged[key][1], message)
 
-    def resolve(self, merged: dict[str, tuple[Any, Origin]], e: Entry, common: dict) -> Case:
+    def resolve(
+        self, merged: dict[str, tuple[Any, Origin]], e: Entry, common: dict, *, sized: bool = True
+    ) -> Case:
         """One point: model defaults, then explicit values; then every rule, blaming the most
-        specific value involved."""
+        specific value involved (`sized`: also that it fits in a GPU, scenarios.sizes)."""
         site = Origin(e.node.line, e.node.path, 0)
         for key in ("op", "model"):
             if key not in merged:
@@ -530,7 +534,7 @@ class ScenarioLoader(Parser):
         v.update({k: explicit[k] for k in WORKLOAD_DEFAULTS if k in explicit})
         if op == "indexer":  # the indexer's own heads, top-k and key cache, not attention's
             v.update({k: d for k, d in indexer_case.defaults(model).items() if k not in explicit})
-        problems = case_problems(v)
+        problems = case_problems(v) or (size_problems(v) if sized else None)
         if problems:
             ranked = [
                 (origins[f].rank if f in origins else -1, -i, f, m)

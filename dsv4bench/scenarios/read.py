@@ -157,6 +157,12 @@ def parse(text: str, filename: str) -> Node:
 def read_text(path: str | Path) -> str:
     """A scenario file's text; an unreadable file as a ScenarioError."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        data = Path(path).read_bytes()
+    except OSError as e:
         raise ScenarioError(str(path), 1, "(file)", f"cannot read: {e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        why = f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        raise ScenarioError(str(path), line, "(file)", why) from None

@@ -1,0 +1,19 @@
+"""Kernel sources of the project's Triton kernels: plain Python functions that
+dsv4bench.backends.triton_jit builds into compiled kernels (CUDA tensors) or interpreted ones
+(CPU tensors). `cache`, `attention` and `indexer` import Triton when they load, so only
+triton_jit imports them, after it has found Triton; `layout` (the byte offsets and layout ids
+the kernels and their host modules share) imports no Triton. Nothing here imports the host
+modules (triton_kernels, triton_attention, triton_indexer) or triton_jit."""
+
+
+def device_fn(fn):
+    """A device function of the kernels here: inlined by the compiler (a JITFunction), called
+    as the plain Python function inside an interpreted kernel. Imports Triton when called, i.e.
+    when a kernel module loads."""
+    from triton.runtime.jit import JITFunction
+
+    class DeviceFn(JITFunction):
+        def __call__(self, *args, **kwargs):
+            return self.fn(*args, **kwargs)
+
+    return DeviceFn(fn)

@@ -1,0 +1,109 @@
+"""Commands the README and docs show run as shown (on a CPU, against the committed rows)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_summarize_prints_the_readme_numbers_from_the_committed_rows():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    command = (
+        "python tools/summarize.py results/sm90/h200-bench-1 results/sm90/h200-bench-2 "
+        "results/sm90/h200-serving"
+    )
+    assert command in readme
+    p = subprocess.run(
+        [sys.executable, *command.split()[1:]], capture_output=True, text=True, cwd=ROOT
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    tpot = [line for line in p.stdout.splitlines() if line.startswith("TPOT ")]
+    assert tpot and any(line.endswith(" ms") for line in tpot)
+
+
+def test_the_python_api_snippet_of_docs_scenarios_runs(monkeypatch):
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    section = text.split("## Python API", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(ROOT)
+    # load_text's line shows a signature (`known_backends=...`): the rest runs as written
+    runnable = "\n".join(line for line in code.splitlines() if "load_text" not in line)
+    scope: dict = {}
+    exec(compile(runnable, "docs/scenarios.md", "exec"), scope)
+    assert scope["sc"].cases and scope["sc"].jobs()
+
+
+def test_the_gpu_commands_need_no_installed_entry_point():
+    # a GPU machine without a registry installs nothing: `dsv4bench` is not on its PATH there
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## On a GPU", 1)[1].split("```", 2)[1]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands and not [c for c in commands if c.startswith("dsv4bench ")]
+    assert "`python -m dsv4bench.cli ARGS` is the same program" in " ".join(readme.split())
+    p = subprocess.run(
+        [sys.executable, "-m", "dsv4bench.cli", "report", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0 and "RUN_DIR" in p.stdout
+
+
+def _readme() -> str:
+    return " ".join((ROOT / "README.md").read_text().split())
+
+
+def _rows(path: str) -> list[dict]:
+    from dsv4bench.rows.results import read_rows
+
+    return list(read_rows(ROOT / path))
+
+
+def test_readme_index_set_difference_is_the_rows_worst():
+    rows = _rows("results/sm90/indexer-h100/indexer")
+    overlaps = [
+        r["accuracy"]["topk_index_overlap"]
+        for r in rows
+        if (r.get("accuracy") or {}).get("topk_index_overlap") is not None
+    ]
+    worst = (1 - min(overlaps)) * 100
+    assert f"index sets differ in up to {worst:.2f}% of picks" in _readme()
+
+
+def test_readme_says_the_triton_gpu_tests_ran_with_their_count():
+    log = (ROOT / "results/sm90/triton-h100/gpu-tests.txt").read_text().splitlines()
+    passed = log[-1].split(" passed")[0].split()[-1]
+    readme = _readme()
+    assert "own GPU test has not run" not in readme
+    assert f"`results/sm90/triton-h100/gpu-tests.txt`, {passed} passed" in readme
+
+
+def test_readme_mixed_route_limits_name_the_builds_searched():
+    builds: dict[str, set] = {}
+    for r in _rows("results/sm90/h200-routes/builds"):
+        if (
+            r.get("kind") == "limit"
+            and r.get("first_fail")
+            and r["params"].get("route") == ("decode-mixed")
+        ):
+            builds.setdefault(r["params"]["model"], set()).add(r["backend"])
+    assert builds["v3.2"] == {"flashmla-0.26", "flashmla-0.33"}
+    assert builds["v4-flash"] == {"flashmla-0.26"}
+    assert "arithmetic says 58255) on both builds; V4-Flash 64512 / 65536 (searched on 0.26.0 " in (
+        _readme()
+    )
+
+
+def test_make_gpu_test_lists_skip_reasons():
+    # an H100 skipped 10 FlashInfer tests silently: every test target shows why it skipped
+    p = subprocess.run(
+        ["make", "-n", "gpu-test", "test", "PYTHON=python3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    runs = [line for line in p.stdout.splitlines() if " -m pytest " in line]
+    assert len(runs) == 2 and all(" -rs " in line for line in runs), p.stdout
