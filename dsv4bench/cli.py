@@ -381,6 +381,7 @@ def cmd_backends(args) -> int:
     from dsv4bench import backends
 
     _setup_backends(args)
+    table = []
     for name in backends.names():
         b = backends.get(name)
         try:
@@ -388,7 +389,11 @@ def cmd_backends(args) -> int:
             found = f"{prov.name} {prov.version}".strip()
         except backends.Unsupported as e:
             found = f"not available: {e}"
-        print(f"{name:<10} archs={','.join(b.archs):<24} ops={','.join(b.ops):<28} {found}")
+        table.append((name, ",".join(b.archs), ",".join(b.ops), found))
+    head = ("backend", "archs", "ops", "kernels found")
+    widths = [max(len(r[i]) for r in [head, *table]) for i in range(3)]
+    for r in [head, *table]:
+        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)) + "  " + r[3])
     return 0
 
 
@@ -440,8 +445,12 @@ def cmd_env(args) -> int:
     return 0
 
 
+SCENARIO_HELP = "scenario YAML files (scenarios/*/*.yaml; op: serving files too)"
+PLUGIN_HELP = "a module (or .py file) that registers more backends (repeatable)"
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
     p.add_argument(
         "--backend-opt",
         action="append",
@@ -453,14 +462,20 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="same as --backend-opt flashmla.lib=PATH (default: $DSV4BENCH_FLASHMLA_LIB)",
     )
-    p.add_argument("--backend", action="append", metavar="NAME", help="only these backends")
+    p.add_argument(
+        "--backend", action="append", metavar="NAME", help="only these backends (repeatable)"
+    )
     p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", choices=ARCHS)
-    p.add_argument("--out", metavar="RUN_DIR")
-    p.add_argument("--runs", default="runs", help="parent of default run directories")
+    p.add_argument(
+        "--arch", choices=ARCHS, help="the architecture to run on (default: this machine's)"
+    )
+    p.add_argument("--out", metavar="RUN_DIR", help="where rows go (default: RUNS/<time>-<arch>)")
+    p.add_argument(
+        "--runs", default="runs", help="parent of default run directories (default: runs)"
+    )
     p.add_argument("--resume", action="store_true", help="skip jobs RUN_DIR already has")
     p.add_argument(
         "--retry-failed",
@@ -495,6 +510,19 @@ EXIT_STATUS = """exit status:
   130, 143  interrupted (Ctrl-C, SIGTERM): rows written so far are kept; --resume goes on"""
 
 
+def _version() -> str:
+    """The installed distribution's version, else pyproject.toml's (a checkout run in place)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("dsv4bench")
+    except metadata.PackageNotFoundError:
+        for line in (ROOT / "pyproject.toml").read_text().splitlines():
+            if line.startswith("version ="):
+                return line.split("=", 1)[1].strip().strip('"')
+    return "unknown"
+
+
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="dsv4bench",
@@ -502,10 +530,13 @@ def parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("plan", help="list every job and each backend's verdict (no GPU needed)")
-    p.add_argument("scenario", nargs="+")
-    p.add_argument("--arch", choices=ARCHS)
+    p.add_argument("scenario", nargs="+", help=SCENARIO_HELP)
+    p.add_argument(
+        "--arch", choices=ARCHS, help="plan for this architecture (default: this machine's GPU)"
+    )
     p.add_argument("--shard", metavar="I/N", help="only the jobs of shard I of N")
     _common(p)
     p.set_defaults(func=cmd_plan)
@@ -515,7 +546,7 @@ def parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("scenario", nargs="+")
+    p.add_argument("scenario", nargs="+", help=SCENARIO_HELP)
     _common(p)
     _run_options(p)
     p.set_defaults(func=cmd_run)
@@ -545,8 +576,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="serving scenario whose TTFT/TPOT points to compute from the merged rows",
     )
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE")
-    p.add_argument("--backend-opt", action="append", metavar="NAME.OPTION=VALUE")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
+    p.add_argument(
+        "--backend-opt",
+        action="append",
+        metavar="NAME.OPTION=VALUE",
+        help="a backend's own option, for the serving points' backends",
+    )
     p.add_argument("--flashmla-lib", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_merge)
@@ -575,7 +611,13 @@ def parser() -> argparse.ArgumentParser:
         help="compare backend instance A (of BASE) with instance B (of NEW), e.g. two builds",
     )
     p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
-    p.add_argument("--time-threshold", type=float, default=0.05, metavar="FRACTION")
+    p.add_argument(
+        "--time-threshold",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="a slower median beyond this fraction (and the noise) regresses (default: 0.05)",
+    )
     p.add_argument(
         "--partial",
         action="store_true",

@@ -146,3 +146,26 @@ def test_limit_probes_are_no_crossover_points():
     rows[-1] = probe  # the decode-mixed point at h16 measured by a probe only
     (c,) = crossovers(rows)
     assert "decode-mixed loses at every measured head count (h32..h64)" in _sentence(c)
+
+
+def test_a_batch_limit_of_any_backend_reads_without_flashmlas_or_sglangs_story(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lim = limit("crashy", 1, 5, 6, {1: "ok", 5: "ok", 6: "crash"})
+    lim.update(op="decode", axis="batch_size", params={"model": "v3.2", "batch_size": 1})
+    (run / "results.jsonl").write_text(json.dumps(lim) + "\n")
+    build_report([run], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md.split("## Crash boundary", 1)[1].split("\n## ", 1)[0]
+    assert "measured limits" in section and "last ok **5**, first failure **6** (crash)." in section
+    assert "sglang" not in section and "FlashMLA" not in section and "11673" not in section
+
+
+def test_a_run_without_limits_or_failed_decode_route_rows_draws_no_crash_boundary(tmp_path):
+    from pathlib import Path
+
+    smoke = Path(__file__).resolve().parent.parent / "results" / "cpu" / "smoke"
+    files = build_report([smoke], tmp_path / "out")
+    assert "crash-boundary.png" not in {f.name for f in files}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Crash boundary" not in md and "no limit rows and no failed decode-route" in md

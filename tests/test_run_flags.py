@@ -91,3 +91,26 @@ def test_a_later_run_in_the_same_process_sends_no_leftover_instance(tmp_path, qu
     assert "isolated-b1" not in {i["name"] for i in backends.configured()}
     code = cli.main(["run", str(quick), "--out", str(tmp_path / "r"), "--quiet"])
     assert code == 0, capsys.readouterr().err
+
+
+def test_help_version_and_backends_read_well(run_cli, capsys):
+    import re
+
+    import pytest as _pytest
+
+    from dsv4bench import cli
+
+    with _pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and re.fullmatch(r"dsv4bench \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    with _pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "scenario scenario YAML files" in text
+    assert "--plugin MODULE a module (or .py file) that registers more backends" in text
+    assert "(default: runs)" in text and "(default: RUNS/<time>-<arch>)" in text
+    code, out, _ = run_cli("backends")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["backend", "archs", "ops", "kernels", "found"]
+    starts = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
+    assert len(starts) == 1  # the second column starts at one offset on every line

@@ -261,3 +261,95 @@ def test_exit_status_failures_exempt_limit_probes_except_wrong_answers():
     ]
     bad = {r["case_id"] for r in unexpected_failures(rows)}
     assert bad == {"probe-wrong", "plain-error", "tagged-error"}
+
+
+def test_limit_probes_get_a_worker_started_during_the_previous_probe():
+    from dsv4bench.run.devices import Device
+    from dsv4bench.run.runner import Slot
+
+    events = []
+
+    class Fake:
+        def __init__(self, how):
+            self.how, self.ready = how, False
+            events.append(("start", how))
+
+        def wait_ready(self):
+            self.ready = True
+
+        def alive(self):
+            return True
+
+        def stop(self):
+            events.append(("stop", self.how))
+
+    n = iter(range(100))
+    slot = Slot(
+        Device(slot=0), lambda d: Fake(f"blocking-{next(n)}"), lambda d: Fake(f"spare-{next(n)}")
+    )
+    first = slot.fresh_worker()
+    assert first.how == "blocking-0" and events == [("start", "blocking-0"), ("start", "spare-1")]
+    second = slot.fresh_worker()  # the spare, started while the first probe ran
+    assert second.how == "spare-1" and second.ready and events[-1] == ("start", "spare-2")
+    slot.close()
+    assert events[-1] == ("stop", "spare-2")  # a spare left at the end is stopped
+
+
+def test_a_limit_search_runs_each_probe_in_its_own_process(tmp_path):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    rows = []
+    runner._write = lambda r: rows.append(r if isinstance(r, dict) else r.to_dict())
+    runner.find_limit(LimitSearch("batch_size", 1, 5, "isolated", tiny(1)))
+    pids = [r["info"].get("pid") for r in rows if r["kind"] == "case"]
+    assert len(pids) >= 2 and None not in pids and len(set(pids)) == len(pids)
+
+
+def test_a_reference_row_is_timed_by_events_alone(monkeypatch):
+    from dsv4bench.measure import timing
+    from dsv4bench.run import worker
+
+    timers, calls = [], []
+    monkeypatch.setattr(timing, "measure", lambda fn, **kw: timers.append(kw["timer"]) or {})
+    case = replace(tiny(2), timing=replace(tiny(2).timing, timer="both"))
+    cache = worker.Cache()
+    for name in ("torch", "reference-f64"):
+        be = backends.get(name)
+        real = be.prepare
+
+        def counted(c, x, d, real=real, name=name):
+            p = real(c, x, d)
+            run = p.run
+            return replace(p, run=lambda: calls.append(name) or run())
+
+        monkeypatch.setattr(be, "prepare", counted)
+        row = worker.run_job({"case": case.to_dict(), "backend": name, "arch": "cpu"}, cache)
+        assert row["status"] == "ok", row["message"]
+    assert timers == ["events", "both"]  # the oracle's kernel time ranks nothing
+    assert calls == ["torch", "reference-f64"]  # one checked call each (peak memory per call)
+
+
+@pytest.mark.parametrize("guess, probed", [(3, ["1", "3", "4"]), (10, None), (None, None)])
+def test_a_limit_search_probes_the_backends_guess_first(tmp_path, monkeypatch, guess, probed):
+    # crashy dies from batch 4 on: a right guess (3) ends the search after 3 probes; a wrong
+    # one (10) or none still finds the limit by bisection
+    monkeypatch.setattr(backends.get("crashy"), "limit_guess", lambda case, axis, arch: guess)
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 64, "crashy", tiny(1)))
+    assert (row["last_ok"], row["first_fail"]) == (3, 4)
+    if probed:
+        assert list(row["probes"]) == probed and row["info"]["guess"] == 3
+    else:
+        assert len(row["probes"]) > 3
+
+
+def test_flashmla_guesses_its_decode_scheduler_limit():
+    from dsv4bench.backends.flashmla import FlashMLA
+
+    fm = FlashMLA()
+    base = dict(scenario="t", model="v4-flash", d_qk=512, d_v=512, num_heads=64, layout="v4")
+    chunk = Case(**base, op="prefill", tokens=8192, context_len=32768, route="decode-kernel")
+    assert fm.limit_guess(chunk, "tokens", "sm90") == 11622  # results/sm90/h100-bench
+    mixed = replace(chunk, route="decode-mixed")
+    assert fm.limit_guess(mixed, "tokens", "sm90") is None  # an int32 stride limit instead
+    assert fm.limit_guess(chunk, "context_len", "sm90") is None
+    assert fm.limit_guess(Case(**base, op="decode"), "batch_size", "sm90") == 11622

@@ -41,6 +41,7 @@ SHIPPED = {
     "compare/backends_sm90.yaml": (40, 160, 0),
     "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: tools/gpu/engines.sh
     "compare/c128_long_context_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 17)
+    "compare/v32_scales_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 16)
     "measure/sm90.yaml": (15, 45, 0),  # opt-in: not part of `make bench`
     "sm100/decode_batch.yaml": (15, 45, 0),
     "sm120/decode_batch.yaml": (8, 24, 0),

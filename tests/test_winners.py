@@ -73,7 +73,7 @@ def test_figure_draws_a_line_per_variant_and_leaves_one_size_families_to_the_tab
         ("triton ctx 8K", [1, 64]),
         ("triton ctx 64K", [1, 64]),
     ]
-    assert "1 shape families measured at a single size are in the table" in text
+    assert "1 shape family measured at a single size is in the table" in text
     assert "| prefill v3.2 h8 | chunk 4096 | triton |" in text
 
 
@@ -99,3 +99,23 @@ def test_committed_h100_rows_rank_by_makespan():
     s = by_id["decode-v4-flash-v4-h64-b1-k128-e76dd5251c"]
     assert s.basis == "profiler makespan" and s.winner[0] == "triton"
     assert s.events["flashmla"] < s.events["triton"]
+
+
+def test_shapes_of_one_family_and_size_name_what_tells_them_apart(tmp_path):
+    rows = []
+    for ctx in (131072, 500000):
+        for b, ms in (("flashmla", 0.02), ("triton", 0.03)):
+            rows.append(row(f"c{ctx}", b, ms, batch_size=1, model="v4-flash", context_len=ctx))
+    text, _ = winners.markdown(rows, tmp_path)
+    assert "| decode v4-flash h128 (context_len 131072) | batch 1 |" in text
+    assert "| decode v4-flash h128 (context_len 500000) | batch 1 |" in text
+
+
+def test_progress_lines_name_a_prefill_chunks_route():
+    from dsv4bench.cases.case import Case
+    from dsv4bench.run.runner import Job, _job_label
+
+    base = dict(scenario="t", model="v4-flash", d_qk=512, d_v=512, num_heads=64, layout="v4")
+    chunk = Case(**base, op="prefill", tokens=64, context_len=128, route="decode-mixed")
+    assert _job_label(Job(chunk, "flashmla")).endswith("flashmla route decode-mixed")
+    assert _job_label(Job(Case(**base, op="decode"), "triton")).endswith(" triton")

@@ -163,6 +163,11 @@ class Backend:
         "bf16-product" or "e8m0" (reference.layouts scale_rounding)."""
         return None
 
+    def limit_guess(self, case: Case, axis: str, arch: str) -> int | None:
+        """Where this backend is expected to start failing along `axis` from `case` (the last
+        size that works), if known: a limit search probes it and the next size first."""
+        return None
+
     def process_key(self) -> str:
         """Backends with the same key share a worker process. An instance whose options load
         process-wide state (a kernel library registering fixed torch op names: two builds of

@@ -257,6 +257,16 @@ class FlashMLA(Backend):
     def v32_scale_reading(self, arch: str) -> str | None:
         return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale
 
+    def limit_guess(self, case: Case, axis: str, arch: str) -> int | None:
+        # the decode scheduler's shared memory bounds the batch (b = chunk tokens on the
+        # decode-kernel route): 4*(5b+1) bytes within the opt-in limit (the 0.26.0 build)
+        if arch not in ("sm90", "sm100") or case.decode_shape is None:
+            return None
+        batch_axis = "tokens" if case.op == "prefill" else "batch_size"
+        if axis != batch_axis or (case.op == "prefill" and case.route != "decode-kernel"):
+            return None
+        return hardware.flashmla_sched_batch_limit(hardware.SMEM_OPTIN_SM90)
+
     def supports(self, case: Case, arch: str) -> str | None:
         reason = super().supports(case, arch)
         if reason:

@@ -108,8 +108,25 @@ def _order(s: Shape):
     return (p.get("op", ""), str(p.get("model")), heads, _family(p), _size(p))
 
 
+def _labels(items: list[Shape]) -> dict[str, str]:
+    """case_id -> the table's shape label: its family, plus the params that tell it apart
+    from other shapes of the same family and size (a context length, a compress ratio)."""
+    groups: dict[tuple, list[Shape]] = defaultdict(list)
+    for s in items:
+        groups[(_family(s.params), _size(s.params))].append(s)
+    labels = {}
+    for (fam, _), members in groups.items():
+        keys = sorted({k for m in members for k in m.params} - {"seed"})
+        differ = [k for k in keys if len({json.dumps(m.params.get(k)) for m in members}) > 1]
+        for m in members:
+            extra = ", ".join(f"{k} {m.params.get(k)}" for k in differ)
+            labels[m.case_id] = f"{fam} ({extra})" if extra else fam
+    return labels
+
+
 def table_rows(items: list[Shape]) -> list[list]:
     out = []
+    labels = _labels(items)
     for s in sorted(items, key=_order):
         kind, size = _size(s.params)
         win = s.winner
@@ -118,7 +135,7 @@ def table_rows(items: list[Shape]) -> list[list]:
         ratios = {b: s.ratio(b) for b in s.times if b != BASELINE}
         out.append(
             [
-                _family(s.params),
+                labels[s.case_id],
                 f"{kind} {size}",
                 win[0] if win else "none ok",
                 f"{win[1]:.4g}" if win else "",
@@ -245,7 +262,9 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
         return []
     doc.image(png, "time relative to FlashMLA against batch and chunk size")
     if single:
-        doc.para(f"{single} shape families measured at a single size are in the table, not drawn.")
+        what = "shape family ... is" if single == 1 else "shape families ... are"
+        noun, verb = what.split(" ... ")
+        doc.para(f"{single} {noun} measured at a single size {verb} in the table, not drawn.")
     return [png]
 
 

@@ -71,8 +71,11 @@ def _exit_text(rc: int | None) -> str:
 class Worker:
     """One `python -m dsv4bench.run.worker` process with a line reader on its stdout."""
 
-    def __init__(self, arch: str, plugins: list[str], env: dict[str, str] | None = None):
-        """`env`: variables set for this worker alone (CUDA_VISIBLE_DEVICES pins its GPU)."""
+    def __init__(
+        self, arch: str, plugins: list[str], env: dict[str, str] | None = None, wait: bool = True
+    ):
+        """`env`: variables set for this worker alone (CUDA_VISIBLE_DEVICES pins its GPU).
+        `wait=False` returns at once (the process starts meanwhile); wait_ready() waits."""
         # An unnamed file (unlinked at once): no log is left behind, however the runner ends.
         self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
         pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -96,6 +99,15 @@ class Worker:
         threading.Thread(target=self._read, daemon=True).start()
         # the worker builds the same backend instances (options) as this process
         self.send({"arch": arch, "plugins": plugins, "instances": backends.configured()})
+        self._ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the worker says it is ready (imports and backends done); raises
+        RuntimeError if it never does."""
+        if self._ready:
+            return
         try:
             ready = self.receive(STARTUP_TIMEOUT_S)
         except TimeoutError:
@@ -105,6 +117,7 @@ class Worker:
             why = self.failure()
             self.stop()
             raise RuntimeError(f"worker did not start: {why}")
+        self._ready = True
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -180,13 +193,40 @@ class Slot:
     """One device and its long-lived workers, one per Backend.process_key (two builds of one
     kernel library cannot share a process); a worker that dies is replaced on the same device."""
 
-    def __init__(self, device: Device, factory: Callable[[Device], Worker]):
+    def __init__(
+        self,
+        device: Device,
+        factory: Callable[[Device], Worker],
+        spawn: Callable[[Device], Worker] | None = None,
+    ):
+        """`spawn`: a factory that returns a worker still starting (Worker(wait=False)), for
+        fresh_worker's spare."""
         self.device = device
         self._factory = factory
+        self._spawn = spawn
+        self._spare: Worker | None = None
         self.workers: dict[str, Worker] = {}
 
     def new_worker(self) -> Worker:
         return self._factory(self.device)
+
+    def fresh_worker(self) -> Worker:
+        """A new worker process for one job (a limit probe). Its interpreter, torch import and
+        backend setup (seconds) happened while the previous probe ran: the next one starts
+        now, in this thread (a worker dies with the thread that started it). A spare holds no
+        CUDA context until its first job, so it takes no device memory from the probe."""
+        spare, self._spare = self._spare, None
+        worker = None
+        if spare is not None:
+            try:
+                spare.wait_ready()
+                worker = spare
+            except RuntimeError:
+                pass  # a spare that could not start: start one the usual way
+        worker = worker or self.new_worker()
+        if self._spawn is not None:
+            self._spare = self._spawn(self.device)
+        return worker
 
     def ensure_worker(self, key: str = "") -> Worker:
         worker = self.workers.get(key)
@@ -203,9 +243,10 @@ class Slot:
                 del self.workers[key]
 
     def close(self) -> None:
-        for worker in list(self.workers.values()):
+        for worker in [*self.workers.values(), *([self._spare] if self._spare else [])]:
             worker.stop()
         self.workers.clear()
+        self._spare = None
 
 
 class Stopped(Exception):
@@ -233,10 +274,12 @@ class Runner:
         self.plugins = list(plugins)
         self.show_progress = progress
         self.shard = shard
-        factory = worker_factory or (
-            lambda device: Worker(self.arch, self.plugins, env=device.worker_env())
+        start = lambda device, wait=True: Worker(  # noqa: E731
+            self.arch, self.plugins, env=device.worker_env(), wait=wait
         )
-        self.slots = [Slot(d, factory) for d in (devices or [Device(slot=0)])]
+        factory = worker_factory or start
+        spawn = None if worker_factory else (lambda device: start(device, wait=False))
+        self.slots = [Slot(d, factory, spawn) for d in (devices or [Device(slot=0)])]
         self._env = None
         self._lock = threading.Lock()  # one writer, one progress line at a time
         self._stopping = threading.Event()
@@ -305,7 +348,7 @@ class Runner:
                 raise Stopped
             try:
                 key = backends.get(job.backend).process_key()
-                worker = slot.new_worker() if fresh else slot.ensure_worker(key)
+                worker = slot.fresh_worker() if fresh else slot.ensure_worker(key)
                 answer = self._run_in(worker, job)
             except RuntimeError as e:  # the worker would not even start
                 answer = {"status": "error", "message": str(e)}
@@ -370,7 +413,7 @@ class Runner:
                 row = self.find_limit(unit, progress, slot)
             else:
                 row = self.run_job(unit, slot=slot)
-                self._progress(progress, slot, f"{unit.case.case_id} {unit.backend}", row)
+                self._progress(progress, slot, _job_label(unit), row)
             rows.append(row)
 
     def _run_slots(self, pending: collections.deque, rows: list, progress) -> None:
@@ -434,27 +477,30 @@ class Runner:
             return row["status"] not in PROBE_FAILED
 
         lo, hi = s.lo, s.hi
-        last_ok = first_fail = None
+        last_ok = first_fail = guess = None
         lo_works = probe(lo)
         if probes[lo]["status"] == "unsupported":  # no kernel to search (a build not found)
             pass
-        elif lo_works and not probe(hi):
-            while hi - lo > s.step:
-                mid = lo + max(1, (hi - lo) // 2 // s.step) * s.step
-                if probe(mid):
-                    lo = mid
-                else:
-                    hi = mid
-            last_ok, first_fail = lo, hi
-        elif lo_works:  # hi works too
-            last_ok = hi
+        elif lo_works:
+            guess = backends.get(s.backend).limit_guess(s.base, s.axis, self.arch)
+            lo, hi, bracketed = _around_guess(guess, probe, lo, hi, s.step)
+            if bracketed or not probe(hi):
+                while hi - lo > s.step:
+                    mid = lo + max(1, (hi - lo) // 2 // s.step) * s.step
+                    if probe(mid):
+                        lo = mid
+                    else:
+                        hi = mid
+                last_ok, first_fail = lo, hi
+            else:  # hi works too
+                last_ok = hi
         else:
             first_fail = lo
         fail_row = probes.get(first_fail) if first_fail is not None else None
         first_probe = probes[s.lo]
         if last_ok is None and first_fail is None:
             fail_row = first_probe
-        info = {}
+        info = {"guess": guess} if guess is not None else {}
         if s.base.op == "indexer":  # the fp32 logits matrix each probed size needs (one copy)
             from dsv4bench.cases import indexer_case
 
@@ -482,6 +528,26 @@ class Runner:
         )
         self._write(row)
         return row.to_dict()
+
+
+def _job_label(job: Job) -> str:
+    """A progress line's job: its case id, backend, and the route of a prefill chunk (three
+    routes share one id prefix; only the hash tells them apart)."""
+    route = f" route {job.case.route}" if job.case.op == "prefill" else ""
+    return f"{job.case.case_id} {job.backend}{route}"
+
+
+def _around_guess(guess, probe, lo: int, hi: int, step: int) -> tuple[int, int, bool]:
+    """Probe a backend's guess of its limit and the next size: (lo, hi, bracketed). When the
+    guess is right the search ends after these two probes (a bisection of 8192..16384 takes
+    13); when it is wrong it narrows the range as a bisection step would."""
+    if guess is None or not lo < guess < hi - step:
+        return lo, hi, False
+    if not probe(guess):
+        return lo, guess, True
+    if probe(guess + step):
+        return guess + step, hi, False
+    return guess, guess + step, True
 
 
 EXPECT_FAILURE = "expect-failure"  # a case tag: crashing, hanging or running out is its result

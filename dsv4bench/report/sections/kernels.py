@@ -97,7 +97,8 @@ def _figure(rep, op: str, model: str, mrows: list[dict], xkey: str, xlabel: str)
         )
     if single:
         d.para(
-            f"{single} families measured at a single {xkey} value are not drawn "
+            f"{single} {'family' if single == 1 else 'families'} measured at a single {xkey} "
+            f"value {'is' if single == 1 else 'are'} not drawn "
             "as lines; their rows are in the table."
         )
     if serving and sweep:

@@ -27,10 +27,14 @@ def crash_boundary(rep) -> None:
     points = _status_points(rep)
     mixed = any(lane.endswith("decode-mixed") for lane, _ in points)
     limits = [r for r in merge_limits(rep.rows) if r["kind"] == "limit"]
-    if not points and not limits:
-        rep.left_out.append("Crash boundary: no decode-route rows and no limit rows.")
+    failed = any(_decode_route(r) and r["status"] != "ok" for r in case_rows(rep.rows))
+    if not limits and not failed:  # every decode-route point ran: no boundary to draw
+        rep.left_out.append("Crash boundary: no limit rows and no failed decode-route row.")
         return
     d = rep.doc
+    if not any(_decode_route(r) for r in limits) and not failed:
+        _limits_only(rep, limits)  # limits of other kinds: no engine threshold applies
+        return
     d.heading("Crash boundary: decode-kernel route" + (" and decode-mixed" if mixed else ""))
     d.para(
         "FlashMLA's decode scheduler (the build in vLLM 0.26.0) needs `4*(5b+1)` bytes of "
@@ -50,16 +54,7 @@ def crash_boundary(rep) -> None:
         )
     if limits:
         d.bullets([_limit_sentence(r, predicted) for r in limits])
-        d.table(
-            ["lane", "axis", "last ok", "first fail", "status", "message", "probes"],
-            [
-                [_lane(rep, r), r.get("axis"), r.get("last_ok"), r.get("first_fail")]
-                + [r["status"], short(r.get("message"), 120)]
-                + [", ".join(f"{k}:{v}" for k, v in (r.get("probes") or {}).items())]
-                for r in limits
-            ],
-            caption="Measured limits (bisection, fresh process per probe)",
-        )
+        _limit_table(rep, limits)
     d.table(
         ["lane", "size", "status", "row", "message"],
         [
@@ -69,6 +64,37 @@ def crash_boundary(rep) -> None:
         caption="Every point in the plot",
         folded=True,
     )
+
+
+def _limits_only(rep, limits: list[dict]) -> None:
+    """Limit searches that are not FlashMLA's decode-route chunk limit (a batch or context
+    limit, any backend): where each stops, without the engine thresholds of that route."""
+    rep.doc.heading("Crash boundary: measured limits")
+    rep.doc.para(
+        "Where each backend starts failing along the searched axis: a bisection between a size "
+        "that works and one that fails, each probe in a fresh process."
+    )
+    rep.doc.bullets([_limit_sentence(r) for r in limits])
+    _limit_table(rep, limits)
+
+
+def _limit_table(rep, limits: list[dict]) -> None:
+    rep.doc.table(
+        ["lane", "axis", "last ok", "first fail", "status", "message", "probes"],
+        [
+            [_lane(rep, r), r.get("axis"), r.get("last_ok"), r.get("first_fail")]
+            + [r["status"], short(r.get("message"), 120)]
+            + [", ".join(f"{k}:{v}" for k, v in (r.get("probes") or {}).items())]
+            for r in limits
+        ],
+        caption="Measured limits (bisection, fresh process per probe)",
+    )
+
+
+def _decode_route(r: dict) -> bool:
+    """A chunk-size limit of a prefill route through the decode kernel (what sglang's
+    threshold and FlashMLA's scheduler limit are about)."""
+    return r.get("op") == "prefill" and param(r, "route") in DECODE_ROUTES
 
 
 def _status_points(rep) -> dict[tuple[str, float], tuple[str, str, str]]:
@@ -234,6 +260,8 @@ def _limit_sentence(r: dict, predicted: dict | None = None) -> str:
         text += f" (searched to a step of {step})"
     if _mixed(r):
         return text + "; one request of `s_q` = chunk tokens, not sglang's routing."
+    if not (_decode_route(r) and r.get("axis") == "tokens"):
+        return text + "."  # sglang's threshold is about decode-route chunks only
     if r.get("axis") == "tokens" and predicted and fail - ok == 1 and ok not in predicted:
         text += (
             f"; not the predicted {', '.join(map(str, sorted(predicted)))}: this build's "
