@@ -13,9 +13,18 @@ from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
 from dsv4bench.commands.merge import cmd_merge
 from dsv4bench.commands.plan import cmd_plan
-from dsv4bench.commands.read import cmd_backends, cmd_compare, cmd_env, cmd_recommend, cmd_report
-from dsv4bench.commands.run import ROOT, cmd_bench, cmd_run
+from dsv4bench.commands.read import (
+    cmd_backends,
+    cmd_compare,
+    cmd_env,
+    cmd_recommend,
+    cmd_report,
+)
+from dsv4bench.commands.run import cmd_bench, cmd_run
 from reference.models import MODELS
+
+SCENARIO_HELP = "scenario YAML files (scenarios/*/*.yaml; op: serving files too)"
+PLUGIN_HELP = "a module (or .py file) that registers more backends (repeatable)"
 
 
 class Terminated(Exception):
@@ -24,10 +33,6 @@ class Terminated(Exception):
 
 def _terminate(signum, frame):
     raise Terminated
-
-
-SCENARIO_HELP = "scenario YAML files (scenarios/*/*.yaml; op: serving files too)"
-PLUGIN_HELP = "a module (or .py file) that registers more backends (repeatable)"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -94,11 +99,13 @@ EXIT_STATUS = """exit status:
 def _version() -> str:
     """The installed distribution's version, else pyproject.toml's (a checkout run in place)."""
     from importlib import metadata
+    from pathlib import Path
 
     try:
         return metadata.version("dsv4bench")
     except metadata.PackageNotFoundError:
-        for line in (ROOT / "pyproject.toml").read_text().splitlines():
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        for line in pyproject.read_text().splitlines():
             if line.startswith("version ="):
                 return line.split("=", 1)[1].strip().strip('"')
     return "unknown"

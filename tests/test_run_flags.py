@@ -111,6 +111,13 @@ def test_help_version_and_backends_read_well(run_cli, capsys):
     assert "(default: runs)" in text and "(default: RUNS/<time>-<arch>)" in text
     code, out, _ = run_cli("backends")
     lines = out.splitlines()
-    assert code == 0 and lines[0].split() == ["backend", "archs", "ops", "kernels", "found"]
+    assert code == 0 and lines[0].split() == [
+        "backend",
+        "archs",
+        "ops",
+        "layouts",
+        "kernels",
+        "found",
+    ]
     starts = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
     assert len(starts) == 1  # the second column starts at one offset on every line

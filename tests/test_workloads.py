@@ -191,22 +191,26 @@ def test_bad_workload_file_exits_2_with_one_line(tmp_path, run_cli):
     assert code == 2 and err.strip().count("\n") == 0 and f"{bad}:6:" in err
 
 
-def _serving(tmp_path, body: str):
-    from dsv4bench import backends, scenarios
+SERVING = """
+op: serving
+model: v4-flash
+batch_sizes: [4]
+contexts: [8192]
+ragged:
+  - {dist: one-long, long: 20480, short: 4096, batch: 4}
+"""
 
-    path = tmp_path / "serving.yaml"
-    path.write_text("op: serving\nmodel: v4-flash\n" + body)
-    return scenarios.load_serving(path, known_backends=backends.names())
+
+def _serving(text: str, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return scenarios.load_serving(path, known_backends={"torch"}), path
 
 
 def test_serving_plans_one_tpot_step_per_ragged_batch(tmp_path):
     from dsv4bench.serving.planning import plan
 
-    spec = _serving(
-        tmp_path,
-        "batch_sizes: [4]\ncontexts: [8192]\n"
-        "ragged:\n  - {dist: one-long, long: 20480, short: 4096, batch: 4}\n",
-    )
+    spec, _ = _serving(SERVING, tmp_path)
     curves = plan(spec).curves
     ragged = [c for c in curves if "ragged" in c.curve_id]
     assert len(curves) == 2 and len(ragged) == 1
@@ -218,17 +222,15 @@ def test_serving_plans_one_tpot_step_per_ragged_batch(tmp_path):
     assert sum(cases[0].context_lens) == 4 * 8192  # the uniform point's total tokens
 
 
-def test_serving_ragged_errors_name_the_key(tmp_path):
-    from dsv4bench.scenarios import ScenarioError
-
-    with pytest.raises(
-        ScenarioError, match=r"serving.yaml:6: ragged\[0\]\.lengths\[1\]: expected a positive"
-    ):
-        _serving(tmp_path, "batch_sizes: [4]\ncontexts: [8192]\nragged:\n  - {lengths: [5, -2]}\n")
-    with pytest.raises(ScenarioError, match="unknown length distribution 'zipf'"):
-        _serving(
-            tmp_path, "batch_sizes: [4]\ncontexts: [8192]\nragged:\n  - {dist: zipf, batch: 2}\n"
-        )
+def test_serving_ragged_errors_name_file_line_and_key(tmp_path):
+    bad = SERVING.replace("long: 20480", "long: -3")
+    with pytest.raises(scenarios.ScenarioError) as e:
+        _serving(bad, tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 's.yaml'}:7: ragged[0].long: expected a positive")
+    with pytest.raises(scenarios.ScenarioError, match=r":7: ragged\[0\]\.dist: unknown length"):
+        _serving(SERVING.replace("one-long", "zipf"), tmp_path)
+    with pytest.raises(scenarios.ScenarioError, match=r":6: ragged: expected a non-empty list"):
+        _serving(SERVING.replace("ragged:\n  - {dist", "ragged: []\nx:\n  - {dist"), tmp_path)
 
 
 def test_the_report_section_reads_the_h100_rows(tmp_path):
@@ -283,3 +285,21 @@ def test_ragged_and_patterned_cases_run_ok_on_each_gpu_backend(backend):
         assert row["info"]["memory"]["peak_mib"] >= row["info"]["memory"]["inputs_mib"] > 0
         seen += 1
     assert seen >= 5
+
+
+def test_a_ragged_request_alone_keeps_its_own_length(toy):
+    from dsv4bench.measure import invariance
+
+    case = next(c for c in toy.cases if c.context_lens == (600, 100, 300))
+    x = inputs.make_inputs(case, "cpu")
+    alone, sub = invariance.single_request(case, x, 1)
+    assert (alone.batch_size, alone.context_lens) == (1, (100,))
+    assert sub["extra_topk_length"].tolist() == [25] and sub["q"].shape[0] == 1
+    row = invariance.batch_invariance(backends.get("torch"), case, x, _oracle(case, x), "cpu")
+    assert row["max_abs"] == 0.0  # the oracle answers each request alone as in the batch
+
+
+def _oracle(case, x):
+    from dsv4bench.cases.oracle import oracle_call
+
+    return oracle_call(case, x)()

@@ -13,17 +13,6 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
-def kernels_found(b) -> str:
-    """Which build a backend found, or why none (one line: its rows will say unsupported)."""
-    from dsv4bench import backends
-
-    try:
-        prov = b.provider()
-    except backends.Unsupported as e:
-        return f"not available: {e}"
-    return f"{prov.name} {prov.version}".strip()
-
-
 def setup_backends(args) -> None:
     """Registered backends, then `--backend-opt NAME.OPTION=VALUE` (and its aliases) on them."""
     from dsv4bench import backends

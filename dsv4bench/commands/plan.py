@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dsv4bench.commands.common import kernels_found, load, setup_backends, shard, take_shard
+from dsv4bench.commands.common import load, setup_backends, shard, take_shard
+from dsv4bench.commands.read import kernels_found
 
 
 def _plan_archs(wanted: str | None, scenario_archs: list[str]) -> tuple[list[str], str]:

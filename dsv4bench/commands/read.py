@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv4bench.commands.common import UsageError, kernels_found, setup_backends
+from dsv4bench.commands.common import UsageError, setup_backends
 
 
 def cmd_backends(args) -> int:
@@ -15,11 +15,38 @@ def cmd_backends(args) -> int:
     table = []
     for name in backends.names():
         b = backends.get(name)
-        table.append((name, ",".join(b.archs), ",".join(b.ops), kernels_found(b)))
-    head = ("backend", "archs", "ops", "kernels found")
-    widths = [max(len(r[i]) for r in [head, *table]) for i in range(3)]
+        layouts = "any" if b.layouts is None else ",".join(b.layouts) or "-"
+        table.append((name, ",".join(b.archs), ",".join(b.ops), layouts, kernels_found(b)))
+    head = ("backend", "archs", "ops", "layouts", "kernels found")
+    widths = [max(len(r[i]) for r in [head, *table]) for i in range(4)]
     for r in [head, *table]:
-        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)) + "  " + r[3])
+        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+    return 0
+
+
+def kernels_found(b) -> str:
+    """Which build a backend found, or why none (one line: its rows will say unsupported)."""
+    from dsv4bench import backends
+
+    try:
+        prov = b.provider()
+    except backends.Unsupported as e:
+        return f"not available: {e}"
+    return f"{prov.name} {prov.version}".strip()
+
+
+def cmd_recommend(args) -> int:
+    from dsv4bench.report import ReportInputError
+    from dsv4bench.report.load import load_runs
+    from dsv4bench.serving import recommend
+
+    if args.tp < 1:
+        raise UsageError(f"--tp {args.tp}: expected a positive tensor-parallel size")
+    try:
+        rows = load_runs([Path(p) for p in args.run_dir])
+    except ReportInputError as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(recommend.lines(rows, args.model, args.tp)))
     return 0
 
 
@@ -62,21 +89,6 @@ def cmd_compare(args) -> int:
         raise UsageError(str(e)) from None
     print(f"regression report: {next((f for f in files if f.suffix == '.md'), out)}")
     return code
-
-
-def cmd_recommend(args) -> int:
-    from dsv4bench.report import ReportInputError
-    from dsv4bench.report.load import load_runs
-    from dsv4bench.serving import recommend
-
-    if args.tp < 1:
-        raise UsageError(f"--tp {args.tp}: expected a positive tensor-parallel size")
-    try:
-        rows = load_runs([Path(p) for p in args.run_dir])
-    except ReportInputError as e:
-        raise UsageError(str(e)) from None
-    print("\n".join(recommend.lines(rows, args.model, args.tp)))
-    return 0
 
 
 def cmd_env(args) -> int:

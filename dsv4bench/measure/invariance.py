@@ -65,8 +65,10 @@ def single_request(case, inputs: dict, r: int):
         x = {k: (v[:, r : r + 1] if k in PER_QUERY else v) for k, v in inputs.items()}
         return dataclasses.replace(case, tokens=1), x
     x = {k: (v[r : r + 1] if k in PER_REQUEST and v is not None else v) for k, v in inputs.items()}
-    size = "tokens" if case.op == "prefill" else "batch_size"
-    return dataclasses.replace(case, **{size: 1}), x
+    if case.op == "prefill":
+        return dataclasses.replace(case, tokens=1), x
+    lens = case.context_lens[r : r + 1]  # a ragged batch: the request's own context
+    return dataclasses.replace(case, batch_size=1, context_lens=lens), x
 
 
 def batch_invariance(backend, case, inputs: dict, batched, device: str) -> dict | None:

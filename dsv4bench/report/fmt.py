@@ -62,7 +62,9 @@ SHORT_ORDER = (
     "tokens",
     "num_heads",
 )
-DERIVED_PARAMS = ("extra_topk", "topk")  # follow from context length and compress ratio
+DERIVED_PARAMS = ("extra_topk", "topk", "ragged")  # follow from context (lengths), ratio
+# workload params a row leaves out at their default (Case.params): how a label shows that
+ABSENT_PARAMS = {"context_lens": "", "ragged": "", "index_pattern": "uniform"}
 
 
 def short_param(name: str, v, params: dict) -> str:
@@ -81,6 +83,10 @@ def short_param(name: str, v, params: dict) -> str:
         return str(v)
     if name in ("extra_topk", "topk", "window"):
         return f"{name.replace('_', ' ')} {v}"
+    if name == "context_lens" and isinstance(v, list) and v:
+        return f"ragged {kilo(min(v))}..{kilo(max(v))}"
+    if name in ("index_pattern", "ragged"):
+        return str(v)
     return f"{name}={v}"
 
 

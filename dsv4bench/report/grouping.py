@@ -10,6 +10,7 @@ from collections import defaultdict
 
 from dsv4bench.report import plots
 from dsv4bench.report.fmt import (
+    ABSENT_PARAMS,
     DERIVED_PARAMS,
     SHORT_ORDER,
     natural_key,
@@ -55,7 +56,9 @@ def line_variants(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str
 
     def shorten(g, names):
         kv = values[g]
-        bits = [short_param(n, kv[n], kv) if n in kv else f"{n} -" for n in names]
+        bits = [
+            short_param(n, kv[n], kv) if n in kv else ABSENT_PARAMS.get(n, f"{n} -") for n in names
+        ]
         return " ".join(b for b in bits if b)
 
     def distinct(names):
