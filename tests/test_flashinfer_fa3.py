@@ -308,7 +308,21 @@ def test_sm90_support_rules():
     assert "d_qk" in b.supports(make_case(**{**V32, "d_qk": 640}), "sm90")
     assert "exceed" in b.supports(make_case(**{**V32, "head_padding": "8"}), "sm90")
     assert "decode kernels" in b.supports(make_case("prefill", **V4, tokens=8), "sm100")
-    assert b.options == {"kv_dtype": "bf16"} and backend("e4m3").kv_dtype == "e4m3"
+    assert b.options == {"kv_dtype": "bf16", "past_planner_limit": False}
+    assert backend("e4m3").kv_dtype == "e4m3"
+
+
+def test_past_the_planners_work_items_is_unsupported_unless_asked():
+    at, past = (make_case("prefill", **V4, tokens=t) for t in (16384, 16385))
+    assert backend().supports(at, "sm90") is None
+    why = backend().supports(past, "sm90")
+    assert why.startswith("16385 query rows > the 16384 work items") and "past_planner_limit" in why
+    assert "16386 query rows" in backend().supports(
+        make_case(**V32, batch_size=8193, s_q=2), "sm90"
+    )
+    ops = KernelOps(Provider("fake-flashinfer", "0"), fa3_mla=FakeFA3Wrapper)
+    anyway = FlashInfer(ops=ops, arch="sm90", past_planner_limit=True)
+    assert anyway.supports(past, "sm90") is None
 
 
 def test_pow2_scales_and_groups():

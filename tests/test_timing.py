@@ -261,7 +261,7 @@ def test_gpu_graph_times_and_capture_failure():
     # a failed capture leaves torch's CUDA generator in capture mode: its own process
     code = (
         "import torch\n"
-        "from dsv4bench import timing\n"
+        "from dsv4bench.measure import timing\n"
         "x = torch.randn(1 << 16, device='cuda')\n"
         "g = timing.graph_times(lambda: (x * 2).sum().item(), torch.device('cuda'), iters=3)\n"
         "assert 'graph_error' in g and 'graph_ms' not in g, g\n"

@@ -228,23 +228,27 @@ class FlashInfer(Backend):
     archs = ("sm90", "sm100", "sm120")
     ops = ("decode", "prefill")
     layouts = ("v32", "v4")
-    options = {"kv_dtype": "bf16"}
+    options = {"kv_dtype": "bf16", "past_planner_limit": False}
 
     def __init__(
         self,
         ops: KernelOps | Callable | None = None,
         *,
         kv_dtype: str = "bf16",
+        past_planner_limit: bool = False,
         arch: str | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ):
         """ops: injected KernelOps (or a factory of one) instead of importing flashinfer.
         kv_dtype: trtllm-gen plain-row dtype, "bf16" or "e4m3" (per-tensor scale).
-        arch: the kernel family to prepare for ("sm100"/"sm120"); default: the device's."""
+        arch: the kernel family to prepare for ("sm100"/"sm120"); default: the device's.
+        past_planner_limit: on sm90, run cases past the FA3 MLA planner's 16384 work items
+        (unsupported by default: their rows are wrong, see flashinfer_fa3.PLANNER_WORKS)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
         self._found = LazyOps(ops, discover)
         self.kv_dtype = kv_dtype
+        self.past_planner_limit = past_planner_limit
         self.arch = arch
         self.workspace_bytes = workspace_bytes
 
@@ -269,7 +273,7 @@ class FlashInfer(Backend):
         if reason:
             return reason
         if arch == "sm90":
-            return flashinfer_fa3.supports(case)
+            return flashinfer_fa3.supports(case, self.past_planner_limit)
         if case.op != "decode":
             return f"FlashInfer's sparse MLA kernels on {arch} are decode kernels (no {case.op})"
         reason = fp8_cache_reason(case, "FlashInfer's sparse MLA kernels")

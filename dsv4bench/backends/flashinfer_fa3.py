@@ -94,8 +94,9 @@ CONVERT_CHUNK = 1 << 16  # cache tokens converted at once
 KV_DTYPES = ("bf16", "e4m3")
 # FlashInfer's MLA planner reserves this many work items (scheduler.cuh, max_total_num_works,
 # "adjust it later") and does not check it: with one work per query row, a plan of more rows
-# overflows and rows past the limit stay unwritten (measured: 32768 rows -> half NaN). Rows
-# above it are run anyway and judged, so the failure shows as `incorrect`.
+# overflows and rows past the limit stay unwritten (measured: 32768 rows -> half NaN; 17000
+# faulted the context). So a case past it is `unsupported` with that reason, unless the backend
+# option past_planner_limit runs it anyway (its rows are then judged and come out `incorrect`).
 PLANNER_WORKS = 16384
 _compiled: set[tuple] = set()  # JIT variants already built in this process
 
@@ -111,7 +112,18 @@ class Pool:
     exact: bool = True  # whether those values are the cache's own (bf16 of e4m3 * 2^k)
 
 
-def supports(case: Case) -> str | None:
+def query_rows(case: Case) -> int:
+    """Rows the planner gets one work item each for: one per query token."""
+    return case.tokens if case.op == "prefill" else case.batch_size * case.s_q
+
+
+def supports(case: Case, past_planner_limit: bool = False) -> str | None:
+    if query_rows(case) > PLANNER_WORKS and not past_planner_limit:
+        return (
+            f"{query_rows(case)} query rows > the {PLANNER_WORKS} work items FlashInfer's MLA "
+            "planner reserves unchecked (rows past it stay unwritten or fault); "
+            "flashinfer.past_planner_limit=true runs it anyway"
+        )
     if case.d_qk not in KPE_DIM:
         return (
             "FlashInfer's FA3 MLA takes d_qk 576 (ckv 512 + kpe 64) or 512 (kpe 0), "
