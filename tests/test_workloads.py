@@ -247,7 +247,7 @@ def test_the_report_section_reads_the_h100_rows(tmp_path):
     assert (tmp_path / "workloads-locality.png").stat().st_size > 10_000
     assert (tmp_path / "workloads-long-context.png").stat().st_size > 10_000
     ragged = [line for line in section.splitlines() if "| 6656..139520 (sum 512K) |" in line]
-    assert len(ragged) == 3 and all("| ok |" in line for line in ragged)  # one per backend
+    assert len(ragged) == 4 and all("| ok |" in line for line in ragged)  # one per backend
     assert "indexer-topic" in section and "1024K" in section
 
 
