@@ -245,3 +245,32 @@ def pad_sink(sink, heads: int):
     y = sink.float().new_full((heads,), float("-inf"))
     y[: sink.shape[0]] = sink
     return y
+
+
+class LibraryBackend(Backend):
+    """A backend over one kernel library: option `lib` (a file; None: discover(lib) searches),
+    found lazily once; setting `lib` searches again. Builds that register the same torch op
+    namespace cannot share a process, so an explicit `lib` is its own worker (process_key)."""
+
+    def _find_with(self, lib: str | None, ops, discover: Callable[[str | None], Any]) -> None:
+        self._lib = lib
+        # injected ops (or a factory of them) instead of discovery
+        self._found = LazyOps(ops, lambda: discover(self._lib))
+
+    @property
+    def lib(self) -> str | None:
+        return self._lib
+
+    @lib.setter
+    def lib(self, value: str | None) -> None:
+        self._lib = value
+        self._found.reset()
+
+    def kernel_ops(self):
+        return self._found.get()
+
+    def provider(self) -> Provider:
+        return self.kernel_ops().provider
+
+    def process_key(self) -> str:
+        return f"{self.base}.lib={self._lib}" if self._lib else ""

@@ -56,9 +56,8 @@ from pathlib import Path
 
 from dsv4bench.backends import kernel_files
 from dsv4bench.backends.base import (
-    Backend,
     HeadRule,
-    LazyOps,
+    LibraryBackend,
     Output,
     Prepared,
     Provider,
@@ -365,7 +364,7 @@ def decode_lists(x: dict):
 # ---- the backend ----------------------------------------------------------------------------
 
 
-class FA3(Backend):
+class FA3(LibraryBackend):
     name = "fa3"
     description = "FlashAttention-3 (vLLM/sgl-kernel build) as sparse MLA over a bf16 cache"
     archs = ("sm90",)
@@ -375,28 +374,8 @@ class FA3(Backend):
     def __init__(self, lib: str | None = None, kv_dtype: str = "bf16", ops=None):
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-        self._lib = lib
         self.kv_dtype = kv_dtype
-        self._found = LazyOps(ops, lambda: discover(self._lib))
-
-    @property
-    def lib(self) -> str | None:
-        return self._lib
-
-    @lib.setter
-    def lib(self, value: str | None) -> None:
-        self._lib = value
-        self._found.reset()
-
-    def kernel_ops(self) -> FA3Ops:
-        return self._found.get()
-
-    def provider(self) -> Provider:
-        return self.kernel_ops().provider
-
-    def process_key(self) -> str:
-        # every vLLM FA3 build registers torch.ops._vllm_fa3_C: one build per process
-        return f"fa3.lib={self._lib}" if self._lib else ""
+        self._find_with(lib, ops, discover)
 
     def supports(self, case: Case, arch: str) -> str | None:
         return super().supports(case, arch) or self.case_reason(case)

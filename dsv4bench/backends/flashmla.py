@@ -27,9 +27,8 @@ from importlib import metadata
 from pathlib import Path
 
 from dsv4bench.backends.base import (
-    Backend,
     HeadRule,
-    LazyOps,
+    LibraryBackend,
     Output,
     Prepared,
     Provider,
@@ -227,7 +226,7 @@ def _poison(out):
     return None if out is None else (lambda: out.fill_(float("nan")))
 
 
-class FlashMLA(Backend):
+class FlashMLA(LibraryBackend):
     name = "flashmla"
     description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
     archs = ("sm90", "sm100")
@@ -236,28 +235,7 @@ class FlashMLA(Backend):
     options = {"lib": None}  # a FlashMLA op library (.so or its directory); None: discover()
 
     def __init__(self, lib: str | None = None, ops: KernelOps | Callable | None = None):
-        self._lib = lib
-        # injected KernelOps (or a factory of one) instead of discovery
-        self._found = LazyOps(ops, lambda: discover(self._lib))
-
-    @property
-    def lib(self) -> str | None:
-        return self._lib
-
-    @lib.setter
-    def lib(self, value: str | None) -> None:
-        self._lib = value
-        self._found.reset()
-
-    def kernel_ops(self) -> KernelOps:
-        return self._found.get()
-
-    def provider(self) -> Provider:
-        return self.kernel_ops().provider
-
-    def process_key(self) -> str:
-        # every build registers torch.ops._flashmla_C: a second build cannot load beside it
-        return f"flashmla.lib={self._lib}" if self._lib else ""
+        self._find_with(lib, ops, discover)
 
     def v32_scale_reading(self, arch: str) -> str | None:
         return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale
