@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from dsv4bench.backends import kernel_files
+from dsv4bench.backends import flashinfer_fa3, kernel_files
 from dsv4bench.backends.base import (
     HeadRule,
     LibraryBackend,
@@ -340,27 +340,6 @@ def bf16_pool(caches, d_qk: int, layout: str):
     return rows
 
 
-def decode_lists(x: dict):
-    """(caches, idx (T, k + k_extra), ok mask) of decode-form inputs: one list per query."""
-    import torch
-
-    from dsv4bench.backends.flashinfer_fa3 import row_lists
-
-    caches = [x["k_cache"]] + ([x["extra_k_cache"]] if x.get("extra_k_cache") is not None else [])
-    b, s_q = x["q"].shape[:2]
-    t = b * s_q
-    per_token = lambda n: None if n is None else n.repeat_interleave(s_q)  # noqa: E731
-    idx = x["indices"].reshape(t, -1)
-    ok = row_lists(idx, per_token(x.get("topk_length")))
-    if len(caches) == 2:
-        main_slots = caches[0].shape[0] * caches[0].shape[1]
-        extra = x["extra_indices"].reshape(t, -1)
-        ok_e = row_lists(extra, per_token(x.get("extra_topk_length")))
-        idx = torch.cat([idx, torch.where(extra >= 0, extra + main_slots, extra)], -1)
-        ok = torch.cat([ok, ok_e], -1)
-    return caches, idx, ok
-
-
 # ---- the backend ----------------------------------------------------------------------------
 
 
@@ -408,8 +387,6 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
     """Conversions outside the timed call; run() = the op (+ the sink scaling)."""
     import torch
 
-    from dsv4bench.backends.flashinfer_fa3 import row_lists
-
     heads, reason = padded_heads(case)
     if reason:
         raise Unsupported(reason)
@@ -419,13 +396,13 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
     if case.decode_shape is not None:
         b, s_q, h, d = x["q"].shape
         q = x["q"].reshape(b * s_q, h, d)
-        caches, idx, ok = decode_lists(x)
+        caches, idx, ok = flashinfer_fa3.decode_lists(x)
         rows = bf16_pool(caches, case.d_qk, case.layout)
     else:
         q = x["q"]
         kv = x["kv"].reshape(x["kv"].shape[0], -1)
         idx = x["indices"].reshape(x["indices"].shape[0], -1)
-        ok = row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
+        ok = flashinfer_fa3.row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
         rows = kv.to(torch.bfloat16).contiguous()
     t, h, _ = q.shape
     table, lens = page_table(idx, ok)

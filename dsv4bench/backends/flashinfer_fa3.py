@@ -448,8 +448,9 @@ def _planned(wrapper_cls, plan_args: tuple, variant: tuple, kv_type, device, syn
     return wrapper
 
 
-def _decode_pool(case: Case, x: dict, kv_dtype: str, info: dict):
-    """The pool, joined index table (T, k + k_extra) and its list mask, and `reads`."""
+def decode_lists(x: dict):
+    """(caches, idx (T, k + k_extra), ok mask) of decode-form inputs: one list per query token,
+    the extra cache's slots shifted past the main cache's (one pool)."""
     import torch
 
     caches = [x["k_cache"]] + ([x["extra_k_cache"]] if x.get("extra_k_cache") is not None else [])
@@ -464,6 +465,13 @@ def _decode_pool(case: Case, x: dict, kv_dtype: str, info: dict):
         ok_e = row_lists(extra, per_token(x.get("extra_topk_length")))
         idx = torch.cat([idx, torch.where(extra >= 0, extra + main_slots, extra)], -1)
         ok = torch.cat([ok, ok_e], -1)
+    return caches, idx, ok
+
+
+def _decode_pool(case: Case, x: dict, kv_dtype: str, info: dict):
+    """The pool, joined index table (T, k + k_extra) and its list mask, and `reads`."""
+
+    caches, idx, ok = decode_lists(x)
     if kv_dtype == "bf16":
         pool = bf16_pool_from_caches(caches, case.d_qk, case.layout)
         info["reads_exact"] = pool.exact
