@@ -51,7 +51,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from dsv4bench.backends import flashinfer_fa3, kernel_files
@@ -68,6 +67,7 @@ from dsv4bench.backends.base import (
     prefill_output,
     resolve_heads,
 )
+from dsv4bench.backends.kernel_files import dist_version as _version
 from dsv4bench.cases.case import Case
 
 ENV_LIB = "DSV4BENCH_FA3_LIB"
@@ -189,29 +189,11 @@ def ops_from_namespace(namespace: str, provider: Provider) -> FA3Ops:
     return FA3Ops(provider, bind(args, ns.fwd.default), tuple(a.name for a in args))
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def _from_vllm() -> FA3Ops | None:
-    import torch
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
+    lib = kernel_files.vllm_op_library("vllm_flash_attn", "_vllm_fa3_C*.so")
+    if lib is None:
         return None
-    # the op library alone: importing vllm.vllm_flash_attn would pull in the engine
-    libs = [
-        p
-        for d in spec.submodule_search_locations or []
-        for p in Path(d, "vllm_flash_attn").glob("_vllm_fa3_C*.so")
-    ]
-    if not libs:
-        raise Unsupported(f"vllm {_version('vllm')} ships no vllm_flash_attn/_vllm_fa3_C")
-    torch.ops.load_library(str(libs[0]))
-    prov = Provider("vllm.vllm_flash_attn", f"vllm {_version('vllm')}", str(libs[0]))
+    prov = Provider("vllm.vllm_flash_attn", f"vllm {_version('vllm')}", str(lib))
     return ops_from_namespace("_vllm_fa3_C", prov)
 
 

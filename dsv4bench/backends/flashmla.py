@@ -23,9 +23,9 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
+from dsv4bench.backends import kernel_files
 from dsv4bench.backends.base import (
     HeadRule,
     LibraryBackend,
@@ -40,6 +40,7 @@ from dsv4bench.backends.base import (
     prefill_output,
     resolve_heads,
 )
+from dsv4bench.backends.kernel_files import dist_version as _version
 from dsv4bench.cases.case import ROUTES, Case
 from dsv4bench.measure import hardware
 
@@ -103,13 +104,6 @@ def ops_from_namespace(namespace: str, provider: Provider) -> KernelOps:
     return KernelOps(provider, decode, prefill, decode_out, prefill_out)
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def _from_flash_mla() -> KernelOps | None:
     if importlib.util.find_spec("flash_mla") is None:
         return None
@@ -130,19 +124,10 @@ def _from_flash_mla() -> KernelOps | None:
 
 
 def _from_vllm() -> KernelOps | None:
-    import torch
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
+    lib = kernel_files.vllm_op_library("", "_flashmla_C*.so")
+    if lib is None:
         return None
-    # load the op library alone: importing vllm would pull in the whole engine
-    libs = [
-        p for d in spec.submodule_search_locations or [] for p in Path(d).glob("_flashmla_C*.so")
-    ]
-    if not libs:
-        raise Unsupported(f"vllm {_version('vllm')} ships no _flashmla_C")
-    torch.ops.load_library(str(libs[0]))
-    prov = Provider("vllm._flashmla_C", f"vllm {_version('vllm')}", str(libs[0]))
+    prov = Provider("vllm._flashmla_C", f"vllm {_version('vllm')}", str(lib))
     return ops_from_namespace("_flashmla_C", prov)
 
 

@@ -4,10 +4,12 @@ call may carry, so it must never land in .kernels/ itself."""
 
 from __future__ import annotations
 
+import importlib.util
 import lzma
 import os
 import shutil
 import tarfile
+from importlib import metadata
 from pathlib import Path
 
 UNPACK_DIR = Path(os.environ.get("DSV4BENCH_UNPACK_DIR", "/tmp/dsv4-kernels"))
@@ -37,3 +39,29 @@ def unpack_tar(path: Path, marker: str) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.replace(dest)
     return dest
+
+
+def dist_version(dist: str) -> str:
+    """An installed distribution's version, or "unknown"."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def vllm_op_library(subdir: str, pattern: str) -> Path | None:
+    """An installed vLLM's op library `vllm/SUBDIR/PATTERN`, loaded into torch.ops without
+    importing vllm (that would pull in the whole engine); None if no vLLM is installed."""
+    import torch
+
+    from dsv4bench.backends.base import Unsupported
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return None
+    libs = [p for d in spec.submodule_search_locations or [] for p in Path(d, subdir).glob(pattern)]
+    if not libs:
+        what = f"{subdir}/{pattern}" if subdir else pattern
+        raise Unsupported(f"vllm {dist_version('vllm')} ships no {what.removesuffix('*.so')}")
+    torch.ops.load_library(str(libs[0]))
+    return libs[0]
