@@ -37,8 +37,11 @@ DEFAULT_CASES = [
 # loop-pipelining
 # variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
 # kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
-WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True)]  # idx_ahead: next block's indices early
-NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True)]
+# (..., gluon, chunk, producer_regs): the Gluon producer/consumer kernel
+GLUON = [(64, 64, 8, 1, False, True, 16, 96), (64, 64, 8, 1, False, True, 32, 96),
+         (64, 64, 8, 1, False, True, 64, 96), (64, 64, 8, 1, False, True, 64, 120)]  # fmt: skip
+WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
+NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]
 WIDE_BF16 = [(64, 64, 8, 2, True)]
 NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True)]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
@@ -155,6 +158,7 @@ def _attention(prefixes, kw) -> None:
             ratio = f"{ref_ms / ms:6.3f}x" if ref_ms else "-"
             print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
                   f"s{cfg.num_stages} ia{int(cfg.idx_ahead)} "
+                  f"{f'gluon c{cfg.chunk} r{cfg.producer_regs} ' if cfg.gluon else ''}"
                   f"splits{launch.info['splits']} {ms:8.4f} ms  flashmla/triton {ratio} "
                   f"cos {cos:.2g}", flush=True)  # fmt: skip
         del x

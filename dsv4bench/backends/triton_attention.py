@@ -43,7 +43,8 @@ CPU_SMS = 4  # the interpreter's "SM count": few programs, yet small cases still
 MAX_SPLITS = 64
 CTAS_SMALL = 3  # CTAs per SM the split planner counts on below BLOCK_H 64
 MIN_SPLIT_BLOCKS = 4  # a split's key blocks (the partial output costs a write and a read)
-INT32_SPAN = 2**31 - 1  # caches from this many bytes need 64-bit offsets (WIDE)
+INT32_SPAN = 2**31 - 1
+GLUON_MAXNREG = 168  # 12 warps x 32 x 168 fill the register file: consumers 200, producer 96  # caches from this many bytes need 64-bit offsets (WIDE)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Config:
     num_warps: int
     num_stages: int
     idx_ahead: bool = False  # the next key block's indices load during this block
+    gluon: bool = False  # FP8 decode in the Gluon producer/consumer kernel (sm90; block 64 x 64)
+    chunk: int = 16  # gluon: keys the producer gathers at a time
+    producer_regs: int = 96  # gluon: registers a producer thread keeps (setmaxnreg)
+    producer_warps: int = 4  # gluon: 4 or 8
 
 
 def config_for(heads: int, layout: str) -> Config:
@@ -382,6 +387,9 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
             per_split)  # fmt: skip
     meta = _meta(x, cfg, splits, exact)
     opts = {} if exact else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.gluon:
+        maxnreg = 65536 // (32 * (8 + cfg.producer_warps)) // 8 * 8  # the register file, shared
+        meta, opts = _gluon_meta(meta, cfg), {"num_warps": 8, "maxnreg": maxnreg}
     combine = None
     if splits > 1:
         c_args = (parts, sink_arg, outs, h, x.s_q, splits)
@@ -395,6 +403,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "num_warps": cfg.num_warps,
         "num_stages": cfg.num_stages,
         "idx_ahead": cfg.idx_ahead,
+        "gluon": cfg.gluon,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -423,13 +432,23 @@ def _meta(x: Inputs, cfg: Config, splits: int, exact: bool) -> dict:
     )
 
 
+def _gluon_meta(meta: dict, cfg: Config) -> dict:
+    """The Gluon kernel's constexprs: the Triton kernel's less its fixed or absent ones."""
+    if meta["LAYOUT"] == LAYOUT_IDS["bf16"] or meta["EXACT"] or (cfg.block_h, cfg.block_n) != (64, 64):
+        raise ValueError(f"the Gluon kernel takes FP8 decode on a GPU with 64 x 64 blocks, not {cfg}")
+    drop = ("BLOCK_H", "BLOCK_N", "EXACT", "IDX_AHEAD", "HAS_MAXL")
+    kept = {k: v for k, v in meta.items() if k not in drop}
+    return kept | {"CHUNK": cfg.chunk, "PRODUCER_WARPS": cfg.producer_warps,
+                   "PRODUCER_REGS": cfg.producer_regs}
+
+
 def launch(plan: AttentionPlan):
     """Launch the planned kernels; (out, lse, max_logits)."""
     if plan.tokens == 0:
         return plan.out, plan.lse, plan.max_logits
     dev = plan.out.device
     interpret = dev.type == "cpu"
-    attn = triton_jit.kernel("attention", "attn", dev)
+    attn = triton_jit.kernel("gluon_attention" if plan.info["gluon"] else "attention", "attn", dev)
     with triton_jit.interpreting(interpret):
         attn[plan.grid](*plan.args, **plan.meta, **plan.opts)
         if plan.combine is not None:

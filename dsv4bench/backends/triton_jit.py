@@ -36,7 +36,11 @@ def kernel(module: str, name: str, device) -> Any:
     if key not in _BUILT:
         load()
         fn = importlib.import_module(f"dsv4bench.backends.triton_src.{module}").KERNELS[name]
-        if interpret:
+        if hasattr(fn, "is_gluon"):  # already a GluonJITFunction: compiled only
+            if interpret:
+                raise Unsupported(f"{module}.{name} is a Gluon kernel: it needs an sm90 GPU")
+            _BUILT[key] = fn
+        elif interpret:
             from triton.runtime.interpreter import InterpretedFunction
 
             _BUILT[key] = InterpretedFunction(fn)

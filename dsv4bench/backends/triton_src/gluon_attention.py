@@ -1,0 +1,318 @@
+"""The FP8 decode kernel in FlashMLA's schedule, written in Gluon (Triton 3.6, sm90 only).
+
+One program takes 64 heads of one query token and a range of its 64-key blocks, like the
+Triton kernel (attention.py: same descriptors, key list, masking, split-KV partials and final
+store), but its warps split the work: a producer warpgroup gathers the next block's FP8 bytes,
+dequantizes them and writes bf16 keys into one of two shared-memory buffers, while two consumer
+warpgroups run QK (each 32 of the 64 keys), the online softmax and PV (each 256 of the 512
+output columns) on the other buffer with asynchronous wgmma. mbarriers hand the buffers over
+(full: keys written; empty: both consumers done reading). The plain Triton kernel cannot
+express this overlap: its dequantization, both dots and the softmax are one serial chain per
+warp (results/sm90/triton-speed-h100/NOTES.md).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from dsv4bench.backends.triton_src import layout as L
+
+V32 = gl.constexpr(L.LAYOUT_IDS["v32"])
+D_V = gl.constexpr(L.D_V)
+ROPE = gl.constexpr(L.ROPE)
+V32_TILES = gl.constexpr(L.V32_TILES)
+V32_TILE = gl.constexpr(L.V32_TILE)
+V32_SCALES_AT = gl.constexpr(L.V32_SCALES_AT)
+V32_ROPE_AT = gl.constexpr(L.V32_ROPE_AT)
+V4_TILES = gl.constexpr(L.V4_TILES)
+V4_TILE = gl.constexpr(L.V4_TILE)
+V4_DATA = gl.constexpr(L.V4_DATA_BYTES)
+V4_SCALE = gl.constexpr(L.V4_SCALE_BYTES)
+V4_ROPE_AT = gl.constexpr(L.V4_ROPE_AT)
+BLOCK_H = gl.constexpr(64)
+BLOCK_N = gl.constexpr(64)
+LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(1.4426950408889634)
+
+# consumers (8 warps): S = Q K^T split by keys, O split by output columns, one warpgroup each
+S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, 32, 16]))  # fmt: skip
+O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, 256, 16]))  # fmt: skip
+P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2))
+Q_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0]))
+
+
+@gluon.jit
+def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
+                blocks_per_split, LAYOUT: gl.constexpr, P: gl.constexpr,
+                HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
+                HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+                WIDE: gl.constexpr, CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
+                PRODUCER_REGS: gl.constexpr):  # fmt: skip
+    """Arguments as triton_src/attention.py's attn_kernel (BLOCK_H = BLOCK_N = 64)."""
+    hb = gl.program_id(0)
+    split = gl.program_id(1)
+    t = gl.program_id(2).to(gl.int64)
+    main_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
+    tail_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.bfloat16)
+    q_main, q_tail = _load_q(q, t, hb, H, HAS_TAIL)
+    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], main_sl, q_main)
+    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, ROPE], tail_sl, q_tail)
+    k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
+    k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(full.index(b), count=1)
+        mbarrier.init(empty.index(b), count=1)
+    fence_async_shared()  # q's generic stores before the consumers' wgmma reads
+    gl.thread_barrier()
+
+    length = _length(cache, t, LENS_DIV, HAS_LENS)
+    main_blocks = (length + BLOCK_N - 1) // BLOCK_N
+    total = main_blocks
+    x_length = length * 0
+    if NPARTS == 2:
+        x_length = _length(x_cache, t, LENS_DIV, HAS_X_LENS)
+        total += (x_length + BLOCK_N - 1) // BLOCK_N
+    start = split * blocks_per_split
+    stop = gl.minimum(start + blocks_per_split, total)
+    keys = (t, main_blocks, length, x_length, start, stop)
+    acc, m_i, l_i = gl.warp_specialize(
+        [
+            (_consume, (q_main_s, q_tail_s, k_main_s, k_tail_s, full, empty, cache, x_cache,
+                        keys, scale2, HAS_TAIL, NPARTS)),  # fmt: skip
+            (_produce, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT, P,
+                        HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS)),  # fmt: skip
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGS],
+    )
+    _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, SPLIT)
+
+
+@gluon.jit
+def _load_q(q, t, hb, H, HAS_TAIL: gl.constexpr):
+    """The program's 64 heads of token t: (q[:, :512], q[:, 512:576] or zeros) in registers."""
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, Q_ROWS))
+    hmask = heads < H
+    c = gl.arange(0, D_V, gl.SliceLayout(0, Q_ROWS))
+    row = q.ptr + t * q.st + heads[:, None] * q.sh
+    q_main = gl.load(row + c[None, :], mask=hmask[:, None], other=0.0)
+    r = gl.arange(0, ROPE, gl.SliceLayout(0, Q_ROWS))
+    tail_mask = hmask[:, None] & (r[None, :] < ROPE * HAS_TAIL)
+    q_tail = gl.load(row + D_V + r[None, :], mask=tail_mask, other=0.0)
+    return q_main, q_tail
+
+
+@gluon.jit
+def _length(cache, t, LENS_DIV, HAS_LENS: gl.constexpr):
+    n = cache.width + t.to(gl.int32) * 0
+    if HAS_LENS:
+        n = gl.minimum(gl.load(cache.lens + t // LENS_DIV), cache.width)
+    return n
+
+
+@gluon.jit
+def _block_keys(i, keys, cache, x_cache, k, NPARTS: gl.constexpr):
+    """Entry i of the joined key-block list at key offsets k (a tensor): (indices, -1 where
+    masked; the number of slots of the cache they index)."""
+    t, main_blocks, length, x_length, start, stop = keys
+    blk = i
+    idx_row = cache.idx + t * cache.width
+    slots = cache.slots
+    if NPARTS == 2:
+        is_x = i >= main_blocks
+        blk = gl.where(is_x, i - main_blocks, i)
+        idx_row = gl.where(is_x, x_cache.idx + t * x_cache.width, idx_row)
+        length = gl.where(is_x, x_length, length)
+        slots = gl.where(is_x, x_cache.slots, slots)
+    kk = blk * BLOCK_N + k
+    idx = gl.load(idx_row + kk, mask=kk < length, other=-1)
+    return idx, slots
+
+
+@gluon.jit
+def _consume(q_main_s, q_tail_s, k_main_s, k_tail_s, full, empty, cache, x_cache, keys, scale2,
+             HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr):  # fmt: skip
+    """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
+    fills; (acc [64, 512] unnormalized, m_i, l_i)."""
+    start = keys[4]
+    stop = keys[5]
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.full([BLOCK_H], 0.0, gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, O_LAYOUT)
+    s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_LAYOUT)
+    k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
+    for i in range(start, stop):
+        n = i - start
+        buf = n % 2
+        idx, slots = _block_keys(i, keys, cache, x_cache, k_cols, NPARTS)
+        valid = (idx >= 0) & (idx < slots)
+        mbarrier.wait(full.index(buf), (n // 2) & 1)
+        kb = k_main_s.index(buf)
+        s = warpgroup_mma(q_main_s, kb.permute((1, 0)), s0, use_acc=False, is_async=True)
+        if HAS_TAIL:
+            s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        s = gl.where(valid[None, :], s * scale2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        acc = warpgroup_mma(p_op, kb, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(buf), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _produce(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT: gl.constexpr,
+             P: gl.constexpr, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
+             WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
+    the free buffer, CHUNK keys at a time, a key's 16-byte pieces across a warp."""
+    start = keys[4]
+    stop = keys[5]
+    main_blocks = keys[1]
+    for i in range(start, stop):
+        n = i - start
+        buf = n % 2
+        u8, u16, f32, s0, s1 = cache.u8, cache.u16, cache.f32, cache.s0, cache.s1
+        if NPARTS == 2:
+            is_x = i >= main_blocks
+            u8 = gl.where(is_x, x_cache.u8, u8)
+            u16 = gl.where(is_x, x_cache.u16, u16)
+            f32 = gl.where(is_x, x_cache.f32, f32)
+            s0 = gl.where(is_x, x_cache.s0, s0)
+            s1 = gl.where(is_x, x_cache.s1, s1)
+        mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
+        kb = k_main_s.index(buf)
+        tb = k_tail_s.index(buf)
+        for c in gl.static_range(BLOCK_N // CHUNK):
+            if LAYOUT == V32:
+                _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P,
+                           HAS_TAIL, NPARTS, WIDE, CHUNK, PW)  # fmt: skip
+            else:
+                _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P, NPARTS, WIDE, CHUNK,
+                          PW)  # fmt: skip
+        fence_async_shared()
+        mbarrier.arrive(full.index(buf), count=1)
+
+
+@gluon.jit
+def _slots(i, c, keys, cache, x_cache, lay: gl.constexpr, NPARTS: gl.constexpr,
+           WIDE: gl.constexpr, CHUNK: gl.constexpr):  # fmt: skip
+    """(valid, slot) of the chunk's keys, in layout lay; masked keys read slot 0."""
+    k = c * CHUNK + gl.arange(0, CHUNK, lay)
+    idx, slots = _block_keys(i, keys, cache, x_cache, k, NPARTS)
+    if WIDE:
+        idx = idx.to(gl.int64)
+    valid = (idx >= 0) & (idx < slots)
+    return valid, gl.where(valid, idx, 0)
+
+
+@gluon.jit
+def _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P: gl.constexpr,
+               HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, WIDE: gl.constexpr,
+               CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """V3.2 records: 4 tiles of 128 e4m3 x fp32 scale -> kb rows; the bf16 rope -> tb rows."""
+    V32_GATHER: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 4, 8], [PW, 1, 1], [2, 1, 0])
+    ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+    key_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, V32_GATHER))
+    valid, slot = _slots(i, c, keys, cache, x_cache, key_l, NPARTS, WIDE, CHUNK)
+    rec = (slot // P) * s0 + (slot % P) * s1
+    g = gl.arange(0, V32_TILES, gl.SliceLayout(0, gl.SliceLayout(2, V32_GATHER)))
+    col = gl.arange(0, V32_TILE, gl.SliceLayout(0, gl.SliceLayout(1, V32_GATHER)))
+    at = rec[:, None, None] + (g[None, :, None] * V32_TILE + col[None, None, :])
+    raw = gl.load(u8 + at, mask=valid[:, None, None], other=0)
+    scale = gl.load(f32 + (rec[:, None] + V32_SCALES_AT) // 4 + g[None, :], mask=valid[:, None],
+                    other=0.0)  # fmt: skip
+    x = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, :, None]
+    k = gl.reshape(x.to(gl.bfloat16), [CHUNK, D_V])
+    kb.slice(c * CHUNK, CHUNK).store(k)
+    if HAS_TAIL:
+        valid_r, slot_r = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, ROPE_ROWS), NPARTS,
+                                 WIDE, CHUNK)  # fmt: skip
+        rec_r = (slot_r // P) * s0 + (slot_r % P) * s1
+        r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
+        rope = gl.load(u16 + (rec_r[:, None] + V32_ROPE_AT) // 2 + r[None, :],
+                       mask=valid_r[:, None], other=0)  # fmt: skip
+        tb.slice(c * CHUNK, CHUNK).store(rope.to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P: gl.constexpr,
+              NPARTS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
+              PW: gl.constexpr):  # fmt: skip
+    """V4 pages: 7 tiles of 64 e4m3 x 2^(ue8m0 - 127) -> kb rows, columns 0..447; the 64 bf16
+    rope -> columns 448..511, written after them (the first store leaves zeros there)."""
+    V4_GATHER: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [PW, 1, 1], [2, 1, 0])
+    ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+    key_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, V4_GATHER))
+    valid, slot = _slots(i, c, keys, cache, x_cache, key_l, NPARTS, WIDE, CHUNK)
+    page = (slot // P) * s0
+    data = page + (slot % P) * V4_DATA
+    scl = page + P * V4_DATA + (slot % P) * V4_SCALE
+    g = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(2, V4_GATHER)))
+    col = gl.arange(0, V4_TILE, gl.SliceLayout(0, gl.SliceLayout(1, V4_GATHER)))
+    is_nope = g[None, :, None] < V4_TILES
+    raw = gl.load(u8 + data[:, None, None] + (g[None, :, None] * V4_TILE + col[None, None, :]),
+                  mask=valid[:, None, None] & is_nope, other=0)  # fmt: skip
+    sb = gl.load(u8 + scl[:, None] + g[None, :], mask=valid[:, None], other=127).to(gl.uint32)
+    sc = gl.where(sb == 0, 0x400000, sb << 23).to(gl.float32, bitcast=True)
+    deq = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+    valid_r, slot_r = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, ROPE_ROWS), NPARTS,
+                             WIDE, CHUNK)  # fmt: skip
+    data_r = (slot_r // P) * s0 + (slot_r % P) * V4_DATA
+    r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
+    rope = gl.load(u16 + (data_r[:, None] + V4_ROPE_AT) // 2 + r[None, :], mask=valid_r[:, None],
+                   other=0)  # fmt: skip
+    rows = kb.slice(c * CHUNK, CHUNK)
+    rows.store(gl.reshape(deq.to(gl.bfloat16), [CHUNK, D_V]))
+    gl.thread_barrier()  # the rope overwrites the zeros of tile 7 stored by other threads
+    rows.slice(V4_ROPE_AT, ROPE, dim=1).store(rope.to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK: gl.constexpr,
+           SPLIT: gl.constexpr):  # fmt: skip
+    """Normalize; write the split's fp32 partial and base-2 lse, or the final bf16 output with
+    the sink applied and the natural-log lse."""
+    row_l: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    m_i = gl.convert_layout(m_i, row_l)
+    l_i = gl.convert_layout(l_i, row_l)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, row_l)
+    hmask = heads < H
+    c = gl.arange(0, D_V, gl.SliceLayout(0, O_LAYOUT))
+    has_key = l_i > 0.0
+    o = acc / gl.where(has_key, l_i, 1.0)[:, None]
+    lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+    if SPLIT:
+        at = (t * gl.num_programs(1) + split) * H + heads
+        gl.store(parts.o + at[:, None] * D_V + c[None, :], o, mask=hmask[:, None])
+        gl.store(parts.lse + at, lse2, mask=hmask)
+    else:
+        if HAS_SINK:
+            sink2 = gl.load(sink_ptr + heads, mask=hmask, other=float("-inf")) * LOG2E
+            o = o / gl.where(has_key, 1.0 + gl.exp2(sink2 - lse2), 1.0)[:, None]
+        o_ptrs = outs.out + t * outs.st + heads[:, None] * outs.sh + c[None, :]
+        gl.store(o_ptrs, o.to(gl.bfloat16), mask=hmask[:, None])
+        lse = gl.where(has_key, lse2 * LN2, float("inf"))
+        lse_at = (t // S_Q) * outs.lse_sb + (t % S_Q) * outs.lse_ss + heads * outs.lse_sh
+        gl.store(outs.lse + lse_at, lse, mask=hmask)
+
+
+KERNELS = {"attn": attn_kernel}
