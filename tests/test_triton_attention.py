@@ -83,6 +83,12 @@ SMALL_32 = ta.Config(16, 32, 4, 2, idx_ahead=True)  # 16 heads, 32-key blocks, i
     ],
 )
 def test_decode_matches_oracle(layout, page_size, heads, topk, splits, config):
+    _decode_check(layout, page_size, heads, topk, splits, config, "cpu")
+
+
+def _decode_check(layout, page_size, heads, topk, splits, config, device):
+    """Decode with topk_length, -1 indices, poisoned unused slots and (V4) a sink and an extra
+    cache, on `device`, against the oracle on the CPU."""
     b, s_q = 2, 2
     d = 576 if layout == "v32" else 512
     cache = _cache(layout, 2 * page_size, page_size, seed=topk)
@@ -105,10 +111,18 @@ def test_decode_matches_oracle(layout, page_size, heads, topk, splits, config):
         )
     scale = d**-0.5
     out, lse = attention.sparse_mla_decode(q, cache, idx, scale, **kw)
-    tri_kw = {("extra_kv" if k == "extra_k_cache" else k): v for k, v in kw.items()}
+    tri_kw = {("extra_kv" if k == "extra_k_cache" else k): v.to(device) for k, v in kw.items()}
     t_out, t_lse = ta.sparse_decode(
-        q, cache, idx, scale, layout=layout, splits=splits, config=config, **tri_kw
+        q.to(device),
+        cache.to(device),
+        idx.to(device),
+        scale,
+        layout=layout,
+        splits=splits,
+        config=config,
+        **tri_kw,
     )
+    t_out, t_lse = t_out.cpu(), t_lse.cpu()
     assert t_out.dtype == torch.bfloat16 and t_out.shape == (b, s_q, heads, 512)
     assert t_lse.dtype == torch.float32 and t_lse.shape == (b, heads, s_q)
     _assert_close(Output(out, lse), Output(t_out, t_lse), DECODE_TOL)
@@ -255,6 +269,21 @@ GPU_CASES = [
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=16, layout="v32", topk=2048,
          context_len=4096, tokens=256, route="decode-mixed"),
 ]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 70, 3), ("v4", 8, 2),
+                                                 ("v4", 128, None)])  # fmt: skip
+@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
+    """The Gluon producer/consumer kernel and the Triton kernel, compiled, at the CPU test's
+    contract (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
+    gluon = kernel == "gluon"
+    config = ta.config_for(heads, layout, gluon=gluon)
+    if gluon and not config.gluon:
+        pytest.skip(f"config_for picks no Gluon kernel for {layout}")
+    _decode_check(layout, 64, heads, 200, splits, config, "cuda")
 
 
 @pytest.mark.gpu

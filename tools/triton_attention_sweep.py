@@ -38,12 +38,13 @@ DEFAULT_CASES = [
 # variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
 # kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
 # (..., gluon, chunk, producer_regs): the Gluon producer/consumer kernel
-GLUON = [(64, 64, 8, 1, False, True, 16, 96), (64, 64, 8, 1, False, True, 32, 96),
-         (64, 64, 8, 1, False, True, 64, 96), (64, 64, 8, 1, False, True, 64, 120)]  # fmt: skip
+GLUON = [(64, 64, 8, 1, False, True, 32, 96), (64, 64, 8, 1, False, True, 64, 120)]
+GLUON_BF16 = [(64, 64, 8, 1, False, True, 16, 96), (64, 64, 8, 1, False, True, 64, 56),
+              (64, 64, 8, 1, False, True, 64, 96)]  # fmt: skip
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
 NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]
-WIDE_BF16 = [(64, 64, 8, 2, True)]
-NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True)]
+WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
+NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True), *GLUON_BF16]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
@@ -60,7 +61,7 @@ INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768
 PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
 
 
-def _configs(heads: int, layout: str):
+def _configs(heads: int, layout: str, d_qk: int):
     """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
     from dsv4bench.backends.triton_attention import Config, config_for
 
@@ -68,8 +69,10 @@ def _configs(heads: int, layout: str):
         table = WIDE_BF16 if heads >= 64 else NARROW_BF16
     else:
         table = WIDE_FP8 if heads >= 64 else NARROW_FP8
-    default = config_for(heads, layout)
-    return [(default, None)] + [(Config(*x), None) for x in table if Config(*x) != default]
+    default = config_for(heads, layout, True, d_qk)
+    old = config_for(heads, layout)  # the Triton kernel's shape
+    rest = [c for c in [old] + [Config(*x) for x in table] if c != default]
+    return [(default, None)] + [(c, None) for c in dict.fromkeys(rest)]
 
 
 def _layout(case) -> str:
@@ -117,7 +120,7 @@ def _compile(args):
 
     case = _cases([prefix])[0]
     x = inputs.make_inputs(case, "cuda")
-    cfg, splits = _configs(case.num_heads, _layout(case))[index]
+    cfg, splits = _configs(case.num_heads, _layout(case), case.d_qk)[index]
     try:
         _launch(case, x, cfg, splits).run()
         torch.cuda.synchronize()
@@ -143,7 +146,7 @@ def _attention(prefixes, kw) -> None:
         except Exception as e:
             print(f"{case.case_id:58s} flashmla failed: {type(e).__name__}: {e}", flush=True)
         want = None  # the shipped default's output: every variant is compared with it
-        for cfg, splits in _configs(case.num_heads, _layout(case)):
+        for cfg, splits in _configs(case.num_heads, _layout(case), case.d_qk):
             try:
                 launch = _launch(case, x, cfg, splits)
                 ms = timing.measure(launch.run, **kw)["median_ms"]
@@ -291,7 +294,7 @@ def main() -> int:
     if not a.no_attention:
         cases = _cases(a.prefixes)
         work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
-                for i in range(len(_configs(c.num_heads, _layout(c))))]  # fmt: skip
+                for i in range(len(_configs(c.num_heads, _layout(c), c.d_qk)))]  # fmt: skip
         with mp.get_context("spawn").Pool(a.jobs) as pool:
             for err in pool.imap_unordered(_compile, work):
                 if err:

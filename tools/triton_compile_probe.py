@@ -1,6 +1,7 @@
-"""Compile the Triton attention kernel for sm90 on a machine without a GPU and print what the
-compiler reports (registers, spills, shared memory, whether the key loop's loads became async
-copies), for launch shapes worth timing. Costs no device time:
+"""Compile the attention kernels (Triton, and the Gluon producer/consumer kernel) for sm90 on a
+machine without a GPU and print what the compiler reports (registers, spills, shared memory,
+whether the key loop's loads became async copies, the registers each Gluon partition is
+given), for launch shapes worth timing. Costs no device time:
 
     python3 tools/triton_compile_probe.py [--keep DIR]
 """
@@ -77,26 +78,46 @@ def _ptxas(ptx: str) -> tuple[str, str]:
     return (regs.group(1) if regs else "?", f"{spill.group(1)}/{spill.group(2)}" if spill else "?")
 
 
-def compile_report(plan, keep: str | None = None) -> str:
-    """Compile the plan's attention kernel for sm90 (no GPU needed) and summarize it."""
+def compile_sm90(plan, gluon=None):
+    """The plan's attention kernel compiled for sm90 (no GPU needed): Triton's CompiledKernel.
+    With gluon (a Config with gluon=True) the Gluon kernel at that config, else the plan's."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
-    from dsv4bench.backends.triton_src import attention
-
-    fn = JITFunction(attention.KERNELS["attn"])
     meta = dict(plan.meta, EXACT=False)
+    opts = {"num_warps": plan.info["num_warps"], "num_stages": plan.info["num_stages"]}
+    if gluon is not None:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from dsv4bench.backends.triton_src import gluon_attention
+
+        fn, make = gluon_attention.KERNELS["attn"], GluonASTSource
+        meta = ta._gluon_meta(meta, gluon)
+        opts = {"num_warps": 8, "maxnreg": ta.gluon_maxnreg()}
+    else:
+        from dsv4bench.backends.triton_src import attention
+
+        fn, make = JITFunction(attention.KERNELS["attn"]), ASTSource
     sig = {name: _sig(a) for name, a in zip(fn.arg_names, plan.args, strict=False)}
     sig |= {name: "constexpr" for name in meta}
     attrs: dict = {}
     for i, a in enumerate(plan.args):
         _attrs(a, (i,), attrs)
-    src = ASTSource(fn, sig, constexprs=meta, attrs=attrs)
+    src = make(fn, sig, constexprs=meta, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def partition_regs(ptx: str) -> list[int]:
+    """The register counts a warp-specialized kernel's partitions set (setmaxnreg), in order."""
+    return [int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)]
+
+
+def compile_report(plan, keep: str | None = None, gluon=None) -> str:
+    """Compile the plan's attention kernel for sm90 (no GPU needed) and summarize it."""
+    k = compile_sm90(plan, gluon)
     info = plan.info
-    opts = {"num_warps": info["num_warps"], "num_stages": info["num_stages"]}
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
     asyncs = len(re.findall(r"async_copy_global_to_local", ttgir))
     wgmma = len(re.findall(r"wgmma.mma_async", ptx))
@@ -107,8 +128,9 @@ def compile_report(plan, keep: str | None = None) -> str:
         )
         with open(tag + ".ttgir", "w") as f:
             f.write(ttgir)
+    ws = f" partitions' regs {sorted(set(partition_regs(ptx)))}" if gluon is not None else ""
     return (f"regs {regs} spill {spills} shared {k.metadata.shared} "
-            f"async_copies {asyncs} wgmma {wgmma}")  # fmt: skip
+            f"async_copies {asyncs} wgmma {wgmma}{ws}")  # fmt: skip
 
 
 def main() -> int:
@@ -124,9 +146,13 @@ def main() -> int:
         ("bf16", 32, "prefill", False, [C(32, 64, 4, 2)]),
     ]
     for layout, heads, op, extra, cfgs in shapes:
-        for cfg in cfgs:
+        d_qk = 512 if layout in ("v4", "bf16") else 576
+        gluon = ta.config_for(heads, "bf16" if op == "prefill" else layout, True, d_qk)
+        for cfg in cfgs + ([gluon] if gluon.gluon else []):
             try:
-                rep = compile_report(_plan(layout, heads, cfg, op, extra), a.keep)
+                base = ta.Config(64, 64, 8, 1) if cfg.gluon else cfg
+                plan = _plan(layout, heads, base, op, extra)
+                rep = compile_report(plan, a.keep, cfg if cfg.gluon else None)
             except Exception as e:
                 rep = f"failed {type(e).__name__}: {str(e)[:300]}"
             print(f"{op} {layout} h{heads} {cfg}: {rep}", flush=True)

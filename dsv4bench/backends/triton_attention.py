@@ -43,8 +43,8 @@ CPU_SMS = 4  # the interpreter's "SM count": few programs, yet small cases still
 MAX_SPLITS = 64
 CTAS_SMALL = 3  # CTAs per SM the split planner counts on below BLOCK_H 64
 MIN_SPLIT_BLOCKS = 4  # a split's key blocks (the partial output costs a write and a read)
-INT32_SPAN = 2**31 - 1
-GLUON_MAXNREG = 168  # 12 warps x 32 x 168 fill the register file: consumers 200, producer 96  # caches from this many bytes need 64-bit offsets (WIDE)
+INT32_SPAN = 2**31 - 1  # caches from this many bytes need 64-bit offsets (WIDE)
+GLUON_PRODUCER_WARPS = 4  # 8 would leave the consumers' wgmma too few registers (ptxas refuses)
 
 
 @dataclass(frozen=True)
@@ -59,20 +59,32 @@ class Config:
     gluon: bool = False  # FP8 decode in the Gluon producer/consumer kernel (sm90; block 64 x 64)
     chunk: int = 16  # gluon: keys the producer gathers at a time
     producer_regs: int = 96  # gluon: registers a producer thread keeps (setmaxnreg)
-    producer_warps: int = 4  # gluon: 4 or 8
 
 
-def config_for(heads: int, layout: str) -> Config:
+def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
     """The launch shape, from the H100 sweeps (tools/triton_attention_sweep.py; sweep*.txt in
-    results/sm90/triton-*). BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H
-    16/32) by enough that padding a few heads to 64 pays off where the keys cost most to read:
-    the V3.2 cache at any head count and the V4 cache above 16 heads. The bf16 rows of sparse
-    prefill take BLOCK_H 16/32 up to 32 heads. Loading the next block's indices early
-    (idx_ahead) wins on the V4 cache at BLOCK_H 64 (5-9%) and on the bf16 rows from 16 heads
-    (up to 12%); it loses on V3.2's cache (5%) and on 8-head prefill (20%). Pipelining the key
-    loop on the FP8 caches (tl.range(num_stages=2..4), 16/32-key blocks) measured slower
-    everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
+    results/sm90/triton-*).
+
+    With `gluon` (a GPU whose Triton has Gluon) the producer/consumer kernel takes the FP8
+    caches at every head count (1.3-1.5x the Triton kernel's speed) and the bf16 rows of
+    sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
+    time (more loads in flight; V4's larger footprint spills at 64). Below that the Triton
+    kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H 16/32) by enough
+    that padding a few heads to 64 pays off where the keys cost most to read (the V3.2 cache
+    at any head count, the V4 cache above 16 heads); prefill's bf16 rows take BLOCK_H 16/32 up
+    to 32 heads. Loading the next block's indices early (idx_ahead) wins on the V4 cache at
+    BLOCK_H 64 (5-9%) and on the bf16 rows from 16 heads (up to 12%); it loses on V3.2's
+    cache (5%) and on 8-head prefill (20%). Pipelining the Triton kernel's key loop
+    (tl.range(num_stages=2..4)) measured slower everywhere
+    (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
+    if gluon and layout == "v32":
+        return Config(64, 64, 8, 1, gluon=True, chunk=64, producer_regs=120)
+    if gluon and layout == "v4":
+        return Config(64, 64, 8, 1, gluon=True, chunk=32, producer_regs=96)
+    if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
+        return Config(64, 64, 8, 1, gluon=True, chunk=64 if d_qk == 576 else 16,
+                      producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
@@ -369,7 +381,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     x = _inputs(q, kv, indices, layout, op, kw)
     dev = q.device
     tokens, h, exact = x.b * x.s_q, x.heads, dev.type == "cpu"
-    cfg = config or config_for(h, layout)
+    cfg = config or config_for(h, layout, not exact and triton_jit.has_gluon(), x.d_qk)
     blocks = _cdiv(x.cache.width, cfg.block_n)
     if x.extra is not None:
         blocks += _cdiv(x.extra.width, cfg.block_n)
@@ -388,8 +400,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     meta = _meta(x, cfg, splits, exact)
     opts = {} if exact else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.gluon:
-        maxnreg = 65536 // (32 * (8 + cfg.producer_warps)) // 8 * 8  # the register file, shared
-        meta, opts = _gluon_meta(meta, cfg), {"num_warps": 8, "maxnreg": maxnreg}
+        meta, opts = _gluon_meta(meta, cfg), {"num_warps": 8, "maxnreg": gluon_maxnreg()}
     combine = None
     if splits > 1:
         c_args = (parts, sink_arg, outs, h, x.s_q, splits)
@@ -432,14 +443,23 @@ def _meta(x: Inputs, cfg: Config, splits: int, exact: bool) -> dict:
     )
 
 
+def gluon_maxnreg() -> int:
+    """The Gluon kernel's registers a thread at launch: 8 consumer + 4 producer warps share the
+    register file (setmaxnreg then moves them: producer_regs, consumers the rest)."""
+    return 65536 // (32 * (8 + GLUON_PRODUCER_WARPS)) // 8 * 8
+
+
 def _gluon_meta(meta: dict, cfg: Config) -> dict:
     """The Gluon kernel's constexprs: the Triton kernel's less its fixed or absent ones."""
-    if meta["LAYOUT"] == LAYOUT_IDS["bf16"] or meta["EXACT"] or (cfg.block_h, cfg.block_n) != (64, 64):
-        raise ValueError(f"the Gluon kernel takes FP8 decode on a GPU with 64 x 64 blocks, not {cfg}")
-    drop = ("BLOCK_H", "BLOCK_N", "EXACT", "IDX_AHEAD", "HAS_MAXL")
+    if meta["EXACT"] or (cfg.block_h, cfg.block_n) != (64, 64):
+        raise ValueError(f"the Gluon kernel runs on a GPU with 64 x 64 blocks, not {cfg}")
+    drop = ("BLOCK_H", "BLOCK_N", "EXACT", "IDX_AHEAD")
     kept = {k: v for k, v in meta.items() if k not in drop}
-    return kept | {"CHUNK": cfg.chunk, "PRODUCER_WARPS": cfg.producer_warps,
-                   "PRODUCER_REGS": cfg.producer_regs}
+    return kept | {
+        "CHUNK": cfg.chunk,
+        "PRODUCER_WARPS": GLUON_PRODUCER_WARPS,
+        "PRODUCER_REGS": cfg.producer_regs,
+    }
 
 
 def launch(plan: AttentionPlan):

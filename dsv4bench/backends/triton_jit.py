@@ -28,6 +28,16 @@ def load():
     return triton
 
 
+def has_gluon() -> bool:
+    """Whether this Triton has Gluon's Hopper ops (Triton 3.5+): the producer/consumer
+    attention kernel needs them."""
+    try:
+        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def kernel(module: str, name: str, device) -> Any:
     """triton_src.<module>.KERNELS[name], compiled for a GPU tensor's device or interpreted for
     a CPU tensor's; built once."""

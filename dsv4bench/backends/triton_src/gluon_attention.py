@@ -16,6 +16,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
@@ -24,6 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from dsv4bench.backends.triton_src import layout as L
 
+BF16 = gl.constexpr(L.LAYOUT_IDS["bf16"])
 V32 = gl.constexpr(L.LAYOUT_IDS["v32"])
 D_V = gl.constexpr(L.D_V)
 ROPE = gl.constexpr(L.ROPE)
@@ -54,7 +56,8 @@ Q_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0]))
 def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                 blocks_per_split, LAYOUT: gl.constexpr, P: gl.constexpr,
                 HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
-                HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+                HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
+                SPLIT: gl.constexpr,
                 WIDE: gl.constexpr, CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                 PRODUCER_REGS: gl.constexpr):  # fmt: skip
     """Arguments as triton_src/attention.py's attn_kernel (BLOCK_H = BLOCK_N = 64)."""
@@ -88,15 +91,47 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     keys = (t, main_blocks, length, x_length, start, stop)
     acc, m_i, l_i = gl.warp_specialize(
         [
-            (_consume, (q_main_s, q_tail_s, k_main_s, k_tail_s, full, empty, cache, x_cache,
-                        keys, scale2, HAS_TAIL, NPARTS)),  # fmt: skip
-            (_produce, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT, P,
-                        HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS)),  # fmt: skip
+            (
+                _consume,
+                (
+                    q_main_s,
+                    q_tail_s,
+                    k_main_s,
+                    k_tail_s,
+                    full,
+                    empty,
+                    cache,
+                    x_cache,
+                    keys,
+                    scale2,
+                    HAS_TAIL,
+                    NPARTS,
+                ),
+            ),  # fmt: skip
+            (
+                _produce,
+                (
+                    k_main_s,
+                    k_tail_s,
+                    full,
+                    empty,
+                    cache,
+                    x_cache,
+                    keys,
+                    LAYOUT,
+                    P,
+                    HAS_TAIL,
+                    NPARTS,
+                    WIDE,
+                    CHUNK,
+                    PRODUCER_WARPS,
+                ),
+            ),  # fmt: skip
         ],
         [PRODUCER_WARPS],
         [PRODUCER_REGS],
     )
-    _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, SPLIT)
+    _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL, SPLIT)
 
 
 @gluon.jit
@@ -202,12 +237,17 @@ def _produce(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT: gl.c
         kb = k_main_s.index(buf)
         tb = k_tail_s.index(buf)
         for c in gl.static_range(BLOCK_N // CHUNK):
-            if LAYOUT == V32:
+            if LAYOUT == BF16:
+                _bf16_chunk(i, c, keys, cache, x_cache, kb, tb, HAS_TAIL, NPARTS, CHUNK, PW)
+            elif LAYOUT == V32:
                 _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P,
                            HAS_TAIL, NPARTS, WIDE, CHUNK, PW)  # fmt: skip
             else:
                 _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P, NPARTS, WIDE, CHUNK,
                           PW)  # fmt: skip
+        if LAYOUT == BF16:
+            async_copy.commit_group()
+            async_copy.wait_group(0)
         fence_async_shared()
         mbarrier.arrive(full.index(buf), count=1)
 
@@ -222,6 +262,28 @@ def _slots(i, c, keys, cache, x_cache, lay: gl.constexpr, NPARTS: gl.constexpr,
         idx = idx.to(gl.int64)
     valid = (idx >= 0) & (idx < slots)
     return valid, gl.where(valid, idx, 0)
+
+
+@gluon.jit
+def _bf16_chunk(i, c, keys, cache, x_cache, kb, tb, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
+                CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """Sparse prefill's bf16 rows: copied as they are (cp.async, 16 bytes a thread; masked
+    rows are zero-filled) into kb rows and, for d_qk 576, the last 64 columns into tb rows."""
+    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
+    valid, slot = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, ROWS), NPARTS, False,
+                         CHUNK)  # fmt: skip
+    col = gl.arange(0, D_V, gl.SliceLayout(0, ROWS))
+    rows = cache.u8 + slot[:, None] * cache.s0
+    async_copy.async_copy_global_to_shared(kb.slice(c * CHUNK, CHUNK), rows + col[None, :],
+                                           mask=valid[:, None])  # fmt: skip
+    if HAS_TAIL:
+        TAIL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+        valid_t, slot_t = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, TAIL), NPARTS,
+                                 False, CHUNK)  # fmt: skip
+        r = gl.arange(0, ROPE, gl.SliceLayout(0, TAIL))
+        tail = cache.u8 + slot_t[:, None] * cache.s0 + D_V + r[None, :]
+        async_copy.async_copy_global_to_shared(tb.slice(c * CHUNK, CHUNK), tail,
+                                               mask=valid_t[:, None])  # fmt: skip
 
 
 @gluon.jit
@@ -288,7 +350,7 @@ def _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P: gl.constexpr,
 
 @gluon.jit
 def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK: gl.constexpr,
-           SPLIT: gl.constexpr):  # fmt: skip
+           HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
     """Normalize; write the split's fp32 partial and base-2 lse, or the final bf16 output with
     the sink applied and the natural-log lse."""
     row_l: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
@@ -313,6 +375,8 @@ def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK:
         lse = gl.where(has_key, lse2 * LN2, float("inf"))
         lse_at = (t // S_Q) * outs.lse_sb + (t % S_Q) * outs.lse_ss + heads * outs.lse_sh
         gl.store(outs.lse + lse_at, lse, mask=hmask)
+        if HAS_MAXL:
+            gl.store(outs.maxl + t * H + heads, m_i * LN2, mask=hmask)  # (T, H) contiguous
 
 
 KERNELS = {"attn": attn_kernel}

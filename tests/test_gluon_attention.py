@@ -1,0 +1,67 @@
+"""The Gluon producer/consumer attention kernel (triton_src/gluon_attention.py) without a GPU:
+Triton compiles it for sm90 here (ptxas included), so the launch contract the host builds
+(descriptors, constexprs, register split, shared memory) is checked on every layout; its
+numerics run only on a GPU (tests/test_triton_attention.py::test_decode_on_cuda_both_kernels
+and the gpu-marked suite tests, which take it by default there)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
+
+from dsv4bench.backends import triton_attention as ta  # noqa: E402
+from dsv4bench.backends import triton_jit  # noqa: E402
+from dsv4bench.backends.base import Unsupported  # noqa: E402
+from tools import triton_compile_probe as probe  # noqa: E402
+
+needs_gluon = pytest.mark.skipif(not triton_jit.has_gluon(), reason="this Triton has no Gluon")
+SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "layout,heads,op,extra,wgmma",
+    [
+        ("v32", 128, "decode", False, 40),  # QK 512/16 + rope 64/16 + PV 64/16 k-steps
+        ("v4", 16, "decode", True, 36),  # no rope tail: d_qk 512
+        ("bf16-576", 128, "prefill", False, 40),
+        ("bf16", 64, "prefill", False, 36),
+    ],
+)
+def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
+    d_qk = 512 if layout in ("v4", "bf16") else 576
+    cfg = ta.config_for(heads, "bf16" if op == "prefill" else layout, True, d_qk)
+    assert cfg.gluon
+    plan = probe._plan(layout, heads, ta.Config(64, 64, 8, 1), op, extra)
+    k = probe.compile_sm90(plan, cfg)
+    ptx = k.asm["ptx"]
+    assert k.metadata.shared <= SM90_SMEM
+    assert ptx.count("wgmma.mma_async") == wgmma
+    regs = probe.partition_regs(ptx)
+    producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
+    assert producer in regs and consumers >= 192  # the consumers hold a 64 x 256 fp32 acc
+    threads = 32 * (8 + ta.GLUON_PRODUCER_WARPS)
+    assert 256 * consumers + 128 * producer <= 65536 >= threads * ta.gluon_maxnreg()
+
+
+def test_config_picks_gluon_only_where_measured_faster():
+    assert ta.config_for(8, "v32", True).gluon and ta.config_for(8, "v4", True).gluon
+    assert ta.config_for(128, "bf16", True).gluon and not ta.config_for(32, "bf16", True).gluon
+    assert not any(ta.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16"))
+
+
+def test_cpu_never_takes_the_gluon_kernel():
+    q = torch.randn(1, 1, 4, 576).to(torch.bfloat16)
+    from reference import layouts
+
+    cache = layouts.quantize_v32(torch.randn(64, 576).to(torch.bfloat16), 64)
+    idx = torch.arange(64, dtype=torch.int32).view(1, 1, 64)
+    plan = ta.plan_attention(q, cache, idx, 0.04, layout="v32")
+    assert plan.info["gluon"] is False
+    with pytest.raises(ValueError, match="Gluon kernel runs on a GPU"):
+        ta.plan_attention(q, cache, idx, 0.04, layout="v32", config=ta.config_for(4, "v32", True))
+    if triton_jit.has_gluon():
+        with pytest.raises(Unsupported, match="needs an sm90 GPU"):
+            triton_jit.kernel("gluon_attention", "attn", torch.device("cpu"))
