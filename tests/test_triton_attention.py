@@ -30,6 +30,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 DECODE_TOL = Tolerance(cos_diff=5e-6, lse_abs=1e-3)  # FlashMLA's decode tolerance
 PREFILL_TOL = Tolerance(cos_diff=7e-6, lse_abs=1e-3)  # FlashMLA's prefill tolerance
+# compiled, P is rounded to bf16 before PV (as FlashMLA does; the interpreter keeps fp32): with
+# at most 200 keys a row and keys scaled over 2^-3..2^2 one rounding weighs more than in the
+# suite's cases (measured on the H100: 5.05e-6 and 5.38e-6 for V3.2, both kernels alike)
+SMALL_COMPILED_TOL = Tolerance(cos_diff=1e-5, lse_abs=1e-3)
 
 
 def _assert_close(expected: Output, actual: Output, tol: Tolerance) -> dict:
@@ -91,7 +95,7 @@ def _decode_check(layout, page_size, heads, topk, splits, config, device):
     cache, on `device`, against the oracle on the CPU."""
     b, s_q = 2, 2
     d = 576 if layout == "v32" else 512
-    cache = _cache(layout, 2 * page_size, page_size, seed=topk)
+    cache = _cache(layout, max(2, -(-topk // page_size)) * page_size, page_size, seed=topk)
     num_slots = cache.shape[0] * page_size
     idx = _indices(b, s_q, topk, num_slots, seed=heads)
     _poison_unused(cache, idx)
@@ -125,7 +129,8 @@ def _decode_check(layout, page_size, heads, topk, splits, config, device):
     t_out, t_lse = t_out.cpu(), t_lse.cpu()
     assert t_out.dtype == torch.bfloat16 and t_out.shape == (b, s_q, heads, 512)
     assert t_lse.dtype == torch.float32 and t_lse.shape == (b, heads, s_q)
-    _assert_close(Output(out, lse), Output(t_out, t_lse), DECODE_TOL)
+    tol = DECODE_TOL if device == "cpu" else SMALL_COMPILED_TOL
+    _assert_close(Output(out, lse), Output(t_out, t_lse), tol)
     if layout == "v32":  # query (0, 0) has no valid key: out 0, lse +inf
         assert bool((t_out[0, 0] == 0).all()) and bool(torch.isinf(t_lse[0, :, 0]).all())
 
