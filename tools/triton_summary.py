@@ -19,8 +19,8 @@ ENGINE = {"decode": "flashmla", "prefill": "flashmla", "indexer": "deepgemm"}
 
 def group(p: dict) -> tuple[str, float, float | None] | None:
     """(target group, median target, floor) of issue 20, or None for a case without one."""
-    if p["op"] == "indexer":
-        return ("indexer", 0.8, None)
+    if p["op"] == "indexer":  # a target per form: ragged (prefill chunks), paged (decode)
+        return ("indexer ragged" if p["tokens"] else "indexer paged", 0.8, None)
     full_heads = {"v3.2": 128, "v4-flash": 64, "v4-pro": 128}[p["model"]]
     if p["num_heads"] < full_heads and p["num_heads"] <= 32:
         return ("heads<=32", 1.0, 1.0)
