@@ -16,6 +16,11 @@ writes its normalized partial output and base-2 lse, and a combine kernel merges
 the sink and writes bf16 out and natural-log lse. With one split the attention kernel writes
 the final output itself.
 
+On a GPU whose Triton has Gluon, config_for picks a second kernel with the same arguments for
+the FP8 caches and for prefill above 32 heads: triton_src/gluon_attention.py, FlashMLA's
+producer/consumer schedule (one warpgroup dequantizes the next key block into shared memory
+while two run the dots). Rows say which ran (info.gluon).
+
 Host side (this module): plan_attention() checks the inputs, builds one descriptor per cache
 (CacheDesc: base pointers, index list, lengths, strides; the layout is the caller's value,
 case.layout, checked against the cache, never inferred from its width), allocates the outputs
