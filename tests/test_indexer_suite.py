@@ -180,6 +180,29 @@ def test_triton_kernels_match_the_oracle_in_the_interpreter(name: str) -> None:
     assert top["topk_matched"] == 1.0 and top["topk_invalid"] == 0
 
 
+def test_triton_ragged_tiles_no_row_sees_are_written_minus_inf() -> None:
+    """16 x 16 tiles: the programs past the causal diagonal of the last rows skip the dot and
+    write -inf; every logit still equals the oracle's."""
+    from dsv4bench.backends import triton_indexer
+
+    case = _tiny(model="v3.2", extra="tokens: 40")
+    x = inputs.make_inputs(case, "cpu")
+    want = oracle_call(case, x)().out
+    n = want.shape[1]
+    ke = x["ke"].long()
+    dead = [(r, c) for r in range(0, 40, 16) for c in range(0, n, 16)
+            if int(ke[r: r + 16].max()) <= c]  # fmt: skip
+    assert dead, "the case must have a tile no row of its program sees"
+    launch, out = triton_indexer.ragged_launcher(
+        x["q"], (x["kv"], x["kv_scales"]), x["weights"], x["ks"], x["ke"],
+        tiles=dict(BLOCK_Q=16, BLOCK_N=16))  # fmt: skip
+    out.fill_(float("nan"))
+    got = launch()
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    assert torch.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-4)  # sum order only
+
+
 class _FakeDeepGEMM:
     """deep_gemm's documented indexer API, computed by the oracle; records its calls."""
 

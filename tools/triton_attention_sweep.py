@@ -48,15 +48,15 @@ NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True), *GLUON_BF16]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
-    dict(SKIP=False),
-    dict(SKIP=False, STAGES=3),
-    dict(SIGN_FOLD=True),
-    dict(SIGN_FOLD=True, SKIP=False),
-    dict(SIGN_FOLD=True, SKIP=False, STAGES=3),
-    dict(SIGN_FOLD=True, SKIP=False, STAGES=3, BLOCK_Q=128),
-    dict(SIGN_FOLD=True, SKIP=False, STAGES=3, num_warps=8),
+    dict(BLOCK_N=256, num_warps=4),
+    dict(BLOCK_N=256, num_warps=4, STAGES=2),
+    dict(BLOCK_N=256, num_warps=4, STAGES=4),
+    dict(BLOCK_N=256, num_warps=4, BLOCK_Q=128),
+    dict(BLOCK_N=256, num_warps=4, BLOCK_Q=32),
+    dict(BLOCK_N=256, num_warps=4, BLOCK_Q=128, STAGES=4),
 ]
-INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768"]
+INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768",
+                 "v4-flash:4096:8192"]
 # paged indexer (decode): model:batch:s_q:context_len, timed with both dot orientations
 PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
 

@@ -124,6 +124,15 @@ def ragged_kernel(
     pn = tl.program_id(1).to(tl.int64)
     cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
+    rows = tl.minimum(pq * BLOCK_Q + tl.arange(0, BLOCK_Q), S - 1)
+    lo_rows = tl.load(ks_ptr + rows)
+    hi_rows = tl.load(ke_ptr + rows)
+    seen = (hi_rows > pn * BLOCK_N) & (lo_rows < pn * BLOCK_N + BLOCK_N)
+    if tl.reduce(seen.to(tl.int32), 0, tl.standard._sum_combine) == 0:
+        # no row of the program sees a key of the tile (past a causal diagonal): -inf only
+        at = out_ptr + rows[:, None] * N + cols[None, :]
+        tl.store(at, tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32), mask=cmask[None, :])
+        return
     h = tl.arange(0, HP)
     hmask = h < H
     d = tl.arange(0, D)
