@@ -182,6 +182,26 @@ def test_prefill_matches_oracle(d_qk, heads):
         assert bool((t_out[row] == 0).all()) and bool(torch.isposinf(t_lse[row]).all())
 
 
+def test_prefill_with_few_heads_reads_q_padded_at_every_call():
+    """3 heads run in 16-head rows: the plan says so, outputs keep the caller's 3 heads, and
+    q is copied in at each call (a second run after q changed gives the new answer)."""
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(64, 1, 512, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 64, (4, 1, 32), generator=g, dtype=torch.int32)
+    q = torch.randn(4, 3, 512, generator=g).to(torch.bfloat16)
+    sink = torch.randn(3, generator=g)
+    plan = ta.plan_attention(q, kv, idx, 0.05, layout="bf16", op="prefill", attn_sink=sink)
+    assert plan.info["heads_padded_to"] == 16 and plan.info["block_h"] == 16
+    for _ in range(2):
+        out, max_logits, lse = attention.sparse_mla_prefill(q, kv, idx, 0.05, attn_sink=sink)
+        t_out, t_lse, t_max = plan.run()
+        assert t_out.shape == (4, 3, 512) and t_lse.shape == t_max.shape == (4, 3)
+        _assert_close(Output(out, lse), Output(t_out, t_lse), PREFILL_TOL)
+        q.mul_(-2.0)
+    with pytest.raises(ValueError, match=r"attn_sink must be \(3,\)"):
+        ta.plan_attention(q, kv, idx, 0.05, layout="bf16", op="prefill", attn_sink=sink[:2])
+
+
 def test_launcher_rejects():
     cache = _cache("v32", 64, 64, seed=0)
     q = torch.zeros(1, 1, 2, 512, dtype=torch.bfloat16)

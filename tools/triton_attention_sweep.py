@@ -44,7 +44,17 @@ GLUON_BF16 = [(64, 64, 8, 1, False, True, 16, 96), (64, 64, 8, 1, False, True, 6
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
 NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]
 WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
-NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True), *GLUON_BF16]
+NARROW_BF16 = [
+    (16, 64, 4, 2, True),
+    (32, 64, 4, 2, True),
+    (32, 64, 8, 2, True),
+    (32, 64, 8, 1, True),
+    (32, 32, 8, 3, True),
+    (16, 64, 8, 2, True),
+    (16, 32, 4, 3, False),
+    (16, 64, 4, 3, False),
+    (32, 64, 8, 2, False),
+]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
@@ -55,8 +65,12 @@ INDEXER_TILES = [
     dict(BLOCK_N=256, num_warps=4, BLOCK_Q=32),
     dict(BLOCK_N=256, num_warps=4, BLOCK_Q=128, STAGES=4),
 ]
-INDEXER_CASES = ["v4-flash:4096:32768", "v4-flash:4096:131072", "v3.2:4096:32768",
-                 "v4-flash:4096:8192"]
+INDEXER_CASES = [
+    "v4-flash:4096:32768",
+    "v4-flash:4096:131072",
+    "v3.2:4096:32768",
+    "v4-flash:4096:8192",
+]
 # paged indexer (decode): model:batch:s_q:context_len, timed with both dot orientations
 PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
 

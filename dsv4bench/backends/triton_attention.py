@@ -77,9 +77,10 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H 16/32) by enough
     that padding a few heads to 64 pays off where the keys cost most to read (the V3.2 cache
     at any head count, the V4 cache above 16 heads); prefill's bf16 rows take BLOCK_H 16/32 up
-    to 32 heads. Loading the next block's indices early (idx_ahead) wins on the V4 cache at
-    BLOCK_H 64 (5-9%) and on the bf16 rows from 16 heads (up to 12%); it loses on V3.2's
-    cache (5%) and on 8-head prefill (20%). Pipelining the Triton kernel's key loop
+    to 32 heads (fewer heads are padded in memory: _pad_prefill_heads). Loading the next
+    block's indices early (idx_ahead) wins on the V4 cache at BLOCK_H 64 (5-9%) and on the
+    bf16 rows (up to 12%; 8 heads in unpadded rows lost 20% with it); it loses on V3.2's
+    cache (5%). Pipelining the Triton kernel's key loop
     (tl.range(num_stages=2..4)) measured slower everywhere
     (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
@@ -94,7 +95,7 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
         return Config(64, 64, 8, 2, idx_ahead=True)
-    return Config(small, 64, 4, 2, idx_ahead=layout == "bf16" and heads >= 16)
+    return Config(small, 64, 4, 2, idx_ahead=layout == "bf16")
 
 
 # ---- the kernels' grouped arguments ----------------------------------------------------------
@@ -286,6 +287,7 @@ class AttentionPlan:
     lse: Any
     max_logits: Any
     info: dict
+    stage: Any = None  # run first in every call: copies q into its head-padded rows
 
     def run(self):
         return launch(self)
@@ -383,10 +385,13 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     known = {"topk_length", "attn_sink", "extra_kv", "extra_indices", "extra_topk_length"}
     if set(kw) - known:
         raise TypeError(f"unknown arguments {sorted(set(kw) - known)}")
-    x = _inputs(q, kv, indices, layout, op, kw)
     dev = q.device
-    tokens, h, exact = x.b * x.s_q, x.heads, dev.type == "cpu"
-    cfg = config or config_for(h, layout, not exact and triton_jit.has_gluon(), x.d_qk)
+    exact = dev.type == "cpu"
+    cfg = config or config_for(q.shape[-2], layout, not exact and triton_jit.has_gluon(),
+                               q.shape[-1])  # fmt: skip
+    q, kw, stage, heads = _pad_prefill_heads(q, kw, op, cfg)
+    x = _inputs(q, kv, indices, layout, op, kw)
+    tokens, h = x.b * x.s_q, x.heads
     blocks = _cdiv(x.cache.width, cfg.block_n)
     if x.extra is not None:
         blocks += _cdiv(x.extra.width, cfg.block_n)
@@ -425,7 +430,29 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "key_blocks_per_split": per_split,
     }
     grid = (head_blocks, splits, tokens)
-    return AttentionPlan(tokens, grid, args, meta, opts, combine, out, lse, max_logits, info)
+    if stage is not None:  # the caller's heads only
+        out, lse, max_logits = out[:, :heads], lse[:, :heads], max_logits[:, :heads]
+        info["heads_padded_to"] = h
+    return AttentionPlan(tokens, grid, args, meta, opts, combine, out, lse, max_logits, info,
+                         stage)  # fmt: skip
+
+
+def _pad_prefill_heads(q, kw: dict, op: str, cfg: Config):
+    """(q, kw, stage, heads): sparse prefill with fewer heads than the Triton kernel's BLOCK_H
+    reads q from rows padded to BLOCK_H heads (zeros; sink 0), copied in by `stage` at every
+    call: 8 heads in 16-head rows ran 1.23x (V3.2) and 1.07x (V4) faster on an H100, the copy
+    included (results/sm90/triton-gluon-h100/NOTES.md). Else (q, kw, None, heads)."""
+    import torch
+
+    heads = q.shape[-2]
+    sink = kw.get("attn_sink")
+    bad_sink = sink is not None and tuple(sink.shape) != (heads,)  # _inputs says what is wrong
+    if op != "prefill" or cfg.gluon or q.dim() != 3 or heads >= cfg.block_h or bad_sink:
+        return q, kw, None, heads
+    padded = torch.zeros(q.shape[0], cfg.block_h, q.shape[2], dtype=q.dtype, device=q.device)
+    if sink is not None:
+        kw = dict(kw, attn_sink=torch.cat([sink, sink.new_zeros(cfg.block_h - heads)]))
+    return padded, kw, lambda: padded[:, :heads].copy_(q), heads
 
 
 def _meta(x: Inputs, cfg: Config, splits: int, exact: bool) -> dict:
@@ -473,6 +500,8 @@ def launch(plan: AttentionPlan):
         return plan.out, plan.lse, plan.max_logits
     dev = plan.out.device
     interpret = dev.type == "cpu"
+    if plan.stage is not None:
+        plan.stage()
     attn = triton_jit.kernel("gluon_attention" if plan.info["gluon"] else "attention", "attn", dev)
     with triton_jit.interpreting(interpret):
         attn[plan.grid](*plan.args, **plan.meta, **plan.opts)
