@@ -25,9 +25,12 @@ SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
     "layout,heads,op,extra,wgmma",
     [
         ("v32", 128, "decode", False, 40),  # QK 512/16 + rope 64/16 + PV 64/16 k-steps
-        ("v4", 16, "decode", True, 36),  # no rope tail: d_qk 512
+        ("v4", 64, "decode", True, 36),  # no rope tail: d_qk 512
         ("bf16-576", 128, "prefill", False, 40),
         ("bf16", 64, "prefill", False, 36),
+        ("v32", 8, "decode", False, 52),  # narrow: QK 36 + PV 512/128 m-tiles x 4 k-steps
+        ("v4", 16, "decode", True, 48),
+        ("bf16-576", 32, "prefill", False, 52),
     ],
 )
 def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
@@ -39,6 +42,7 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     ptx = k.asm["ptx"]
     assert k.metadata.shared <= SM90_SMEM
     assert ptx.count("wgmma.mma_async") == wgmma
+    assert cfg.narrow == (heads <= 32 and cfg.block_h < 64)
     regs = probe.partition_regs(ptx)
     producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
     assert producer in regs and consumers >= 192  # the consumers hold a 64 x 256 fp32 acc
@@ -48,7 +52,9 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
 
 def test_config_picks_gluon_only_where_measured_faster():
     assert ta.config_for(8, "v32", True).gluon and ta.config_for(8, "v4", True).gluon
-    assert ta.config_for(128, "bf16", True).gluon and not ta.config_for(32, "bf16", True).gluon
+    assert ta.config_for(128, "bf16", True).gluon and not ta.config_for(32, "bf16", True, 512).gluon
+    assert ta.config_for(32, "bf16", True, 576).narrow and not ta.config_for(16, "bf16", True).gluon
+    assert ta.config_for(16, "v32", True).narrow and not ta.config_for(32, "v4", True).narrow
     assert not any(ta.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16"))
 
 

@@ -288,6 +288,8 @@ GPU_CASES = [
          tokens=1024),
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=3, layout="v32", topk=2048,
          context_len=8192, tokens=512),
+    dict(op="prefill", model="v3.2", d_qk=576, num_heads=24, layout="v32", topk=2048,
+         context_len=4096, tokens=300),  # the narrow Gluon kernel: 24 heads as the wgmma's N
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=32, layout="v32", topk=2048,
          context_len=4096, tokens=256, route="decode-kernel"),
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=16, layout="v32", topk=2048,

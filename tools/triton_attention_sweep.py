@@ -41,20 +41,19 @@ DEFAULT_CASES = [
 GLUON = [(64, 64, 8, 1, False, True, 32, 96), (64, 64, 8, 1, False, True, 64, 120)]
 GLUON_BF16 = [(64, 64, 8, 1, False, True, 16, 96), (64, 64, 8, 1, False, True, 64, 56),
               (64, 64, 8, 1, False, True, 64, 96)]  # fmt: skip
+# (..., narrow): the Gluon kernel with 16/32 heads as the wgmma's N (keys as M)
+NARROW_GLUON_FP8 = [(32, 64, 8, 1, False, True, 64, 120, True),
+                    (16, 64, 8, 1, False, True, 64, 120, True),
+                    (32, 64, 8, 1, False, True, 32, 96, True),
+                    (16, 64, 8, 1, False, True, 32, 96, True)]  # fmt: skip
+NARROW_GLUON_BF16 = [(32, 64, 8, 1, False, True, 64, 56, True),
+                     (16, 64, 8, 1, False, True, 64, 56, True),
+                     (32, 64, 8, 1, False, True, 16, 96, True),
+                     (16, 64, 8, 1, False, True, 16, 96, True)]  # fmt: skip
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
-NARROW_FP8 = [(16, 64, 4, 2, True), (64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]
+NARROW_FP8 = [*GLUON, *NARROW_GLUON_FP8]
 WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
-NARROW_BF16 = [
-    (16, 64, 4, 2, True),
-    (32, 64, 4, 2, True),
-    (32, 64, 8, 2, True),
-    (32, 64, 8, 1, True),
-    (32, 32, 8, 3, True),
-    (16, 64, 8, 2, True),
-    (16, 32, 4, 3, False),
-    (16, 64, 4, 3, False),
-    (32, 64, 8, 2, False),
-]
+NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True), *NARROW_GLUON_BF16]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,

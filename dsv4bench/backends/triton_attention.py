@@ -64,6 +64,7 @@ class Config:
     gluon: bool = False  # FP8 decode in the Gluon producer/consumer kernel (sm90; block 64 x 64)
     chunk: int = 16  # gluon: keys the producer gathers at a time
     producer_regs: int = 96  # gluon: registers a producer thread keeps (setmaxnreg)
+    narrow: bool = False  # gluon: block_h (16/32) heads as the wgmma's N, keys as its M
 
 
 def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
@@ -73,7 +74,10 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     With `gluon` (a GPU whose Triton has Gluon) the producer/consumer kernel takes the FP8
     caches at every head count (1.3-1.5x the Triton kernel's speed) and the bf16 rows of
     sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
-    time (more loads in flight; V4's larger footprint spills at 64). Below that the Triton
+    time (more loads in flight; V4's larger footprint spills at 64). Up to 16 heads (FP8) and
+    at 17-32 heads with d_qk 576 (bf16 rows) it runs narrow: the heads are the wgmma's N, so
+    none is padded to 64 (FP8 decode 1.02-1.05x the 64-head tile, V3.2 prefill at 32 heads
+    1.05x the Triton kernel). Elsewhere the Triton
     kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H 16/32) by enough
     that padding a few heads to 64 pays off where the keys cost most to read (the V3.2 cache
     at any head count, the V4 cache above 16 heads); prefill's bf16 rows take BLOCK_H 16/32 up
@@ -84,13 +88,15 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     (tl.range(num_stages=2..4)) measured slower everywhere
     (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
-    if gluon and layout == "v32":
-        return Config(64, 64, 8, 1, gluon=True, chunk=64, producer_regs=120)
-    if gluon and layout == "v4":
-        return Config(64, 64, 8, 1, gluon=True, chunk=32, producer_regs=96)
+    if gluon and layout in ("v32", "v4"):
+        chunk, regs = (64, 120) if layout == "v32" else (32, 96)
+        return Config(16 if heads <= 16 else 64, 64, 8, 1, gluon=True, chunk=chunk,
+                      producer_regs=regs, narrow=heads <= 16)  # fmt: skip
     if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
         return Config(64, 64, 8, 1, gluon=True, chunk=64 if d_qk == 576 else 16,
                       producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
+    if gluon and heads > 16 and d_qk == 576:
+        return Config(32, 64, 8, 1, gluon=True, chunk=64, producer_regs=56, narrow=True)
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
@@ -246,7 +252,7 @@ def _split_plan(tokens: int, heads: int, blocks: int, cfg: Config, device, split
     if splits is None:
         programs = tokens * head_blocks
         sms = _sm_count(device)
-        target = sms * (1 if cfg.block_h >= 64 else CTAS_SMALL)
+        target = sms * (1 if cfg.block_h >= 64 or cfg.gluon else CTAS_SMALL)
         min_blocks = 1 if 4 * programs < sms else MIN_SPLIT_BLOCKS
         splits = max(1, min(target // max(1, programs), blocks // min_blocks, MAX_SPLITS))
     splits = max(1, min(splits, max(1, blocks)))
@@ -425,6 +431,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "num_stages": cfg.num_stages,
         "idx_ahead": cfg.idx_ahead,
         "gluon": cfg.gluon,
+        "narrow": cfg.narrow,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -483,14 +490,20 @@ def gluon_maxnreg() -> int:
 
 def _gluon_meta(meta: dict, cfg: Config) -> dict:
     """The Gluon kernel's constexprs: the Triton kernel's less its fixed or absent ones."""
-    if meta["EXACT"] or (cfg.block_h, cfg.block_n) != (64, 64):
-        raise ValueError(f"the Gluon kernel runs on a GPU with 64 x 64 blocks, not {cfg}")
+    heads_ok = cfg.block_h in ((16, 32) if cfg.narrow else (64,))
+    if meta["EXACT"] or cfg.block_n != 64 or not heads_ok:
+        raise ValueError(
+            "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow), "
+            f"not {cfg}"
+        )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT", "IDX_AHEAD")
     kept = {k: v for k, v in meta.items() if k not in drop}
     return kept | {
         "CHUNK": cfg.chunk,
         "PRODUCER_WARPS": GLUON_PRODUCER_WARPS,
         "PRODUCER_REGS": cfg.producer_regs,
+        "NARROW": cfg.narrow,
+        "NH": cfg.block_h if cfg.narrow else 16,
     }
 
 

@@ -57,20 +57,27 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 blocks_per_split, LAYOUT: gl.constexpr, P: gl.constexpr,
                 HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
                 HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
-                SPLIT: gl.constexpr,
-                WIDE: gl.constexpr, CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
-                PRODUCER_REGS: gl.constexpr):  # fmt: skip
-    """Arguments as triton_src/attention.py's attn_kernel (BLOCK_H = BLOCK_N = 64)."""
+                SPLIT: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
+                PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                NARROW: gl.constexpr, NH: gl.constexpr):  # fmt: skip
+    """Arguments as triton_src/attention.py's attn_kernel (BLOCK_N = 64). A program takes
+    BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
+    its M: no head is padded to 64 (consumers: _consume_narrow)."""
     hb = gl.program_id(0)
     split = gl.program_id(1)
     t = gl.program_id(2).to(gl.int64)
+    ROWS: gl.constexpr = NH if NARROW else BLOCK_H
     main_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
     tail_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.bfloat16)
-    q_main, q_tail = _load_q(q, t, hb, H, HAS_TAIL)
-    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], main_sl, q_main)
-    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, ROPE], tail_sl, q_tail)
+    qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_V], gl.bfloat16)
+    qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, ROPE], gl.bfloat16)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, NH], gl.bfloat16)
+    q_main, q_tail = _load_q(q, t, hb, H, HAS_TAIL, ROWS)
+    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_V], qm_sl, q_main)
+    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROPE], qt_sl, q_tail)
     k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
     k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(2):
@@ -78,7 +85,37 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
         mbarrier.init(empty.index(b), count=1)
     fence_async_shared()  # q's generic stores before the consumers' wgmma reads
     gl.thread_barrier()
+    keys = _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
+                     HAS_X_LENS)  # fmt: skip
+    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty)
+    # fmt: off
+    # (the argument tuples are written out in each call: a tuple variable would carry the
+    # constexprs into the partitions as plain values)
+    if NARROW:
+        acc, m_i, l_i = gl.warp_specialize(
+            [(_consume_narrow, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS)),
+             (_produce, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT, P,
+                         HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS))],
+            [PRODUCER_WARPS], [PRODUCER_REGS])
+        rows = gl.convert_layout(gl.permute(acc, (1, 0)), Q_ROWS)  # (heads, 512)
+        _store(rows, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
+               SPLIT, Q_ROWS, NH)
+    else:
+        acc, m_i, l_i = gl.warp_specialize(
+            [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS)),
+             (_produce, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT, P,
+                         HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS))],
+            [PRODUCER_WARPS], [PRODUCER_REGS])
+        _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
+               SPLIT, O_LAYOUT, BLOCK_H)
+    # fmt: on
 
+
+@gluon.jit
+def _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: gl.constexpr,
+              HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr):  # fmt: skip
+    """(t, main blocks, length, x_length, start, stop): the joined key-block list of both
+    caches (main first, blocks past a topk_length left out) and split `split`'s range of it."""
     length = _length(cache, t, LENS_DIV, HAS_LENS)
     main_blocks = (length + BLOCK_N - 1) // BLOCK_N
     total = main_blocks
@@ -88,56 +125,13 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
         total += (x_length + BLOCK_N - 1) // BLOCK_N
     start = split * blocks_per_split
     stop = gl.minimum(start + blocks_per_split, total)
-    keys = (t, main_blocks, length, x_length, start, stop)
-    acc, m_i, l_i = gl.warp_specialize(
-        [
-            (
-                _consume,
-                (
-                    q_main_s,
-                    q_tail_s,
-                    k_main_s,
-                    k_tail_s,
-                    full,
-                    empty,
-                    cache,
-                    x_cache,
-                    keys,
-                    scale2,
-                    HAS_TAIL,
-                    NPARTS,
-                ),
-            ),  # fmt: skip
-            (
-                _produce,
-                (
-                    k_main_s,
-                    k_tail_s,
-                    full,
-                    empty,
-                    cache,
-                    x_cache,
-                    keys,
-                    LAYOUT,
-                    P,
-                    HAS_TAIL,
-                    NPARTS,
-                    WIDE,
-                    CHUNK,
-                    PRODUCER_WARPS,
-                ),
-            ),  # fmt: skip
-        ],
-        [PRODUCER_WARPS],
-        [PRODUCER_REGS],
-    )
-    _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL, SPLIT)
+    return t, main_blocks, length, x_length, start, stop
 
 
 @gluon.jit
-def _load_q(q, t, hb, H, HAS_TAIL: gl.constexpr):
-    """The program's 64 heads of token t: (q[:, :512], q[:, 512:576] or zeros) in registers."""
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, Q_ROWS))
+def _load_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr):
+    """The program's ROWS heads of token t: (q[:, :512], q[:, 512:576] or zeros) in registers."""
+    heads = hb * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_ROWS))
     hmask = heads < H
     c = gl.arange(0, D_V, gl.SliceLayout(0, Q_ROWS))
     row = q.ptr + t * q.st + heads[:, None] * q.sh
@@ -176,10 +170,10 @@ def _block_keys(i, keys, cache, x_cache, k, NPARTS: gl.constexpr):
 
 
 @gluon.jit
-def _consume(q_main_s, q_tail_s, k_main_s, k_tail_s, full, empty, cache, x_cache, keys, scale2,
-             HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr):  # fmt: skip
+def _consume(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr):
     """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
     fills; (acc [64, 512] unnormalized, m_i, l_i)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -208,6 +202,56 @@ def _consume(q_main_s, q_tail_s, k_main_s, k_tail_s, full, empty, cache, x_cache
         p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         acc = warpgroup_mma(p_op, kb, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(buf), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
+                    NPARTS: gl.constexpr):  # fmt: skip
+    """The consumers with NH heads as the wgmma's N: S^T = K Q^T (64 keys x NH, each warpgroup
+    NH / 2 heads), the softmax down the keys, P^T through shared memory (double-buffered: one
+    partition barrier a block orders both warpgroups' writes and reads), O^T += V^T P^T (each
+    warpgroup 256 of the 512 rows, V^T a transposed view of the key buffer); (acc [512, NH]
+    unnormalized, m_i, l_i)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
+    NH: gl.constexpr = p_s.type.shape[2]
+    st_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                   instr_shape=[16, NH // 2, 16])  # fmt: skip
+    ot_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                   instr_shape=[16, NH, 16])  # fmt: skip
+    start = keys[4]
+    stop = keys[5]
+    m_i = gl.full([NH], float("-inf"), gl.float32, gl.SliceLayout(0, st_l))
+    l_i = gl.full([NH], 0.0, gl.float32, gl.SliceLayout(0, st_l))
+    acc = gl.zeros([D_V, NH], gl.float32, ot_l)
+    s0 = gl.zeros([BLOCK_N, NH], gl.float32, st_l)
+    k_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, st_l))
+    for i in range(start, stop):
+        n = i - start
+        buf = n % 2
+        idx, slots = _block_keys(i, keys, cache, x_cache, k_rows, NPARTS)
+        valid = (idx >= 0) & (idx < slots)
+        mbarrier.wait(full.index(buf), (n // 2) & 1)
+        kb = k_main_s.index(buf)
+        s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
+        if HAS_TAIL:
+            s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        s = gl.where(valid[:, None], s * scale2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + gl.sum(p, 0)
+        m_i = m_new
+        pb = p_s.index(buf)
+        pb.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_l))[None, :]
+        acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, l_i
@@ -350,15 +394,16 @@ def _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P: gl.constexpr,
 
 @gluon.jit
 def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK: gl.constexpr,
-           HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """Normalize; write the split's fp32 partial and base-2 lse, or the final bf16 output with
-    the sink applied and the natural-log lse."""
-    row_l: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+           HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr, LAY: gl.constexpr,
+           ROWS: gl.constexpr):  # fmt: skip
+    """Normalize acc (ROWS heads x 512, layout LAY); write the split's fp32 partial and base-2
+    lse, or the final bf16 output with the sink applied and the natural-log lse."""
+    row_l: gl.constexpr = gl.SliceLayout(1, LAY)
     m_i = gl.convert_layout(m_i, row_l)
     l_i = gl.convert_layout(l_i, row_l)
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, row_l)
+    heads = hb * ROWS + gl.arange(0, ROWS, row_l)
     hmask = heads < H
-    c = gl.arange(0, D_V, gl.SliceLayout(0, O_LAYOUT))
+    c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
     has_key = l_i > 0.0
     o = acc / gl.where(has_key, l_i, 1.0)[:, None]
     lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
