@@ -38,22 +38,17 @@ DEFAULT_CASES = [
 # variants of sweep1.txt (tl.range(num_stages=2..4), 16/32-key blocks) were removed with the
 # kernel's LOOP_STAGES/PREFETCH options after they lost everywhere.
 # (..., gluon, chunk, producer_regs): the Gluon producer/consumer kernel
-GLUON = [(64, 64, 8, 1, False, True, 32, 96), (64, 64, 8, 1, False, True, 64, 120)]
-GLUON_BF16 = [(64, 64, 8, 1, False, True, 16, 96), (64, 64, 8, 1, False, True, 64, 56),
-              (64, 64, 8, 1, False, True, 64, 96)]  # fmt: skip
+GLUON = [(64, 64, 8, 1, True, True, 64, 120), (64, 64, 8, 1, False, True, 32, 96),
+         (64, 64, 8, 1, True, True, 32, 96)]  # fmt: skip
+GLUON_BF16 = [(64, 64, 8, 1, False, True, 64, 56), (64, 64, 8, 1, False, True, 16, 96)]
 # (..., narrow): the Gluon kernel with 16/32 heads as the wgmma's N (keys as M)
-NARROW_GLUON_FP8 = [(32, 64, 8, 1, False, True, 64, 120, True),
-                    (16, 64, 8, 1, False, True, 64, 120, True),
-                    (32, 64, 8, 1, False, True, 32, 96, True),
-                    (16, 64, 8, 1, False, True, 32, 96, True)]  # fmt: skip
-NARROW_GLUON_BF16 = [(32, 64, 8, 1, False, True, 64, 56, True),
-                     (16, 64, 8, 1, False, True, 64, 56, True),
-                     (32, 64, 8, 1, False, True, 16, 96, True),
-                     (16, 64, 8, 1, False, True, 16, 96, True)]  # fmt: skip
+NARROW_GLUON_FP8 = [(16, 64, 8, 1, False, True, 32, 96, True),
+                    (16, 64, 8, 1, True, True, 64, 120, True)]  # fmt: skip
+NARROW_GLUON_BF16 = [(32, 64, 8, 1, False, True, 64, 56, True)]
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
-NARROW_FP8 = [*GLUON, *NARROW_GLUON_FP8]
+NARROW_FP8 = [(64, 64, 8, 1, False, True, 64, 120), *NARROW_GLUON_FP8]
 WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
-NARROW_BF16 = [(16, 64, 4, 2, True), (32, 64, 4, 2, True), *NARROW_GLUON_BF16]
+NARROW_BF16 = [(32, 64, 4, 2, True), *NARROW_GLUON_BF16]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,

@@ -90,13 +90,14 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     small = max(16, 1 << (heads - 1).bit_length())
     if gluon and layout in ("v32", "v4"):
         chunk, regs = (64, 120) if layout == "v32" else (32, 96)
-        return Config(16 if heads <= 16 else 64, 64, 8, 1, gluon=True, chunk=chunk,
-                      producer_regs=regs, narrow=heads <= 16)  # fmt: skip
+        return Config(16 if heads <= 16 else 64, 64, 8, 1, idx_ahead=layout == "v4",
+                      gluon=True, chunk=chunk, producer_regs=regs, narrow=heads <= 16)  # fmt: skip
     if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
-        return Config(64, 64, 8, 1, gluon=True, chunk=64 if d_qk == 576 else 16,
+        return Config(64, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64 if d_qk == 576 else 16,
                       producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
     if gluon and heads > 16 and d_qk == 576:
-        return Config(32, 64, 8, 1, gluon=True, chunk=64, producer_regs=56, narrow=True)
+        return Config(32, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64, producer_regs=56,
+                      narrow=True)  # fmt: skip
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
@@ -496,13 +497,14 @@ def _gluon_meta(meta: dict, cfg: Config) -> dict:
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow), "
             f"not {cfg}"
         )
-    drop = ("BLOCK_H", "BLOCK_N", "EXACT", "IDX_AHEAD")
+    drop = ("BLOCK_H", "BLOCK_N", "EXACT")
     kept = {k: v for k, v in meta.items() if k not in drop}
     return kept | {
         "CHUNK": cfg.chunk,
         "PRODUCER_WARPS": GLUON_PRODUCER_WARPS,
         "PRODUCER_REGS": cfg.producer_regs,
         "NARROW": cfg.narrow,
+        "IDX_AHEAD": cfg.idx_ahead,
         "NH": cfg.block_h if cfg.narrow else 16,
     }
 

@@ -59,7 +59,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
                 SPLIT: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
                 PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                NARROW: gl.constexpr, NH: gl.constexpr):  # fmt: skip
+                NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr):  # fmt: skip
     """Arguments as triton_src/attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow)."""
@@ -78,6 +78,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
     k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
     p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
+    idx_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], idx_sl)  # the producer's indices
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(2):
@@ -94,8 +96,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     if NARROW:
         acc, m_i, l_i = gl.warp_specialize(
             [(_consume_narrow, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS)),
-             (_produce, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT, P,
-                         HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS))],
+             (_produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         rows = gl.convert_layout(gl.permute(acc, (1, 0)), Q_ROWS)  # (heads, 512)
         _store(rows, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
@@ -103,8 +105,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     else:
         acc, m_i, l_i = gl.warp_specialize(
             [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS)),
-             (_produce, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT, P,
-                         HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS))],
+             (_produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
                SPLIT, O_LAYOUT, BLOCK_H)
@@ -258,18 +260,29 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
 
 
 @gluon.jit
-def _produce(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT: gl.constexpr,
+def _produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT: gl.constexpr,
              P: gl.constexpr, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-             WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+             WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr,
+             AHEAD: gl.constexpr):  # fmt: skip
     """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
-    the free buffer, CHUNK keys at a time, a key's 16-byte pieces across a warp."""
+    the free buffer, CHUNK keys at a time, a key's 16-byte pieces across a warp. With AHEAD
+    the next block's indices load while this block's rows do and wait in idx_s (two
+    buffers): a block then costs one memory round trip, not two (index, then rows)."""
     start = keys[4]
     stop = keys[5]
     main_blocks = keys[1]
+    k = gl.arange(0, BLOCK_N, gl.BlockedLayout([1], [32], [PW], [0]))
+    if AHEAD:
+        first, _ = _block_keys(start, keys, cache, x_cache, k, NPARTS)
+        idx_s.index(0).store(first)
+        gl.thread_barrier()
     for i in range(start, stop):
         n = i - start
         buf = n % 2
+        if AHEAD:
+            nxt, _ = _block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
         u8, u16, f32, s0, s1 = cache.u8, cache.u16, cache.f32, cache.s0, cache.s1
+        slots = cache.slots
         if NPARTS == 2:
             is_x = i >= main_blocks
             u8 = gl.where(is_x, x_cache.u8, u8)
@@ -277,31 +290,39 @@ def _produce(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, LAYOUT: gl.c
             f32 = gl.where(is_x, x_cache.f32, f32)
             s0 = gl.where(is_x, x_cache.s0, s0)
             s1 = gl.where(is_x, x_cache.s1, s1)
+            slots = gl.where(is_x, x_cache.slots, slots)
         mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
         kb = k_main_s.index(buf)
         tb = k_tail_s.index(buf)
+        ks = (idx_s.index(buf), i, keys, cache, x_cache, slots)
         for c in gl.static_range(BLOCK_N // CHUNK):
             if LAYOUT == BF16:
-                _bf16_chunk(i, c, keys, cache, x_cache, kb, tb, HAS_TAIL, NPARTS, CHUNK, PW)
+                _bf16_chunk(ks, c, u8, s0, kb, tb, HAS_TAIL, NPARTS, AHEAD, CHUNK, PW)
             elif LAYOUT == V32:
-                _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P,
-                           HAS_TAIL, NPARTS, WIDE, CHUNK, PW)  # fmt: skip
+                _v32_chunk(ks, c, u8, u16, f32, s0, s1, kb, tb, P, HAS_TAIL, NPARTS, AHEAD, WIDE,
+                           CHUNK, PW)  # fmt: skip
             else:
-                _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P, NPARTS, WIDE, CHUNK,
-                          PW)  # fmt: skip
+                _v4_chunk(ks, c, u8, u16, s0, kb, P, NPARTS, AHEAD, WIDE, CHUNK, PW)
         if LAYOUT == BF16:
             async_copy.commit_group()
             async_copy.wait_group(0)
         fence_async_shared()
         mbarrier.arrive(full.index(buf), count=1)
+        if AHEAD:
+            idx_s.index(1 - buf).store(nxt)
+            gl.thread_barrier()
 
 
 @gluon.jit
-def _slots(i, c, keys, cache, x_cache, lay: gl.constexpr, NPARTS: gl.constexpr,
+def _slots(ks, c, lay: gl.constexpr, NPARTS: gl.constexpr, AHEAD: gl.constexpr,
            WIDE: gl.constexpr, CHUNK: gl.constexpr):  # fmt: skip
-    """(valid, slot) of the chunk's keys, in layout lay; masked keys read slot 0."""
-    k = c * CHUNK + gl.arange(0, CHUNK, lay)
-    idx, slots = _block_keys(i, keys, cache, x_cache, k, NPARTS)
+    """(valid, slot) of the chunk's keys, in layout lay; masked keys read slot 0. ks: (the
+    block's prefetched indices in shared memory (AHEAD), block i, keys, caches, slots)."""
+    ib, i, keys, cache, x_cache, slots = ks
+    if AHEAD:
+        idx = ib.slice(c * CHUNK, CHUNK).load(lay)
+    else:
+        idx, _ = _block_keys(i, keys, cache, x_cache, c * CHUNK + gl.arange(0, CHUNK, lay), NPARTS)
     if WIDE:
         idx = idx.to(gl.int64)
     valid = (idx >= 0) & (idx < slots)
@@ -309,36 +330,34 @@ def _slots(i, c, keys, cache, x_cache, lay: gl.constexpr, NPARTS: gl.constexpr,
 
 
 @gluon.jit
-def _bf16_chunk(i, c, keys, cache, x_cache, kb, tb, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-                CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+def _bf16_chunk(ks, c, rows_ptr, s0, kb, tb, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
+                AHEAD: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
     """Sparse prefill's bf16 rows: copied as they are (cp.async, 16 bytes a thread; masked
     rows are zero-filled) into kb rows and, for d_qk 576, the last 64 columns into tb rows."""
     ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
-    valid, slot = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, ROWS), NPARTS, False,
-                         CHUNK)  # fmt: skip
+    valid, slot = _slots(ks, c, gl.SliceLayout(1, ROWS), NPARTS, AHEAD, False, CHUNK)
     col = gl.arange(0, D_V, gl.SliceLayout(0, ROWS))
-    rows = cache.u8 + slot[:, None] * cache.s0
+    rows = rows_ptr + slot[:, None] * s0
     async_copy.async_copy_global_to_shared(kb.slice(c * CHUNK, CHUNK), rows + col[None, :],
                                            mask=valid[:, None])  # fmt: skip
     if HAS_TAIL:
         TAIL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-        valid_t, slot_t = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, TAIL), NPARTS,
-                                 False, CHUNK)  # fmt: skip
+        valid_t, slot_t = _slots(ks, c, gl.SliceLayout(1, TAIL), NPARTS, AHEAD, False, CHUNK)
         r = gl.arange(0, ROPE, gl.SliceLayout(0, TAIL))
-        tail = cache.u8 + slot_t[:, None] * cache.s0 + D_V + r[None, :]
+        tail = rows_ptr + slot_t[:, None] * s0 + D_V + r[None, :]
         async_copy.async_copy_global_to_shared(tb.slice(c * CHUNK, CHUNK), tail,
                                                mask=valid_t[:, None])  # fmt: skip
 
 
 @gluon.jit
-def _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P: gl.constexpr,
-               HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, WIDE: gl.constexpr,
+def _v32_chunk(ks, c, u8, u16, f32, s0, s1, kb, tb, P: gl.constexpr, HAS_TAIL: gl.constexpr,
+               NPARTS: gl.constexpr, AHEAD: gl.constexpr, WIDE: gl.constexpr,
                CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
     """V3.2 records: 4 tiles of 128 e4m3 x fp32 scale -> kb rows; the bf16 rope -> tb rows."""
     V32_GATHER: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 4, 8], [PW, 1, 1], [2, 1, 0])
     ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
     key_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, V32_GATHER))
-    valid, slot = _slots(i, c, keys, cache, x_cache, key_l, NPARTS, WIDE, CHUNK)
+    valid, slot = _slots(ks, c, key_l, NPARTS, AHEAD, WIDE, CHUNK)
     rec = (slot // P) * s0 + (slot % P) * s1
     g = gl.arange(0, V32_TILES, gl.SliceLayout(0, gl.SliceLayout(2, V32_GATHER)))
     col = gl.arange(0, V32_TILE, gl.SliceLayout(0, gl.SliceLayout(1, V32_GATHER)))
@@ -350,8 +369,7 @@ def _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P: gl.c
     k = gl.reshape(x.to(gl.bfloat16), [CHUNK, D_V])
     kb.slice(c * CHUNK, CHUNK).store(k)
     if HAS_TAIL:
-        valid_r, slot_r = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, ROPE_ROWS), NPARTS,
-                                 WIDE, CHUNK)  # fmt: skip
+        valid_r, slot_r = _slots(ks, c, gl.SliceLayout(1, ROPE_ROWS), NPARTS, AHEAD, WIDE, CHUNK)
         rec_r = (slot_r // P) * s0 + (slot_r % P) * s1
         r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
         rope = gl.load(u16 + (rec_r[:, None] + V32_ROPE_AT) // 2 + r[None, :],
@@ -360,15 +378,15 @@ def _v32_chunk(i, c, keys, cache, x_cache, u8, u16, f32, s0, s1, kb, tb, P: gl.c
 
 
 @gluon.jit
-def _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P: gl.constexpr,
-              NPARTS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
+def _v4_chunk(ks, c, u8, u16, s0, kb, P: gl.constexpr, NPARTS: gl.constexpr,
+              AHEAD: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
               PW: gl.constexpr):  # fmt: skip
     """V4 pages: 7 tiles of 64 e4m3 x 2^(ue8m0 - 127) -> kb rows, columns 0..447; the 64 bf16
     rope -> columns 448..511, written after them (the first store leaves zeros there)."""
     V4_GATHER: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [PW, 1, 1], [2, 1, 0])
     ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
     key_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, V4_GATHER))
-    valid, slot = _slots(i, c, keys, cache, x_cache, key_l, NPARTS, WIDE, CHUNK)
+    valid, slot = _slots(ks, c, key_l, NPARTS, AHEAD, WIDE, CHUNK)
     page = (slot // P) * s0
     data = page + (slot % P) * V4_DATA
     scl = page + P * V4_DATA + (slot % P) * V4_SCALE
@@ -380,8 +398,7 @@ def _v4_chunk(i, c, keys, cache, x_cache, u8, u16, s0, kb, P: gl.constexpr,
     sb = gl.load(u8 + scl[:, None] + g[None, :], mask=valid[:, None], other=127).to(gl.uint32)
     sc = gl.where(sb == 0, 0x400000, sb << 23).to(gl.float32, bitcast=True)
     deq = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-    valid_r, slot_r = _slots(i, c, keys, cache, x_cache, gl.SliceLayout(1, ROPE_ROWS), NPARTS,
-                             WIDE, CHUNK)  # fmt: skip
+    valid_r, slot_r = _slots(ks, c, gl.SliceLayout(1, ROPE_ROWS), NPARTS, AHEAD, WIDE, CHUNK)
     data_r = (slot_r // P) * s0 + (slot_r % P) * V4_DATA
     r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
     rope = gl.load(u16 + (data_r[:, None] + V4_ROPE_AT) // 2 + r[None, :], mask=valid_r[:, None],
