@@ -194,19 +194,25 @@ def _consume(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr, NPARTS:
         if HAS_TAIL:
             s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        s = gl.where(valid[None, :], s * scale2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 1)
         p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         acc = warpgroup_mma(p_op, kb, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, l_i
+
+
+@gluon.jit
+def _softmax_step(s, valid, m_i, l_i, scale2, KEYS: gl.constexpr):
+    """One key block of the online softmax (base 2) over scores s whose keys run along axis
+    KEYS: (p, the old state's rescale alpha, m_i, l_i) updated; invalid keys get p 0."""
+    s = gl.where(gl.expand_dims(valid, 1 - KEYS), s * scale2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, KEYS))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - gl.expand_dims(m_use, KEYS))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, KEYS)
 
 
 @gluon.jit
@@ -241,13 +247,7 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
         if HAS_TAIL:
             s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        s = gl.where(valid[:, None], s * scale2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + gl.sum(p, 0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 0)
         pb = p_s.index(buf)
         pb.store(p.to(gl.bfloat16))
         fence_async_shared()
