@@ -69,24 +69,25 @@ class Config:
 
 def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
     """The launch shape, from the H100 sweeps (tools/triton_attention_sweep.py; sweep*.txt in
-    results/sm90/triton-*).
+    results/sm90/triton-*, sweeps/ in results/sm90/triton-gluon-h100).
 
     With `gluon` (a GPU whose Triton has Gluon) the producer/consumer kernel takes the FP8
     caches at every head count (1.3-1.5x the Triton kernel's speed) and the bf16 rows of
     sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
-    time (more loads in flight; V4's larger footprint spills at 64). Up to 16 heads (FP8) and
-    at 17-32 heads with d_qk 576 (bf16 rows) it runs narrow: the heads are the wgmma's N, so
-    none is padded to 64 (FP8 decode 1.02-1.05x the 64-head tile, V3.2 prefill at 32 heads
-    1.05x the Triton kernel). Elsewhere the Triton
-    kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync (BLOCK_H 16/32) by enough
-    that padding a few heads to 64 pays off where the keys cost most to read (the V3.2 cache
-    at any head count, the V4 cache above 16 heads); prefill's bf16 rows take BLOCK_H 16/32 up
-    to 32 heads (fewer heads are padded in memory: _pad_prefill_heads). Loading the next
-    block's indices early (idx_ahead) wins on the V4 cache at BLOCK_H 64 (5-9%) and on the
+    time (more loads in flight; V4's larger footprint spills at 64) and, except on V3.2's
+    cache (6% slower there), loads the next block's indices during this block (idx_ahead:
+    V4 decode 8-10% faster). Up to 16 heads (FP8) and at 17-32 heads with d_qk 576 (bf16
+    rows) it runs narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode
+    1.02-1.05x the 64-head tile, V3.2 prefill at 32 heads 1.1x the Triton kernel).
+
+    Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
+    (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
+    to read (the V3.2 cache at any head count, the V4 cache above 16 heads); prefill's bf16
+    rows take BLOCK_H 16/32 up to 32 heads (fewer heads are padded in memory:
+    _pad_prefill_heads). Its idx_ahead wins on the V4 cache at BLOCK_H 64 (5-9%) and on the
     bf16 rows (up to 12%; 8 heads in unpadded rows lost 20% with it); it loses on V3.2's
-    cache (5%). Pipelining the Triton kernel's key loop
-    (tl.range(num_stages=2..4)) measured slower everywhere
-    (results/sm90/triton-speed-h100/NOTES.md)."""
+    cache (5%). Pipelining its key loop (tl.range(num_stages=2..4)) measured slower
+    everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
     if gluon and layout in ("v32", "v4"):
         chunk, regs = (64, 120) if layout == "v32" else (32, 96)
