@@ -49,8 +49,14 @@ NARROW_GLUON_BF16 = [(32, 64, 8, 1, True, True, 64, 56, True),
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
 NARROW_FP8 = [(64, 64, 8, 1, False, True, 64, 120), *NARROW_GLUON_FP8]
 WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
-NARROW_BF16 = [(32, 64, 4, 2, True), (32, 32, 4, 2, True), (32, 32, 4, 3, True),
-               (32, 64, 4, 1, True), (32, 64, 4, 3, True), *NARROW_GLUON_BF16]
+NARROW_BF16 = [
+    (32, 64, 4, 2, True),
+    (32, 32, 4, 2, True),
+    (32, 32, 4, 3, True),
+    (32, 64, 4, 1, True),
+    (32, 64, 4, 3, True),
+    *NARROW_GLUON_BF16,
+]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
