@@ -17,9 +17,10 @@ the sink and writes bf16 out and natural-log lse. With one split the attention k
 the final output itself.
 
 On a GPU whose Triton has Gluon, config_for picks a second kernel with the same arguments for
-the FP8 caches and for prefill above 32 heads: triton_src/gluon_attention.py, FlashMLA's
-producer/consumer schedule (one warpgroup dequantizes the next key block into shared memory
-while two run the dots). Rows say which ran (info.gluon).
+the FP8 caches and for sparse prefill above 16 (d_qk 576) or 32 (512) heads:
+triton_src/gluon_attention.py, FlashMLA's producer/consumer schedule (one warpgroup
+dequantizes the next key block into shared memory while two run the dots; at 16-32 heads the
+heads are the wgmma's N). Rows say which ran (info.gluon, info.narrow).
 
 Host side (this module): plan_attention() checks the inputs, builds one descriptor per cache
 (CacheDesc: base pointers, index list, lengths, strides; the layout is the caller's value,
@@ -61,7 +62,7 @@ class Config:
     num_warps: int
     num_stages: int
     idx_ahead: bool = False  # the next key block's indices load during this block
-    gluon: bool = False  # FP8 decode in the Gluon producer/consumer kernel (sm90; block 64 x 64)
+    gluon: bool = False  # the Gluon producer/consumer kernel (sm90; 64-key blocks)
     chunk: int = 16  # gluon: keys the producer gathers at a time
     producer_regs: int = 96  # gluon: registers a producer thread keeps (setmaxnreg)
     narrow: bool = False  # gluon: block_h (16/32) heads as the wgmma's N, keys as its M
