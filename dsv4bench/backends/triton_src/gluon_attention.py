@@ -1,16 +1,18 @@
-"""The FP8 decode kernel in FlashMLA's schedule, written in Gluon (Triton 3.6, sm90 only).
+"""The attention kernel in FlashMLA's schedule, written in Gluon (Triton 3.6, sm90 only): FP8
+decode from both caches and sparse prefill over bf16 rows.
 
-One program takes 64 heads of one query token and a range of its 64-key blocks, like the
+A program takes the heads of one query token and a range of its 64-key blocks, like the
 Triton kernel (attention.py: same descriptors, key list, masking, split-KV partials and final
-store), but its warps split the work: a producer warpgroup gathers the next block's FP8 bytes,
-dequantizes them and writes bf16 keys into one of two shared-memory buffers, while two consumer
-warpgroups run QK (each 32 of the 64 keys), the online softmax and PV (each 256 of the 512
-output columns) on the other buffer with asynchronous wgmma. mbarriers hand the buffers over
-(full: keys written; empty: both consumers done reading). The plain Triton kernel cannot
+store), but its warps split the work: a producer warpgroup gathers the next block's bytes
+(FP8: dequantized to bf16 in registers; bf16 rows: cp.async) into one of two shared-memory key
+buffers while two consumer warpgroups run the dots and the online softmax on the other with
+asynchronous wgmma. mbarriers hand the buffers over (full: keys written; empty: both
+consumers done reading). Wide (64 heads): QK with each warpgroup 32 of the 64 keys, PV with
+each 256 of the 512 output columns. Narrow (16 or 32 heads, NARROW): the heads are the
+wgmma's N and the keys its M, so no head is padded to 64. The plain Triton kernel cannot
 express this overlap: its dequantization, both dots and the softmax are one serial chain per
-warp (results/sm90/triton-speed-h100/NOTES.md).
+warp (results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/NOTES.md).
 """
-
 from __future__ import annotations
 
 from triton.experimental import gluon
