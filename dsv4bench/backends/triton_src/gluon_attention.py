@@ -13,6 +13,7 @@ wgmma's N and the keys its M, so no head is padded to 64. The plain Triton kerne
 express this overlap: its dequantization, both dots and the softmax are one serial chain per
 warp (results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/NOTES.md).
 """
+
 from __future__ import annotations
 
 from triton.experimental import gluon
