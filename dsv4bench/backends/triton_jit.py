@@ -69,13 +69,18 @@ def interpreting(active: bool):
       the environment variable (which would leak into other tests) is never needed;
     - a loop `range(lo, hi)` over scalars converts them with int(), which numpy >= 2.3 refuses
       for the interpreter's 1-element arrays: __index__ is made to take the element.
-    Both are restored afterwards."""
+    Both are restored afterwards, and so is every attribute of triton.language the interpreter
+    patched: an interpreted device function (tl.max here) patches the language for good, and
+    a kernel compiled later in the same process (Gluon's, on a GPU or for sm90 in the tests)
+    would be traced by the interpreter's builder."""
     if not active:
         yield
         return
     import triton.language as tl
     import triton.runtime.interpreter as interp
 
+    patched = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+    before = [dict(vars(obj)) for obj in patched]
     saved = {name: getattr(tl, name) for name in ("max", "sum")}
     patch_tensor = interp._patch_lang_tensor
 
@@ -92,3 +97,15 @@ def interpreting(active: bool):
         interp._patch_lang_tensor = patch_tensor
         for name, fn in saved.items():
             setattr(tl, name, fn)
+        for obj, attrs in zip(patched, before, strict=True):
+            _restore(obj, attrs)
+
+
+def _restore(obj, attrs: dict) -> None:
+    """obj's attributes back to `attrs` (a copy of vars(obj)): changed ones reset, added ones
+    removed."""
+    for name, value in list(vars(obj).items()):
+        if name not in attrs:
+            delattr(obj, name)
+        elif value is not attrs[name]:
+            setattr(obj, name, attrs[name])
