@@ -24,6 +24,8 @@ def fresh_triton_cache(tmp_path, monkeypatch):
     """Compile for real every time: a cached kernel is not traced, and tracing is what an
     earlier interpreted launch could have broken (triton_jit.interpreting restores it)."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+
+
 SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
 
 
