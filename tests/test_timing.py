@@ -62,6 +62,25 @@ def test_cpu_timing_of_a_known_wait():
     assert 1.9 <= t["p10_ms"] <= t["median_ms"] <= t["p90_ms"] < 200
 
 
+def test_gpu_warm_up_runs_on_until_the_clocks_settle():
+    """The requested calls, then more until WARM_S has passed (fake clock: 10 ms a call),
+    capped; no call at all when none is asked for (the limit search's probes)."""
+    now = [0.0]
+    calls = []
+
+    def fn():
+        calls.append(1)
+        now[0] += 0.01
+
+    made = timing.warm_up(fn, 3, sync=lambda: None, min_s=0.05, clock=lambda: now[0])
+    assert made == len(calls) == 5  # 3 asked, then 2 more to reach 50 ms
+    calls.clear()
+    assert timing.warm_up(fn, 0, sync=lambda: None, min_s=0.05, clock=lambda: now[0]) == 0
+    assert not calls
+    slow = timing.warm_up(lambda: None, 1, sync=lambda: None, min_s=1e9, clock=lambda: 0.0)
+    assert slow == 1 + timing.WARM_MAX_CALLS
+
+
 def test_bad_timer_and_iters():
     with pytest.raises(ValueError, match="timer"):
         timing.measure(lambda: None, device="cpu", timer="cupti")
