@@ -37,9 +37,11 @@ SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
         ("v4", 64, "decode", True, 36),  # no rope tail: d_qk 512
         ("bf16-576", 128, "prefill", False, 40),
         ("bf16", 64, "prefill", False, 36),
-        ("v32", 8, "decode", False, 52),  # narrow: QK 36 + PV 512/128 m-tiles x 4 k-steps
-        ("v4", 16, "decode", True, 48),
-        ("bf16-576", 32, "prefill", False, 52),
+        ("v4", 16, "decode", True, 48),  # narrow: QK 32 + PV 512/128 m-tiles x 4 k-steps
+        ("v32", 8, "decode", False, 136),  # alternate: 2 consumers x (QK 36 + PV 512/64 x 4)
+        ("bf16-576", 32, "prefill", False, 136),
+        ("bf16-576", 16, "prefill", False, 136),
+        ("bf16", 8, "prefill", False, 128),
     ],
 )
 def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
@@ -53,17 +55,33 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     assert ptx.count("wgmma.mma_async") == wgmma
     assert cfg.narrow == (heads <= 32 and cfg.block_h < 64)
     regs = probe.partition_regs(ptx)
-    producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
-    assert producer in regs and consumers >= 192  # the consumers hold a 64 x 256 fp32 acc
     threads = 32 * (8 + ta.GLUON_PRODUCER_WARPS)
-    assert 256 * consumers + 128 * producer <= 65536 >= threads * ta.gluon_maxnreg()
+    assert threads * ta.gluon_maxnreg() <= 65536
+    if cfg.alternate:  # two consumer partitions of 4 warps; the producer (default) the rest
+        consumers = ta._consumer_regs(cfg.producer_regs)
+        producer = 512 - 2 * consumers
+        assert consumers in regs and consumers >= 192  # each holds a 512 x NH fp32 acc
+        assert min(regs) <= producer  # the default partition's share, set by the compiler
+    else:
+        producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
+        assert producer in regs and consumers >= 192  # the consumers hold a 64 x 256 fp32 acc
+        assert 256 * consumers + 128 * producer <= 65536
 
 
 def test_config_picks_gluon_only_where_measured_faster():
     assert ta.config_for(8, "v32", True).gluon and ta.config_for(8, "v4", True).gluon
     assert ta.config_for(128, "bf16", True).gluon and not ta.config_for(32, "bf16", True, 512).gluon
-    assert ta.config_for(32, "bf16", True, 576).narrow and not ta.config_for(16, "bf16", True).gluon
-    assert ta.config_for(16, "v32", True).narrow and not ta.config_for(32, "v4", True).narrow
+    assert (
+        ta.config_for(32, "bf16", True, 576).alternate
+        and ta.config_for(8, "bf16", True, 512).alternate
+    )
+    assert not ta.config_for(16, "bf16", True, 512).gluon and ta.config_for(16, "bf16", True).gluon
+    assert ta.config_for(16, "v32", True).alternate and not ta.config_for(32, "v4", True).narrow
+    assert ta.config_for(16, "v4", True).narrow and not ta.config_for(16, "v4", True).alternate
+    assert not ta.config_for(32, "v32", True).narrow  # 64-head tile: narrow and alternate lost
+    assert all(c.async_fill == (c.alternate and c.chunk == 64 and c.producer_regs == 48)
+               for c in (ta.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
+                         for lay in ("v32", "v4", "bf16") for d in (512, 576)))  # fmt: skip
     assert not any(ta.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16"))
 
 

@@ -9,6 +9,7 @@ shapes (wgmma, warps, stages).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -289,7 +290,10 @@ GPU_CASES = [
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=3, layout="v32", topk=2048,
          context_len=8192, tokens=512),
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=24, layout="v32", topk=2048,
-         context_len=4096, tokens=300),  # the narrow Gluon kernel: 24 heads as the wgmma's N
+         context_len=4096, tokens=300),  # Gluon, alternate: 24 heads as the wgmma's N
+    dict(op="prefill", model="v4-flash", d_qk=512, num_heads=6, layout="v4", window=128,
+         topk=128, extra_topk=512, compress_ratio=4, sink=True, context_len=8192, page_size=64,
+         tokens=700),  # Gluon, alternate, d_qk 512, with a sink
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=32, layout="v32", topk=2048,
          context_len=4096, tokens=256, route="decode-kernel"),
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=16, layout="v32", topk=2048,
@@ -299,16 +303,22 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 70, 3), ("v4", 8, 2),
-                                                 ("v4", 128, None)])  # fmt: skip
-@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+@pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 12, 3), ("v32", 70, 3),
+                                                 ("v4", 8, 2), ("v4", 128, None)])  # fmt: skip
+@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate"])
 def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
-    """The Gluon producer/consumer kernel and the Triton kernel, compiled, at the CPU test's
+    """The Gluon producer/consumer kernel (as config_for picks it, and forced to alternate
+    key blocks between its consumers) and the Triton kernel, compiled, at the CPU test's
     contract (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
-    gluon = kernel == "gluon"
+    gluon = kernel != "triton"
     config = ta.config_for(heads, layout, gluon=gluon)
     if gluon and not config.gluon:
         pytest.skip(f"config_for picks no Gluon kernel for {layout}")
+    if kernel == "alternate":
+        if heads > 32:
+            pytest.skip("the alternate consumers take at most 32 heads")
+        bh = 16 if heads <= 16 else 32
+        config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
     _decode_check(layout, 64, heads, 200, splits, config, "cuda")
 
 

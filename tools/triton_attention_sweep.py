@@ -6,8 +6,9 @@ fp8_mqa_logits (logits only, no top-k), on a GPU; times with dsv4bench.measure.t
                                             [CASE_PREFIX ...]
 (FlashMLA from $DSV4BENCH_FLASHMLA_LIB, deep_gemm importable: tools/gpu/setup.sh.)
 
-First compiles every (case, config) in N parallel processes (Triton's on-disk cache keeps the
-kernels), then times them one by one in this process. Prints one line per (case, config):
+First compiles every (case, config) in its own process, N at a time (Triton's on-disk cache
+keeps the kernels; a compile that fails or aborts is reported and its config left out), then
+times them one by one in this process. Prints one line per (case, config):
 median ms and the ratio of the engine's time to it (> 1: Triton is faster).
 """
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing as mp
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 SCENARIO = "scenarios/sm90/triton_vs_flashmla.yaml"
 DEFAULT_CASES = [
@@ -40,7 +42,9 @@ DEFAULT_CASES = [
 # (..., gluon, chunk, producer_regs): the Gluon producer/consumer kernel
 GLUON = [(64, 64, 8, 1, True, True, 64, 120), (64, 64, 8, 1, False, True, 32, 96),
          (64, 64, 8, 1, True, True, 32, 96)]  # fmt: skip
-GLUON_BF16 = [(64, 64, 8, 1, False, True, 64, 56), (64, 64, 8, 1, False, True, 16, 96)]
+GLUON_BF16 = [(64, 64, 8, 1, False, True, 64, 56), (64, 64, 8, 1, False, True, 16, 96),
+              (64, 64, 8, 1, True, True, 64, 56, False, False, True),
+              (64, 64, 8, 1, True, True, 16, 96, False, False, True)]  # fmt: skip
 # (..., narrow): the Gluon kernel with 16/32 heads as the wgmma's N (keys as M)
 NARROW_GLUON_FP8 = [(16, 64, 8, 1, False, True, 32, 96, True),
                     (16, 64, 8, 1, True, True, 64, 120, True)]  # fmt: skip
@@ -49,14 +53,8 @@ NARROW_GLUON_BF16 = [(32, 64, 8, 1, True, True, 64, 56, True),
 WIDE_FP8 = [(64, 64, 8, 1, True), (64, 64, 8, 2, True), *GLUON]  # idx_ahead: indices early
 NARROW_FP8 = [(64, 64, 8, 1, False, True, 64, 120), *NARROW_GLUON_FP8]
 WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
-NARROW_BF16 = [
-    (32, 64, 4, 2, True),
-    (32, 32, 4, 2, True),
-    (32, 32, 4, 3, True),
-    (32, 64, 4, 1, True),
-    (32, 64, 4, 3, True),
-    *NARROW_GLUON_BF16,
-]
+# (32-key blocks, 1 or 3 stages lost in sweep-g8 of results/sm90/triton-gluon-h100)
+NARROW_BF16 = [(32, 64, 4, 2, True), *NARROW_GLUON_BF16]
 # ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
@@ -77,6 +75,21 @@ INDEXER_CASES = [
 PAGED_CASES = ["v4-flash:64:1:65536", "v4-flash:128:1:8192", "v3.2:64:2:65536"]
 
 
+def _alternate(heads: int, layout: str, d_qk: int):
+    """The narrow Gluon kernel with its consumer warpgroups on alternate key blocks (and, on
+    bf16 rows, the copies completing the buffer's barrier), sized for `heads`."""
+    bh = 16 if heads <= 16 else 32
+    if layout == "bf16":
+        return [(bh, 64, 8, 1, True, True, 64, 56, True, True, True),
+                (bh, 64, 8, 1, True, True, 64, 56, True, True, False),
+                (bh, 64, 8, 1, True, True, 64, 48, True, True, True),
+                (bh, 64, 8, 1, True, True, 16, 96, True, True, True),
+                (bh, 64, 8, 1, True, True, 64, 56, True, False, True)]  # fmt: skip
+    ahead = layout == "v4"
+    chunks = [(64, 120), (32, 96)] if layout == "v32" else [(32, 96)]
+    return [(bh, 64, 8, 1, ahead, True, c, r, True, True) for c, r in chunks]
+
+
 def _configs(heads: int, layout: str, d_qk: int):
     """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
     from dsv4bench.backends.triton_attention import Config, config_for
@@ -85,6 +98,8 @@ def _configs(heads: int, layout: str, d_qk: int):
         table = WIDE_BF16 if heads >= 64 else NARROW_BF16
     else:
         table = WIDE_FP8 if heads >= 64 else NARROW_FP8
+    if heads < 64:
+        table = table + _alternate(heads, layout, d_qk)
     default = config_for(heads, layout, True, d_qk)
     old = config_for(heads, layout)  # the Triton kernel's shape
     rest = [c for c in [old] + [Config(*x) for x in table] if c != default]
@@ -145,7 +160,19 @@ def _compile(args):
         return f"{case.case_id} {cfg}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def _attention(prefixes, kw) -> None:
+def _compile_apart(job) -> str:
+    """_compile in a process of its own: a compiler that aborts (an LLVM assertion) is one
+    failed config, not a hung pool."""
+    prefix, index = job
+    r = subprocess.run([sys.executable, __file__, "--compile-one", prefix, str(index)],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode == 0:
+        return ""
+    tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or ["no output"]
+    return f"{prefix} config {index}: exit {r.returncode}: {tail[0][:200]}"
+
+
+def _attention(prefixes, kw, broken=frozenset()) -> None:
     import torch
 
     from dsv4bench import backends
@@ -162,7 +189,10 @@ def _attention(prefixes, kw) -> None:
         except Exception as e:
             print(f"{case.case_id:58s} flashmla failed: {type(e).__name__}: {e}", flush=True)
         want = None  # the shipped default's output: every variant is compared with it
-        for cfg, splits in _configs(case.num_heads, _layout(case), case.d_qk):
+        configs = _configs(case.num_heads, _layout(case), case.d_qk)
+        for index, (cfg, splits) in enumerate(configs):
+            if (prefix_of(case, prefixes), index) in broken:
+                continue  # its compile failed (reported above); compiling here would too
             try:
                 launch = _launch(case, x, cfg, splits)
                 ms = timing.measure(launch.run, **kw)["median_ms"]
@@ -178,10 +208,16 @@ def _attention(prefixes, kw) -> None:
             print(f"{'':58s} bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} "
                   f"s{cfg.num_stages} ia{int(cfg.idx_ahead)} "
                   f"{f'gluon c{cfg.chunk} r{cfg.producer_regs} ' if cfg.gluon else ''}"
+                  f"{'narrow ' if cfg.narrow else ''}{'alt ' if cfg.alternate else ''}"
+                  f"{'async ' if cfg.async_fill else ''}"
                   f"splits{launch.info['splits']} {ms:8.4f} ms  flashmla/triton {ratio} "
                   f"cos {cos:.2g}", flush=True)  # fmt: skip
         del x
         torch.cuda.empty_cache()
+
+
+def prefix_of(case, prefixes) -> str:
+    return next(p for p in prefixes if case.case_id.startswith(p))
 
 
 def _as_output(case, x, got):
@@ -298,7 +334,12 @@ def main() -> int:
     ap.add_argument("--no-indexer", action="store_true")
     ap.add_argument("--no-attention", action="store_true")
     ap.add_argument("--defaults-only", action="store_true", help="only the shipped configs")
+    ap.add_argument("--compile-one", nargs=2, metavar=("PREFIX", "INDEX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.compile_one:
+        err = _compile((a.compile_one[0], int(a.compile_one[1])))
+        print(err, end="")
+        return 1 if err else 0
     from dsv4bench import backends
 
     backends.setup()
@@ -311,11 +352,13 @@ def main() -> int:
         cases = _cases(a.prefixes)
         work = [(p, i) for p, c in zip(a.prefixes, cases, strict=True)
                 for i in range(len(_configs(c.num_heads, _layout(c), c.d_qk)))]  # fmt: skip
-        with mp.get_context("spawn").Pool(a.jobs) as pool:
-            for err in pool.imap_unordered(_compile, work):
+        broken = set()
+        with ThreadPoolExecutor(a.jobs) as pool:
+            for job, err in zip(work, pool.map(_compile_apart, work), strict=True):
                 if err:
                     print("compile:", err, flush=True)
-        _attention(a.prefixes, kw)
+                    broken.add(job)
+        _attention(a.prefixes, kw, broken)
     if not a.no_indexer:
         _indexer(kw)
         _paged(kw)

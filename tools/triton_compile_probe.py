@@ -95,7 +95,7 @@ def compile_sm90(plan, gluon=None):
 
         fn, make = gluon_attention.KERNELS["attn"], GluonASTSource
         meta = ta._gluon_meta(meta, gluon)
-        opts = {"num_warps": 8, "maxnreg": ta.gluon_maxnreg()}
+        opts = ta.gluon_options(gluon)
     else:
         from dsv4bench.backends.triton_src import attention
 

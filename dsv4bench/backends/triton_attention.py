@@ -66,6 +66,8 @@ class Config:
     chunk: int = 16  # gluon: keys the producer gathers at a time
     producer_regs: int = 96  # gluon: registers a producer thread keeps (setmaxnreg)
     narrow: bool = False  # gluon: block_h (16/32) heads as the wgmma's N, keys as its M
+    alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
+    async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
 
 
 def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
@@ -77,9 +79,13 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
     time (more loads in flight; V4's larger footprint spills at 64) and, except on V3.2's
     cache (6% slower there), loads the next block's indices during this block (idx_ahead:
-    V4 decode 8-10% faster). Up to 16 heads (FP8) and at 17-32 heads with d_qk 576 (bf16
-    rows) it runs narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode
-    1.02-1.05x the 64-head tile, V3.2 prefill at 32 heads 1.1x the Triton kernel).
+    V4 decode 8-10% faster). Up to 16 heads (FP8) and up to 32 heads of bf16 rows with d_qk
+    576 (up to 8 with 512) it runs narrow: the heads are the wgmma's N, so none is padded to
+    64 (FP8 decode 1.02-1.05x the 64-head tile). There its consumer warpgroups take
+    alternate key blocks (alternate; bf16 rows also async_fill), except on V4's cache, where
+    it measured the same, and with d_qk 512 at 9-16 heads, where the Triton kernel stays
+    1-2% ahead: V3.2 decode at 16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6%,
+    V4 prefill at 8 heads 7% (sweeps/breakdown-*.txt in results/sm90/triton-gluon2-h100).
 
     Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
     (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
@@ -93,13 +99,14 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     if gluon and layout in ("v32", "v4"):
         chunk, regs = (64, 120) if layout == "v32" else (32, 96)
         return Config(16 if heads <= 16 else 64, 64, 8, 1, idx_ahead=layout == "v4",
-                      gluon=True, chunk=chunk, producer_regs=regs, narrow=heads <= 16)  # fmt: skip
+                      gluon=True, chunk=chunk, producer_regs=regs, narrow=heads <= 16,
+                      alternate=heads <= 16 and layout == "v32")  # fmt: skip
     if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
         return Config(64, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64 if d_qk == 576 else 16,
                       producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
-    if gluon and heads > 16 and d_qk == 576:
-        return Config(32, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64, producer_regs=56,
-                      narrow=True)  # fmt: skip
+    if gluon and (d_qk == 576 or heads <= 8):
+        return Config(16 if heads <= 16 else 32, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64,
+                      producer_regs=48, narrow=True, alternate=True, async_fill=True)  # fmt: skip
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
@@ -419,7 +426,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     meta = _meta(x, cfg, splits, exact)
     opts = {} if exact else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.gluon:
-        meta, opts = _gluon_meta(meta, cfg), {"num_warps": 8, "maxnreg": gluon_maxnreg()}
+        meta, opts = _gluon_meta(meta, cfg), gluon_options(cfg)
     combine = None
     if splits > 1:
         c_args = (parts, sink_arg, outs, h, x.s_q, splits)
@@ -435,6 +442,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "idx_ahead": cfg.idx_ahead,
         "gluon": cfg.gluon,
         "narrow": cfg.narrow,
+        "alternate": cfg.alternate,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -491,13 +499,27 @@ def gluon_maxnreg() -> int:
     return 65536 // (32 * (8 + GLUON_PRODUCER_WARPS)) // 8 * 8
 
 
+def gluon_options(cfg: Config) -> dict:
+    """The Gluon kernel's launch options: the warps of its default partition (both consumer
+    warpgroups, or with `alternate` the first one), registers a thread at launch."""
+    return {"num_warps": 4 if cfg.alternate else 8, "maxnreg": gluon_maxnreg()}
+
+
+def _consumer_regs(producer_regs: int) -> int:
+    """The second consumer partition's registers a thread with `alternate`: half of what the
+    producer leaves (the first one, the default partition, gets the rest)."""
+    return (65536 // 128 - producer_regs) // 2 // 8 * 8
+
+
 def _gluon_meta(meta: dict, cfg: Config) -> dict:
     """The Gluon kernel's constexprs: the Triton kernel's less its fixed or absent ones."""
     heads_ok = cfg.block_h in ((16, 32) if cfg.narrow else (64,))
-    if meta["EXACT"] or cfg.block_n != 64 or not heads_ok:
+    bf16 = meta["LAYOUT"] == LAYOUT_IDS["bf16"]
+    bad = (cfg.alternate and not cfg.narrow) or (cfg.async_fill and not bf16)
+    if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
-            "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow), "
-            f"not {cfg}"
+            "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
+            f"alternate only narrow, async_fill only on bf16 rows), not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
     kept = {k: v for k, v in meta.items() if k not in drop}
@@ -508,6 +530,9 @@ def _gluon_meta(meta: dict, cfg: Config) -> dict:
         "NARROW": cfg.narrow,
         "IDX_AHEAD": cfg.idx_ahead,
         "NH": cfg.block_h if cfg.narrow else 16,
+        "ALTERNATE": cfg.alternate,
+        "ASYNC_FILL": cfg.async_fill,
+        "CONSUMER_REGS": _consumer_regs(cfg.producer_regs),
     }
 
 

@@ -9,9 +9,12 @@ buffers while two consumer warpgroups run the dots and the online softmax on the
 asynchronous wgmma. mbarriers hand the buffers over (full: keys written; empty: both
 consumers done reading). Wide (64 heads): QK with each warpgroup 32 of the 64 keys, PV with
 each 256 of the 512 output columns. Narrow (16 or 32 heads, NARROW): the heads are the
-wgmma's N and the keys its M, so no head is padded to 64. The plain Triton kernel cannot
-express this overlap: its dequantization, both dots and the softmax are one serial chain per
-warp (results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/NOTES.md).
+wgmma's N and the keys its M, so no head is padded to 64; with ALTERNATE the two consumer
+warpgroups are partitions of their own that take alternate key blocks with all the heads and
+merge at the end. The producer is gluon_producer.py. The plain Triton kernel cannot express
+this overlap: its dequantization, both dots and the softmax are one serial chain per warp
+(results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/NOTES.md and
+triton-gluon2-h100/NOTES.md).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
@@ -27,22 +29,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from dsv4bench.backends.triton_src import layout as L
+from dsv4bench.backends.triton_src.gluon_producer import BLOCK_N, block_keys, produce
 
-BF16 = gl.constexpr(L.LAYOUT_IDS["bf16"])
-V32 = gl.constexpr(L.LAYOUT_IDS["v32"])
 D_V = gl.constexpr(L.D_V)
 ROPE = gl.constexpr(L.ROPE)
-V32_TILES = gl.constexpr(L.V32_TILES)
-V32_TILE = gl.constexpr(L.V32_TILE)
-V32_SCALES_AT = gl.constexpr(L.V32_SCALES_AT)
-V32_ROPE_AT = gl.constexpr(L.V32_ROPE_AT)
-V4_TILES = gl.constexpr(L.V4_TILES)
-V4_TILE = gl.constexpr(L.V4_TILE)
-V4_DATA = gl.constexpr(L.V4_DATA_BYTES)
-V4_SCALE = gl.constexpr(L.V4_SCALE_BYTES)
-V4_ROPE_AT = gl.constexpr(L.V4_ROPE_AT)
 BLOCK_H = gl.constexpr(64)
-BLOCK_N = gl.constexpr(64)
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -53,6 +44,10 @@ O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=
                                                   instr_shape=[16, 256, 16]))  # fmt: skip
 P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2))
 Q_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0]))
+Q_ROWS4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # ALTERNATE: 4 warps
+MERGE_SL = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # ALTERNATE's states
+WORDS_SL = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+OUT_COLS = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))  # 64 columns
 
 
 @gluon.jit
@@ -62,10 +57,15 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
                 SPLIT: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
                 PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr):  # fmt: skip
+                NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
+                ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                ASYNC_FILL: gl.constexpr, SKIP: gl.constexpr = 0):  # fmt: skip
     """Arguments as triton_src/attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
-    its M: no head is padded to 64 (consumers: _consume_narrow)."""
+    its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
+    warps a partition) the two consumer warpgroups are separate partitions that take
+    alternate key blocks with all NH heads each and merge their states at the end
+    (_consume_alternate)."""
     hb = gl.program_id(0)
     split = gl.program_id(1)
     t = gl.program_id(2).to(gl.int64)
@@ -75,7 +75,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_V], gl.bfloat16)
     qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, ROPE], gl.bfloat16)
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, NH], gl.bfloat16)
-    q_main, q_tail = _load_q(q, t, hb, H, HAS_TAIL, ROWS)
+    q_rows: gl.constexpr = Q_ROWS4 if ALTERNATE else Q_ROWS
+    q_main, q_tail = _load_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows)
     q_main_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_V], qm_sl, q_main)
     q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROPE], qt_sl, q_tail)
     k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
@@ -96,20 +97,37 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
     # constexprs into the partitions as plain values)
-    if NARROW:
+    if ALTERNATE:
+        acc_s, ml_s = _merge_buffers(k_main_s, k_tail_s, NH)
+        gl.warp_specialize(
+            [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
+                         ASYNC_FILL, SKIP)),
+             (_consume_alternate, (bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL,
+                                   NPARTS, ASYNC_FILL, SKIP, 0)),
+             (_consume_alternate, (bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL,
+                                   NPARTS, ASYNC_FILL, SKIP, 1))],
+            [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        _store_merged(acc_s, ml_s, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK,
+                      HAS_MAXL, SPLIT, NH)
+    elif NARROW:
         acc, m_i, l_i = gl.warp_specialize(
-            [(_consume_narrow, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS)),
-             (_produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
-                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD))],
+            [(_consume_narrow, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS,
+                                ASYNC_FILL, SKIP)),
+             (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
+                         ASYNC_FILL, SKIP))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         rows = gl.convert_layout(gl.permute(acc, (1, 0)), Q_ROWS)  # (heads, 512)
         _store(rows, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
                SPLIT, Q_ROWS, NH)
     else:
         acc, m_i, l_i = gl.warp_specialize(
-            [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS)),
-             (_produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
-                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD))],
+            [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL,
+                         SKIP)),
+             (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
+                         ASYNC_FILL, SKIP))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
                SPLIT, O_LAYOUT, BLOCK_H)
@@ -134,14 +152,14 @@ def _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: gl.c
 
 
 @gluon.jit
-def _load_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr):
+def _load_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr, LAY: gl.constexpr):
     """The program's ROWS heads of token t: (q[:, :512], q[:, 512:576] or zeros) in registers."""
-    heads = hb * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_ROWS))
+    heads = hb * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, LAY))
     hmask = heads < H
-    c = gl.arange(0, D_V, gl.SliceLayout(0, Q_ROWS))
+    c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
     row = q.ptr + t * q.st + heads[:, None] * q.sh
     q_main = gl.load(row + c[None, :], mask=hmask[:, None], other=0.0)
-    r = gl.arange(0, ROPE, gl.SliceLayout(0, Q_ROWS))
+    r = gl.arange(0, ROPE, gl.SliceLayout(0, LAY))
     tail_mask = hmask[:, None] & (r[None, :] < ROPE * HAS_TAIL)
     q_tail = gl.load(row + D_V + r[None, :], mask=tail_mask, other=0.0)
     return q_main, q_tail
@@ -156,26 +174,17 @@ def _length(cache, t, LENS_DIV, HAS_LENS: gl.constexpr):
 
 
 @gluon.jit
-def _block_keys(i, keys, cache, x_cache, k, NPARTS: gl.constexpr):
-    """Entry i of the joined key-block list at key offsets k (a tensor): (indices, -1 where
-    masked; the number of slots of the cache they index)."""
-    t, main_blocks, length, x_length, start, stop = keys
-    blk = i
-    idx_row = cache.idx + t * cache.width
-    slots = cache.slots
-    if NPARTS == 2:
-        is_x = i >= main_blocks
-        blk = gl.where(is_x, i - main_blocks, i)
-        idx_row = gl.where(is_x, x_cache.idx + t * x_cache.width, idx_row)
-        length = gl.where(is_x, x_length, length)
-        slots = gl.where(is_x, x_cache.slots, slots)
-    kk = blk * BLOCK_N + k
-    idx = gl.load(idx_row + kk, mask=kk < length, other=-1)
-    return idx, slots
-
-
-@gluon.jit
-def _consume(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr):
+def _consume(
+    bufs,
+    cache,
+    x_cache,
+    keys,
+    scale2,
+    HAS_TAIL: gl.constexpr,
+    NPARTS: gl.constexpr,
+    FENCE: gl.constexpr,
+    SKIP: gl.constexpr,
+):
     """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
     fills; (acc [64, 512] unnormalized, m_i, l_i)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
@@ -189,19 +198,22 @@ def _consume(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr, NPARTS:
     for i in range(start, stop):
         n = i - start
         buf = n % 2
-        idx, slots = _block_keys(i, keys, cache, x_cache, k_cols, NPARTS)
+        idx, slots = block_keys(i, keys, cache, x_cache, k_cols, NPARTS)
         valid = (idx >= 0) & (idx < slots)
         mbarrier.wait(full.index(buf), (n // 2) & 1)
-        kb = k_main_s.index(buf)
-        s = warpgroup_mma(q_main_s, kb.permute((1, 0)), s0, use_acc=False, is_async=True)
-        if HAS_TAIL:
-            s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 1)
-        p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        acc = warpgroup_mma(p_op, kb, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
+            fence_async_shared()
+        if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
+            kb = k_main_s.index(buf)
+            s = warpgroup_mma(q_main_s, kb.permute((1, 0)), s0, use_acc=False, is_async=True)
+            if HAS_TAIL:
+                s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 1)
+            p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+            acc = warpgroup_mma(p_op, kb, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, l_i
 
@@ -220,7 +232,7 @@ def _softmax_step(s, valid, m_i, l_i, scale2, KEYS: gl.constexpr):
 
 @gluon.jit
 def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
-                    NPARTS: gl.constexpr):  # fmt: skip
+                    NPARTS: gl.constexpr, FENCE: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
     """The consumers with NH heads as the wgmma's N: S^T = K Q^T (64 keys x NH, each warpgroup
     NH / 2 heads), the softmax down the keys, P^T through shared memory (double-buffered: one
     partition barrier a block orders both warpgroups' writes and reads), O^T += V^T P^T (each
@@ -242,174 +254,116 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     for i in range(start, stop):
         n = i - start
         buf = n % 2
-        idx, slots = _block_keys(i, keys, cache, x_cache, k_rows, NPARTS)
+        idx, slots = block_keys(i, keys, cache, x_cache, k_rows, NPARTS)
         valid = (idx >= 0) & (idx < slots)
         mbarrier.wait(full.index(buf), (n // 2) & 1)
-        kb = k_main_s.index(buf)
-        s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
-        if HAS_TAIL:
-            s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 0)
-        pb = p_s.index(buf)
-        pb.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_l))[None, :]
-        acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
+            fence_async_shared()
+        if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
+            kb = k_main_s.index(buf)
+            s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
+            if HAS_TAIL:
+                s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 0)
+            pb = p_s.index(buf)
+            pb.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_l))[None, :]
+            acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT: gl.constexpr,
-             P: gl.constexpr, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-             WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr,
-             AHEAD: gl.constexpr):  # fmt: skip
-    """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
-    the free buffer, CHUNK keys at a time, a key's 16-byte pieces across a warp. With AHEAD
-    the next block's indices load while this block's rows do and wait in idx_s (two
-    buffers): a block then costs one memory round trip, not two (index, then rows)."""
+def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
+                       NPARTS: gl.constexpr, FENCE: gl.constexpr, SKIP: gl.constexpr,
+                       W: gl.constexpr):  # fmt: skip
+    """One consumer warpgroup of ALTERNATE: the key blocks start + W, start + W + 2, ... (the
+    producer's buffer W) with all NH heads as the wgmma's N: S^T = K Q^T, the softmax down the
+    keys, P^T through its own shared buffer, O^T += V^T P^T. No barrier couples it to the
+    other warpgroup, so one's softmax overlaps the other's wgmma, and a key tile is read once
+    (the narrow consumers both read every tile, for NH / 2 heads each). Its state (acc^T, m_i,
+    l_i) goes to acc_s.index(W) and ml_s (over its own key buffer, which no block uses any
+    more)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
+    NH: gl.constexpr = p_s.type.shape[2]
+    lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, NH, 16])  # fmt: skip
     start = keys[4]
     stop = keys[5]
-    main_blocks = keys[1]
-    k = gl.arange(0, BLOCK_N, gl.BlockedLayout([1], [32], [PW], [0]))
-    if AHEAD:
-        first, _ = _block_keys(start, keys, cache, x_cache, k, NPARTS)
-        idx_s.index(0).store(first)
-        gl.thread_barrier()
-    for i in range(start, stop):
-        n = i - start
-        buf = n % 2
-        if AHEAD:
-            nxt, _ = _block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
-        u8, u16, f32, s0, s1 = cache.u8, cache.u16, cache.f32, cache.s0, cache.s1
-        slots = cache.slots
-        if NPARTS == 2:
-            is_x = i >= main_blocks
-            u8 = gl.where(is_x, x_cache.u8, u8)
-            u16 = gl.where(is_x, x_cache.u16, u16)
-            f32 = gl.where(is_x, x_cache.f32, f32)
-            s0 = gl.where(is_x, x_cache.s0, s0)
-            s1 = gl.where(is_x, x_cache.s1, s1)
-            slots = gl.where(is_x, x_cache.slots, slots)
-        mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
-        kb = k_main_s.index(buf)
-        tb = k_tail_s.index(buf)
-        ks = (idx_s.index(buf), i, keys, cache, x_cache, slots)
-        for c in gl.static_range(BLOCK_N // CHUNK):
-            if LAYOUT == BF16:
-                _bf16_chunk(ks, c, u8, s0, kb, tb, HAS_TAIL, NPARTS, AHEAD, CHUNK, PW)
-            elif LAYOUT == V32:
-                _v32_chunk(ks, c, u8, u16, f32, s0, s1, kb, tb, P, HAS_TAIL, NPARTS, AHEAD, WIDE,
-                           CHUNK, PW)  # fmt: skip
-            else:
-                _v4_chunk(ks, c, u8, u16, s0, kb, P, NPARTS, AHEAD, WIDE, CHUNK, PW)
-        if LAYOUT == BF16:
-            async_copy.commit_group()
-            async_copy.wait_group(0)
-        fence_async_shared()
-        mbarrier.arrive(full.index(buf), count=1)
-        if AHEAD:
-            idx_s.index(1 - buf).store(nxt)
+    m_i = gl.full([NH], float("-inf"), gl.float32, gl.SliceLayout(0, lay))
+    l_i = gl.full([NH], 0.0, gl.float32, gl.SliceLayout(0, lay))
+    acc = gl.zeros([D_V, NH], gl.float32, lay)
+    s0 = gl.zeros([BLOCK_N, NH], gl.float32, lay)
+    k_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, lay))
+    pb = p_s.index(W)
+    for i in range(start + W, stop, 2):
+        buf = (i - start) % 2  # = W; as the loop's value the dots' descriptors are not hoisted
+        idx, slots = block_keys(i, keys, cache, x_cache, k_rows, NPARTS)
+        valid = (idx >= 0) & (idx < slots)
+        mbarrier.wait(full.index(buf), ((i - start) // 2) & 1)
+        if FENCE:
+            fence_async_shared()
+        if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
+            kb = k_main_s.index(buf)
+            s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
+            if HAS_TAIL:
+                s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 0)
+            pb.store(p.to(gl.bfloat16))
+            fence_async_shared()
             gl.thread_barrier()
+            acc = acc * alpha[None, :]
+            acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(buf), count=1)
+    acc_s.index(W).slice(0, NH).store(gl.permute(acc, (1, 0)))
+    ml_s.slice(2 * W * BLOCK_N, NH).store(m_i)
+    ml_s.slice((2 * W + 1) * BLOCK_N, NH).store(l_i)
 
 
 @gluon.jit
-def _slots(ks, c, lay: gl.constexpr, NPARTS: gl.constexpr, AHEAD: gl.constexpr,
-           WIDE: gl.constexpr, CHUNK: gl.constexpr):  # fmt: skip
-    """(valid, slot) of the chunk's keys, in layout lay; masked keys read slot 0. ks: (the
-    block's prefetched indices in shared memory (AHEAD), block i, keys, caches, slots)."""
-    ib, i, keys, cache, x_cache, slots = ks
-    if AHEAD:
-        idx = ib.slice(c * CHUNK, CHUNK).load(lay)
-    else:
-        idx, _ = _block_keys(i, keys, cache, x_cache, c * CHUNK + gl.arange(0, CHUNK, lay), NPARTS)
-    if WIDE:
-        idx = idx.to(gl.int64)
-    valid = (idx >= 0) & (idx < slots)
-    return valid, gl.where(valid, idx, 0)
+def _merge_buffers(k_main_s, k_tail_s, NH: gl.constexpr):
+    """ALTERNATE's states over the key buffers (fp32): acc_s [2, 32, 512] (acc^T of warpgroup
+    W in acc_s.index(W)'s first NH rows), ml_s: its m and l at words 128 W and 128 W + 64."""
+    acc_s = k_main_s._reinterpret(gl.float32, [2, BLOCK_N // 2, D_V], MERGE_SL)
+    ml_s = k_tail_s._reinterpret(gl.float32, [BLOCK_N * ROPE], WORDS_SL)
+    return acc_s, ml_s
 
 
 @gluon.jit
-def _bf16_chunk(ks, c, rows_ptr, s0, kb, tb, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-                AHEAD: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
-    """Sparse prefill's bf16 rows: copied as they are (cp.async, 16 bytes a thread; masked
-    rows are zero-filled) into kb rows and, for d_qk 576, the last 64 columns into tb rows."""
-    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
-    valid, slot = _slots(ks, c, gl.SliceLayout(1, ROWS), NPARTS, AHEAD, False, CHUNK)
-    col = gl.arange(0, D_V, gl.SliceLayout(0, ROWS))
-    rows = rows_ptr + slot[:, None] * s0
-    async_copy.async_copy_global_to_shared(kb.slice(c * CHUNK, CHUNK), rows + col[None, :],
-                                           mask=valid[:, None])  # fmt: skip
-    if HAS_TAIL:
-        TAIL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-        valid_t, slot_t = _slots(ks, c, gl.SliceLayout(1, TAIL), NPARTS, AHEAD, False, CHUNK)
-        r = gl.arange(0, ROPE, gl.SliceLayout(0, TAIL))
-        tail = rows_ptr + slot_t[:, None] * s0 + D_V + r[None, :]
-        async_copy.async_copy_global_to_shared(tb.slice(c * CHUNK, CHUNK), tail,
-                                               mask=valid_t[:, None])  # fmt: skip
-
-
-@gluon.jit
-def _v32_chunk(ks, c, u8, u16, f32, s0, s1, kb, tb, P: gl.constexpr, HAS_TAIL: gl.constexpr,
-               NPARTS: gl.constexpr, AHEAD: gl.constexpr, WIDE: gl.constexpr,
-               CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
-    """V3.2 records: 4 tiles of 128 e4m3 x fp32 scale -> kb rows; the bf16 rope -> tb rows."""
-    V32_GATHER: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 4, 8], [PW, 1, 1], [2, 1, 0])
-    ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-    key_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, V32_GATHER))
-    valid, slot = _slots(ks, c, key_l, NPARTS, AHEAD, WIDE, CHUNK)
-    rec = (slot // P) * s0 + (slot % P) * s1
-    g = gl.arange(0, V32_TILES, gl.SliceLayout(0, gl.SliceLayout(2, V32_GATHER)))
-    col = gl.arange(0, V32_TILE, gl.SliceLayout(0, gl.SliceLayout(1, V32_GATHER)))
-    at = rec[:, None, None] + (g[None, :, None] * V32_TILE + col[None, None, :])
-    raw = gl.load(u8 + at, mask=valid[:, None, None], other=0)
-    scale = gl.load(f32 + (rec[:, None] + V32_SCALES_AT) // 4 + g[None, :], mask=valid[:, None],
-                    other=0.0)  # fmt: skip
-    x = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, :, None]
-    k = gl.reshape(x.to(gl.bfloat16), [CHUNK, D_V])
-    kb.slice(c * CHUNK, CHUNK).store(k)
-    if HAS_TAIL:
-        valid_r, slot_r = _slots(ks, c, gl.SliceLayout(1, ROPE_ROWS), NPARTS, AHEAD, WIDE, CHUNK)
-        rec_r = (slot_r // P) * s0 + (slot_r % P) * s1
-        r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
-        rope = gl.load(u16 + (rec_r[:, None] + V32_ROPE_AT) // 2 + r[None, :],
-                       mask=valid_r[:, None], other=0)  # fmt: skip
-        tb.slice(c * CHUNK, CHUNK).store(rope.to(gl.bfloat16, bitcast=True))
-
-
-@gluon.jit
-def _v4_chunk(ks, c, u8, u16, s0, kb, P: gl.constexpr, NPARTS: gl.constexpr,
-              AHEAD: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
-              PW: gl.constexpr):  # fmt: skip
-    """V4 pages: 7 tiles of 64 e4m3 x 2^(ue8m0 - 127) -> kb rows, columns 0..447; the 64 bf16
-    rope -> columns 448..511, written after them (the first store leaves zeros there)."""
-    V4_GATHER: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [PW, 1, 1], [2, 1, 0])
-    ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-    key_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, V4_GATHER))
-    valid, slot = _slots(ks, c, key_l, NPARTS, AHEAD, WIDE, CHUNK)
-    page = (slot // P) * s0
-    data = page + (slot % P) * V4_DATA
-    scl = page + P * V4_DATA + (slot % P) * V4_SCALE
-    g = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(2, V4_GATHER)))
-    col = gl.arange(0, V4_TILE, gl.SliceLayout(0, gl.SliceLayout(1, V4_GATHER)))
-    is_nope = g[None, :, None] < V4_TILES
-    raw = gl.load(u8 + data[:, None, None] + (g[None, :, None] * V4_TILE + col[None, None, :]),
-                  mask=valid[:, None, None] & is_nope, other=0)  # fmt: skip
-    sb = gl.load(u8 + scl[:, None] + g[None, :], mask=valid[:, None], other=127).to(gl.uint32)
-    sc = gl.where(sb == 0, 0x400000, sb << 23).to(gl.float32, bitcast=True)
-    deq = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-    valid_r, slot_r = _slots(ks, c, gl.SliceLayout(1, ROPE_ROWS), NPARTS, AHEAD, WIDE, CHUNK)
-    data_r = (slot_r // P) * s0 + (slot_r % P) * V4_DATA
-    r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
-    rope = gl.load(u16 + (data_r[:, None] + V4_ROPE_AT) // 2 + r[None, :], mask=valid_r[:, None],
-                   other=0)  # fmt: skip
-    rows = kb.slice(c * CHUNK, CHUNK)
-    rows.store(gl.reshape(deq.to(gl.bfloat16), [CHUNK, D_V]))
-    gl.thread_barrier()  # the rope overwrites the zeros of tile 7 stored by other threads
-    rows.slice(V4_ROPE_AT, ROPE, dim=1).store(rope.to(gl.bfloat16, bitcast=True))
+def _store_merged(acc_s, ml_s, outs, parts, sink_ptr, t, hb, split, H, S_Q,
+                  HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr,
+                  NH: gl.constexpr):  # fmt: skip
+    """ALTERNATE: the two warpgroups' states merged (base 2) and stored as _store does, 64
+    output columns at a time (both accumulators at once would not fit in registers)."""
+    row_l: gl.constexpr = gl.SliceLayout(1, OUT_COLS)
+    gl.thread_barrier()
+    m0 = ml_s.slice(0, NH).load(row_l)
+    m1 = ml_s.slice(2 * BLOCK_N, NH).load(row_l)
+    m_i = gl.maximum(m0, m1)
+    m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
+    a0 = gl.exp2(m0 - m_use)
+    a1 = gl.exp2(m1 - m_use)
+    l0 = ml_s.slice(BLOCK_N, NH).load(row_l)
+    l_i = l0 * a0 + ml_s.slice(3 * BLOCK_N, NH).load(row_l) * a1
+    heads = hb * NH + gl.arange(0, NH, row_l)
+    hmask = heads < H
+    l_div, sink_div = _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
+                                 HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
+    COLS: gl.constexpr = 64
+    acc0_s = acc_s.index(0).slice(0, NH)
+    acc1_s = acc_s.index(1).slice(0, NH)
+    for j in gl.static_range(D_V // COLS):
+        c = j * COLS + gl.arange(0, COLS, gl.SliceLayout(0, OUT_COLS))
+        acc = acc0_s.slice(j * COLS, COLS, dim=1).load(OUT_COLS) * a0[:, None]
+        acc += acc1_s.slice(j * COLS, COLS, dim=1).load(OUT_COLS) * a1[:, None]
+        _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK,
+                    SPLIT)  # fmt: skip
 
 
 @gluon.jit
@@ -423,25 +377,48 @@ def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK:
     l_i = gl.convert_layout(l_i, row_l)
     heads = hb * ROWS + gl.arange(0, ROWS, row_l)
     hmask = heads < H
+    l_div, sink_div = _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
+                                 HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
     c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
+    _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
+
+
+@gluon.jit
+def _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
+               HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """Write the heads' lse (base 2 into a split's partial; else natural log, and the max
+    logits); (the divisor by l, the sink's divisor) a head."""
     has_key = l_i > 0.0
-    o = acc / gl.where(has_key, l_i, 1.0)[:, None]
-    lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+    l_div = gl.where(has_key, l_i, 1.0)
+    lse2 = gl.where(has_key, m_i + gl.log2(l_div), float("-inf"))
+    sink_div = gl.full_like(l_div, 1.0)
     if SPLIT:
-        at = (t * gl.num_programs(1) + split) * H + heads
-        gl.store(parts.o + at[:, None] * D_V + c[None, :], o, mask=hmask[:, None])
-        gl.store(parts.lse + at, lse2, mask=hmask)
+        gl.store(parts.lse + (t * gl.num_programs(1) + split) * H + heads, lse2, mask=hmask)
     else:
         if HAS_SINK:
             sink2 = gl.load(sink_ptr + heads, mask=hmask, other=float("-inf")) * LOG2E
-            o = o / gl.where(has_key, 1.0 + gl.exp2(sink2 - lse2), 1.0)[:, None]
-        o_ptrs = outs.out + t * outs.st + heads[:, None] * outs.sh + c[None, :]
-        gl.store(o_ptrs, o.to(gl.bfloat16), mask=hmask[:, None])
+            sink_div = gl.where(has_key, 1.0 + gl.exp2(sink2 - lse2), 1.0)
         lse = gl.where(has_key, lse2 * LN2, float("inf"))
         lse_at = (t // S_Q) * outs.lse_sb + (t % S_Q) * outs.lse_ss + heads * outs.lse_sh
         gl.store(outs.lse + lse_at, lse, mask=hmask)
         if HAS_MAXL:
             gl.store(outs.maxl + t * H + heads, m_i * LN2, mask=hmask)  # (T, H) contiguous
+    return l_div, sink_div
+
+
+@gluon.jit
+def _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H,
+                HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """Output columns c of the heads: acc normalized, as the split's fp32 partial or bf16."""
+    o = acc / l_div[:, None]
+    if SPLIT:
+        at = (t * gl.num_programs(1) + split) * H + heads
+        gl.store(parts.o + at[:, None] * D_V + c[None, :], o, mask=hmask[:, None])
+    else:
+        if HAS_SINK:
+            o = o / sink_div[:, None]
+        o_ptrs = outs.out + t * outs.st + heads[:, None] * outs.sh + c[None, :]
+        gl.store(o_ptrs, o.to(gl.bfloat16), mask=hmask[:, None])
 
 
 KERNELS = {"attn": attn_kernel}

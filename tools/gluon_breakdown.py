@@ -1,0 +1,101 @@
+"""Where the Gluon attention kernel's time goes, measured on a GPU: each (case, config) timed
+whole, without its gather (the producer only hands the buffers over) and without its dots
+(the consumers only hand them back), with the bytes per second (every query's keys read
+once: metrics.attention_bytes) and the TFLOP/s of the whole run. A part's time near the
+whole one is what bounds the kernel; both well under it means the hand-over between them
+does.
+
+    python3 tools/gluon_breakdown.py CASE_PREFIX=CONFIG [...]    (tools/gpu/setup.sh first)
+    python3 tools/gluon_breakdown.py --ncu CASE_PREFIX=CONFIG    one launch, for
+        ncu --nvtx --nvtx-include "probe/" ...  (FlashMLA's with CONFIG "flashmla")
+
+CONFIG: "default" (the shipped config_for pick), "flashmla" (the engine kernel; whole only),
+or Config's fields as a Python tuple, e.g. "(32,64,8,1,True,True,64,48,True,True,True)".
+Cases: scenarios/sm90/triton_vs_flashmla.yaml. Times: dsv4bench.measure.timing, cold L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+sys.path.insert(0, "tools")
+
+SKIPS = {"whole": 0, "no gather": 1, "no dots": 2}
+
+
+def _config(case, spec: str):
+    from triton_attention_sweep import _layout
+
+    from dsv4bench.backends import triton_attention as ta
+
+    if spec == "default":
+        return ta.config_for(case.num_heads, _layout(case), True, case.d_qk)
+    return ta.Config(*ast.literal_eval(spec))
+
+
+def _runner(case, x, spec: str, skip: int):
+    """A callable that launches the case once as `spec` with the kernel's SKIP."""
+    if spec == "flashmla":
+        from dsv4bench import backends
+
+        return backends.get("flashmla").prepare(case, x, "cuda").run
+    from triton_attention_sweep import _launch
+
+    plan = _launch(case, x, _config(case, spec))
+    if skip:
+        if not plan.info["gluon"]:
+            return None
+        plan.meta["SKIP"] = skip
+    return plan.run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs", nargs="+", help="CASE_PREFIX=CONFIG")
+    ap.add_argument("--ncu", action="store_true", help="one launch of each, inside probe/")
+    a = ap.parse_args()
+    import torch
+    from triton_attention_sweep import _cases
+
+    from dsv4bench import backends
+    from dsv4bench.cases import inputs
+    from dsv4bench.measure import metrics, timing
+
+    backends.setup()
+    kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
+    for run in a.runs:
+        prefix, spec = run.split("=", 1)
+        case = _cases([prefix])[0]
+        x = inputs.make_inputs(case, "cuda")
+        if a.ncu:
+            fn = _runner(case, x, spec, 0)
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("probe")
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+            print(f"{case.case_id} {spec}: profiled", flush=True)
+            continue
+        flops = metrics.attention_flops(case)
+        moved = metrics.attention_bytes(case)  # every query's keys read once
+        cells = []
+        for name, skip in SKIPS.items():
+            fn = None if (skip and spec == "flashmla") else _runner(case, x, spec, skip)
+            if fn is None:
+                continue
+            ms = timing.measure(fn, **kw)["median_ms"]
+            extra = ""
+            if skip == 0:
+                extra = f" ({moved / ms / 1e9:.2f} TB/s, {flops / ms / 1e9:.0f} TFLOP/s)"
+            cells.append(f"{name} {ms:.4f} ms{extra}")
+        print(f"{case.case_id:52s} {spec}: " + "; ".join(cells), flush=True)
+        del x
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
