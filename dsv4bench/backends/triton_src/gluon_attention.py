@@ -45,6 +45,7 @@ O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=
 P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2))
 Q_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0]))
 Q_ROWS4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # ALTERNATE: 4 warps
+TAIL_WORDS = gl.constexpr(BLOCK_N * ROPE // 2)  # fp32 words of one key buffer's rope tail
 MERGE_SL = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # ALTERNATE's states
 WORDS_SL = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 OUT_COLS = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))  # 64 columns
@@ -322,14 +323,15 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
     acc_s.index(W).slice(0, NH).store(gl.permute(acc, (1, 0)))
-    ml_s.slice(2 * W * BLOCK_N, NH).store(m_i)
-    ml_s.slice((2 * W + 1) * BLOCK_N, NH).store(l_i)
+    ml_s.slice(W * TAIL_WORDS, NH).store(m_i)
+    ml_s.slice(W * TAIL_WORDS + BLOCK_N, NH).store(l_i)
 
 
 @gluon.jit
 def _merge_buffers(k_main_s, k_tail_s, NH: gl.constexpr):
     """ALTERNATE's states over the key buffers (fp32): acc_s [2, 32, 512] (acc^T of warpgroup
-    W in acc_s.index(W)'s first NH rows), ml_s: its m and l at words 128 W and 128 W + 64."""
+    W in acc_s.index(W)'s first NH rows), ml_s: its m and l at words TAIL_WORDS W and
+    TAIL_WORDS W + 64, in its own buffer's tail."""
     acc_s = k_main_s._reinterpret(gl.float32, [2, BLOCK_N // 2, D_V], MERGE_SL)
     ml_s = k_tail_s._reinterpret(gl.float32, [BLOCK_N * ROPE], WORDS_SL)
     return acc_s, ml_s
@@ -344,13 +346,13 @@ def _store_merged(acc_s, ml_s, outs, parts, sink_ptr, t, hb, split, H, S_Q,
     row_l: gl.constexpr = gl.SliceLayout(1, OUT_COLS)
     gl.thread_barrier()
     m0 = ml_s.slice(0, NH).load(row_l)
-    m1 = ml_s.slice(2 * BLOCK_N, NH).load(row_l)
+    m1 = ml_s.slice(TAIL_WORDS, NH).load(row_l)
     m_i = gl.maximum(m0, m1)
     m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
     a0 = gl.exp2(m0 - m_use)
     a1 = gl.exp2(m1 - m_use)
     l0 = ml_s.slice(BLOCK_N, NH).load(row_l)
-    l_i = l0 * a0 + ml_s.slice(3 * BLOCK_N, NH).load(row_l) * a1
+    l_i = l0 * a0 + ml_s.slice(TAIL_WORDS + BLOCK_N, NH).load(row_l) * a1
     heads = hb * NH + gl.arange(0, NH, row_l)
     hmask = heads < H
     l_div, sink_div = _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
