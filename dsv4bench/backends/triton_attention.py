@@ -64,7 +64,8 @@ class Config:
     idx_ahead: bool = False  # the next key block's indices load during this block
     gluon: bool = False  # the Gluon producer/consumer kernel (sm90; 64-key blocks)
     chunk: int = 16  # gluon: keys the producer gathers at a time
-    producer_regs: int = 96  # gluon: registers a producer thread keeps (setmaxnreg)
+    producer_regs: int = 96  # gluon: a producer thread's registers (setmaxnreg; alternate:
+    # the consumers get half of the rest each, the producer what they leave)
     narrow: bool = False  # gluon: block_h (16/32) heads as the wgmma's N, keys as its M
     alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
     async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
@@ -443,6 +444,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "gluon": cfg.gluon,
         "narrow": cfg.narrow,
         "alternate": cfg.alternate,
+        "async_fill": cfg.async_fill,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -501,13 +503,13 @@ def gluon_maxnreg() -> int:
 
 def gluon_options(cfg: Config) -> dict:
     """The Gluon kernel's launch options: the warps of its default partition (both consumer
-    warpgroups, or with `alternate` the first one), registers a thread at launch."""
+    warpgroups, or with `alternate` the producer), registers a thread at launch."""
     return {"num_warps": 4 if cfg.alternate else 8, "maxnreg": gluon_maxnreg()}
 
 
 def _consumer_regs(producer_regs: int) -> int:
-    """The second consumer partition's registers a thread with `alternate`: half of what the
-    producer leaves (the first one, the default partition, gets the rest)."""
+    """Registers a thread of each consumer partition with `alternate`: half of what
+    producer_regs leave (the producer, the default partition, gets what they leave)."""
     return (65536 // 128 - producer_regs) // 2 // 8 * 8
 
 
