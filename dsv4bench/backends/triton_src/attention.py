@@ -10,6 +10,7 @@ token are the named constants below.
 from __future__ import annotations
 
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from dsv4bench.backends.triton_src import device_fn
 from dsv4bench.backends.triton_src import layout as L
@@ -284,7 +285,10 @@ def combine_kernel(
     HAS_SINK: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     EXACT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched while the attention grid runs: its partials are complete after this
+        gdc_wait()
     h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     s = tl.arange(0, SPLITS_P2)

@@ -70,6 +70,9 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     hb = gl.program_id(0)
     split = gl.program_id(1)
     t = gl.program_id(2).to(gl.int64)
+    if SPLIT:  # the combine kernel may launch now (PDL); it waits for this grid's partials
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
     ROWS: gl.constexpr = NH if NARROW else BLOCK_H
     main_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
     tail_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.bfloat16)
