@@ -191,7 +191,7 @@ def _attention(prefixes, kw, broken=frozenset()) -> None:
         want = None  # the shipped default's output: every variant is compared with it
         configs = _configs(case.num_heads, _layout(case), case.d_qk)
         for index, (cfg, splits) in enumerate(configs):
-            if (prefix_of(case, prefixes), index) in broken:
+            if (_prefix_of(case, prefixes), index) in broken:
                 continue  # its compile failed (reported above); compiling here would too
             try:
                 launch = _launch(case, x, cfg, splits)
@@ -216,7 +216,7 @@ def _attention(prefixes, kw, broken=frozenset()) -> None:
         torch.cuda.empty_cache()
 
 
-def prefix_of(case, prefixes) -> str:
+def _prefix_of(case, prefixes) -> str:
     return next(p for p in prefixes if case.case_id.startswith(p))
 
 

@@ -202,11 +202,8 @@ def _consume(
     for i in range(start, stop):
         n = i - start
         buf = n % 2
-        idx, slots = block_keys(i, keys, cache, x_cache, k_cols, NPARTS)
-        valid = (idx >= 0) & (idx < slots)
-        mbarrier.wait(full.index(buf), (n // 2) & 1)
-        if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
-            fence_async_shared()
+        valid = _await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
+                             FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             kb = k_main_s.index(buf)
             s = warpgroup_mma(q_main_s, kb.permute((1, 0)), s0, use_acc=False, is_async=True)
@@ -220,6 +217,19 @@ def _consume(
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, l_i
+
+
+@gluon.jit
+def _await_block(i, buf, phase, keys, cache, x_cache, k, full, NPARTS: gl.constexpr,
+                 FENCE: gl.constexpr):  # fmt: skip
+    """A consumer's wait for key block i in buffer buf: its valid keys at offsets k (loaded
+    before the wait), once the producer's full barrier has reached `phase`."""
+    idx, slots = block_keys(i, keys, cache, x_cache, k, NPARTS)
+    valid = (idx >= 0) & (idx < slots)
+    mbarrier.wait(full.index(buf), phase)
+    if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
+        fence_async_shared()
+    return valid
 
 
 @gluon.jit
@@ -258,11 +268,8 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     for i in range(start, stop):
         n = i - start
         buf = n % 2
-        idx, slots = block_keys(i, keys, cache, x_cache, k_rows, NPARTS)
-        valid = (idx >= 0) & (idx < slots)
-        mbarrier.wait(full.index(buf), (n // 2) & 1)
-        if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
-            fence_async_shared()
+        valid = _await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_rows, full, NPARTS,
+                             FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             kb = k_main_s.index(buf)
             s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
@@ -306,11 +313,8 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
     pb = p_s.index(W)
     for i in range(start + W, stop, 2):
         buf = (i - start) % 2  # = W; as the loop's value the dots' descriptors are not hoisted
-        idx, slots = block_keys(i, keys, cache, x_cache, k_rows, NPARTS)
-        valid = (idx >= 0) & (idx < slots)
-        mbarrier.wait(full.index(buf), ((i - start) // 2) & 1)
-        if FENCE:
-            fence_async_shared()
+        valid = _await_block(i, buf, ((i - start) // 2) & 1, keys, cache, x_cache, k_rows, full,
+                             NPARTS, FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             kb = k_main_s.index(buf)
             s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
