@@ -294,6 +294,9 @@ GPU_CASES = [
     dict(op="prefill", model="v4-flash", d_qk=512, num_heads=6, layout="v4", window=128,
          topk=128, extra_topk=512, compress_ratio=4, sink=True, context_len=8192, page_size=64,
          tokens=700),  # Gluon, alternate, d_qk 512, with a sink
+    dict(op="prefill", model="v4-flash", d_qk=512, num_heads=20, layout="v4", window=128,
+         topk=128, extra_topk=512, compress_ratio=4, sink=True, context_len=4096, page_size=64,
+         tokens=300),  # Gluon, alternate at 32 heads (12 masked), d_qk 512
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=32, layout="v32", topk=2048,
          context_len=4096, tokens=256, route="decode-kernel"),
     dict(op="prefill", model="v3.2", d_qk=576, num_heads=16, layout="v32", topk=2048,

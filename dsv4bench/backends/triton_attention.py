@@ -80,13 +80,13 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
     time (more loads in flight; V4's larger footprint spills at 64) and, except on V3.2's
     cache (6% slower there), loads the next block's indices during this block (idx_ahead:
-    V4 decode 8-10% faster). Up to 16 heads (FP8) and up to 32 heads of bf16 rows with d_qk
-    576 (up to 8 with 512) it runs narrow: the heads are the wgmma's N, so none is padded to
-    64 (FP8 decode 1.02-1.05x the 64-head tile). There its consumer warpgroups take
-    alternate key blocks (alternate; bf16 rows also async_fill), except on V4's cache, where
-    it measured the same, and with d_qk 512 at 9-16 heads, where the Triton kernel stays
-    1-2% ahead: V3.2 decode at 16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6%,
-    V4 prefill at 8 heads 7% (sweeps/breakdown-*.txt in results/sm90/triton-gluon2-h100).
+    V4 decode 8-10% faster). Up to 16 heads (FP8) and up to 32 heads of bf16 rows it runs
+    narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode 1.02-1.05x the
+    64-head tile). There its consumer warpgroups take alternate key blocks (alternate; bf16
+    rows also async_fill), except on V4's cache, where it measured the same: V3.2 decode at
+    16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6% (sweeps/breakdown-*.txt in
+    results/sm90/triton-gluon2-h100); with the narrow consumers' leaner softmax, V4 prefill
+    at 8/16/32 heads 1.07/1.06/1.02x the Triton kernel (results/sm90/triton-gluon3-h100).
 
     Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
     (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
@@ -105,7 +105,7 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
         return Config(64, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64 if d_qk == 576 else 16,
                       producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
-    if gluon and (d_qk == 576 or heads <= 8):
+    if gluon:  # bf16 rows, up to 32 heads
         return Config(16 if heads <= 16 else 32, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64,
                       producer_regs=48, narrow=True, alternate=True, async_fill=True)  # fmt: skip
     if layout == "v32":

@@ -97,7 +97,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     gl.thread_barrier()
     keys = _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
                      HAS_X_LENS)  # fmt: skip
-    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty)
+    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)  # _softmax_down's
+    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red)
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
     # constexprs into the partitions as plain values)
@@ -191,7 +192,7 @@ def _consume(
 ):
     """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
     fills; (acc [64, 512] unnormalized, m_i, l_i)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red = bufs
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -210,7 +211,7 @@ def _consume(
             if HAS_TAIL:
                 s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 1)
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
             p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
             acc = warpgroup_mma(p_op, kb, acc, is_async=True)
@@ -233,15 +234,40 @@ def _await_block(i, buf, phase, keys, cache, x_cache, k, full, NPARTS: gl.conste
 
 
 @gluon.jit
-def _softmax_step(s, valid, m_i, l_i, scale2, KEYS: gl.constexpr):
-    """One key block of the online softmax (base 2) over scores s whose keys run along axis
-    KEYS: (p, the old state's rescale alpha, m_i, l_i) updated; invalid keys get p 0."""
-    s = gl.where(gl.expand_dims(valid, 1 - KEYS), s * scale2, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, KEYS))
+def _softmax_step(s, valid, m_i, l_i, scale2):
+    """One key block of the online softmax (base 2) over scores s with the keys along axis 1
+    (the wide consumers): (p, the old state's rescale alpha, m_i, l_i) updated; invalid keys
+    get p 0."""
+    s = gl.where(gl.expand_dims(valid, 0), s * scale2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s - gl.expand_dims(m_use, KEYS))
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, KEYS)
+    p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _softmax_down(s, valid, m_i, l_acc, scale2, red_s):
+    """The same over scores with the keys down axis 0, across the warps (the wgmma's M:
+    narrow and alternate consumers). The block's max crosses the warps once, through red_s
+    (one barrier; the caller's barrier after its P store orders red_s's reuse), and the sum
+    is kept per key (l_acc) and summed by the caller once at the end: (p, alpha, m_i, l_acc)
+    updated. Reduced every block as in _softmax_step, the two cost six barriers a block
+    (prefill 5-9% slower: results/sm90/triton-gluon3-h100/NOTES.md)."""
+    s = gl.where(gl.expand_dims(valid, 1), s * scale2, float("-inf"))
+    NH: gl.constexpr = s.shape[1]
+    NW: gl.constexpr = red_s.type.shape[0] // NH
+    warp_max = gl.max(gl.reshape(s, [NW, s.shape[0] // NW, NH]), 1)  # over each warp's keys
+    red_s._reinterpret(gl.float32, [NW, NH], MERGE_SL).store(warp_max)
+    gl.thread_barrier()
+    blk = red_s.slice(0, NH).load(m_i.type.layout)
+    for w in gl.static_range(1, NW):
+        blk = gl.maximum(blk, red_s.slice(w * NH, NH).load(m_i.type.layout))
+    m_new = gl.maximum(m_i, blk)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - gl.expand_dims(m_use, 0))
+    return p, alpha, m_new, l_acc * gl.expand_dims(alpha, 0) + p
 
 
 @gluon.jit
@@ -252,7 +278,7 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     partition barrier a block orders both warpgroups' writes and reads), O^T += V^T P^T (each
     warpgroup 256 of the 512 rows, V^T a transposed view of the key buffer); (acc [512, NH]
     unnormalized, m_i, l_i)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red = bufs
     NH: gl.constexpr = p_s.type.shape[2]
     st_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                    instr_shape=[16, NH // 2, 16])  # fmt: skip
@@ -261,9 +287,10 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([NH], float("-inf"), gl.float32, gl.SliceLayout(0, st_l))
-    l_i = gl.full([NH], 0.0, gl.float32, gl.SliceLayout(0, st_l))
     acc = gl.zeros([D_V, NH], gl.float32, ot_l)
     s0 = gl.zeros([BLOCK_N, NH], gl.float32, st_l)
+    l_acc = s0
+    red_s = red.slice(0, 4 * NH)
     k_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, st_l))
     for i in range(start, stop):
         n = i - start
@@ -276,7 +303,7 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
             if HAS_TAIL:
                 s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 0)
+            p, alpha, m_i, l_acc = _softmax_down(s, valid, m_i, l_acc, scale2, red_s)
             pb = p_s.index(buf)
             pb.store(p.to(gl.bfloat16))
             fence_async_shared()
@@ -285,7 +312,7 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
             acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
-    return acc, m_i, l_i
+    return acc, m_i, gl.sum(l_acc, 0)
 
 
 @gluon.jit
@@ -299,18 +326,19 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
     (the narrow consumers both read every tile, for NH / 2 heads each). Its state (acc^T, m_i,
     l_i) goes to acc_s.index(W) and ml_s (over its own key buffer, which no block uses any
     more)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty = bufs
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red = bufs
     NH: gl.constexpr = p_s.type.shape[2]
     lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, NH, 16])  # fmt: skip
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([NH], float("-inf"), gl.float32, gl.SliceLayout(0, lay))
-    l_i = gl.full([NH], 0.0, gl.float32, gl.SliceLayout(0, lay))
     acc = gl.zeros([D_V, NH], gl.float32, lay)
     s0 = gl.zeros([BLOCK_N, NH], gl.float32, lay)
+    l_acc = s0
     k_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, lay))
     pb = p_s.index(W)
+    red_w = red.slice(W * 4 * NH, 4 * NH)
     for i in range(start + W, stop, 2):
         buf = (i - start) % 2  # = W; as the loop's value the dots' descriptors are not hoisted
         valid = _await_block(i, buf, ((i - start) // 2) & 1, keys, cache, x_cache, k_rows, full,
@@ -321,7 +349,7 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
             if HAS_TAIL:
                 s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2, 0)
+            p, alpha, m_i, l_acc = _softmax_down(s, valid, m_i, l_acc, scale2, red_w)
             pb.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
@@ -331,7 +359,7 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
         mbarrier.arrive(empty.index(buf), count=1)
     acc_s.index(W).slice(0, NH).store(gl.permute(acc, (1, 0)))
     ml_s.slice(W * TAIL_WORDS, NH).store(m_i)
-    ml_s.slice(W * TAIL_WORDS + BLOCK_N, NH).store(l_i)
+    ml_s.slice(W * TAIL_WORDS + BLOCK_N, NH).store(gl.sum(l_acc, 0))
 
 
 @gluon.jit
