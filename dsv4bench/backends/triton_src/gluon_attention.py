@@ -22,6 +22,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
@@ -80,9 +81,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, ROPE], gl.bfloat16)
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, NH], gl.bfloat16)
     q_rows: gl.constexpr = Q_ROWS4 if ALTERNATE else Q_ROWS
-    q_main, q_tail = _load_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows)
-    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_V], qm_sl, q_main)
-    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROPE], qt_sl, q_tail)
+    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_V], qm_sl)
+    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROPE], qt_sl)
     k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
     k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
     p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
@@ -90,15 +90,19 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], idx_sl)  # the producer's indices
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar.index(0), count=1)
     for b in gl.static_range(2):
         mbarrier.init(full.index(b), count=1)
         mbarrier.init(empty.index(b), count=1)
-    fence_async_shared()  # q's generic stores before the consumers' wgmma reads
+    fence_async_shared()
     gl.thread_barrier()
+    # q lands while the producer gathers the first block: the consumers wait on q_bar
+    _copy_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows, q_main_s, q_tail_s, q_bar.index(0))
     keys = _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
                      HAS_X_LENS)  # fmt: skip
     red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)  # _softmax_down's
-    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red)
+    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar.index(0))
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
     # constexprs into the partitions as plain values)
@@ -157,17 +161,30 @@ def _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: gl.c
 
 
 @gluon.jit
-def _load_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr, LAY: gl.constexpr):
-    """The program's ROWS heads of token t: (q[:, :512], q[:, 512:576] or zeros) in registers."""
+def _copy_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr, LAY: gl.constexpr,
+            q_main_s, q_tail_s, q_bar):  # fmt: skip
+    """The program's ROWS heads of token t copied (cp.async; heads past H zero-filled) into
+    q_main_s = q[:, :512] and, with HAS_TAIL, q_tail_s = q[:, 512:576]; q_bar completes when
+    every thread's copies have landed (the consumers wait on it, _await_q)."""
     heads = hb * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, LAY))
     hmask = heads < H
-    c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
     row = q.ptr + t * q.st + heads[:, None] * q.sh
-    q_main = gl.load(row + c[None, :], mask=hmask[:, None], other=0.0)
-    r = gl.arange(0, ROPE, gl.SliceLayout(0, LAY))
-    tail_mask = hmask[:, None] & (r[None, :] < ROPE * HAS_TAIL)
-    q_tail = gl.load(row + D_V + r[None, :], mask=tail_mask, other=0.0)
-    return q_main, q_tail
+    c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
+    async_copy.async_copy_global_to_shared(q_main_s, row + c[None, :], mask=hmask[:, None])
+    if HAS_TAIL:
+        r = gl.arange(0, ROPE, gl.SliceLayout(0, LAY))
+        async_copy.async_copy_global_to_shared(q_tail_s, row + D_V + r[None, :],
+                                               mask=hmask[:, None])  # fmt: skip
+    async_copy.mbarrier_arrive(q_bar)
+    gl.thread_barrier()  # every thread's pending arrival counted before the last one
+    mbarrier.arrive(q_bar, count=1)
+
+
+@gluon.jit
+def _await_q(q_bar):
+    """A consumer's wait for q in shared memory (_copy_q), before its first wgmma reads it."""
+    mbarrier.wait(q_bar, 0)
+    fence_async_shared()
 
 
 @gluon.jit
@@ -192,7 +209,8 @@ def _consume(
 ):
     """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
     fills; (acc [64, 512] unnormalized, m_i, l_i)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red = bufs
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    _await_q(q_bar)
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -278,7 +296,8 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     partition barrier a block orders both warpgroups' writes and reads), O^T += V^T P^T (each
     warpgroup 256 of the 512 rows, V^T a transposed view of the key buffer); (acc [512, NH]
     unnormalized, m_i, l_i)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red = bufs
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    _await_q(q_bar)
     NH: gl.constexpr = p_s.type.shape[2]
     st_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                    instr_shape=[16, NH // 2, 16])  # fmt: skip
@@ -326,7 +345,8 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
     (the narrow consumers both read every tile, for NH / 2 heads each). Its state (acc^T, m_i,
     l_i) goes to acc_s.index(W) and ml_s (over its own key buffer, which no block uses any
     more)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red = bufs
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    _await_q(q_bar)
     NH: gl.constexpr = p_s.type.shape[2]
     lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, NH, 16])  # fmt: skip
