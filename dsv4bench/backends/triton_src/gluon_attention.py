@@ -13,8 +13,8 @@ wgmma's N and the keys its M, so no head is padded to 64; with ALTERNATE the two
 warpgroups are partitions of their own that take alternate key blocks with all the heads and
 merge at the end. The producer is gluon_producer.py. The plain Triton kernel cannot express
 this overlap: its dequantization, both dots and the softmax are one serial chain per warp
-(results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/NOTES.md and
-triton-gluon2-h100/NOTES.md).
+(results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/, triton-gluon2-h100/
+and triton-gluon3-h100/NOTES.md).
 """
 
 from __future__ import annotations
