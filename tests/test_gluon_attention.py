@@ -72,8 +72,10 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
 def test_config_picks_gluon_only_where_measured_faster():
     assert ta.config_for(8, "v32", True).gluon and ta.config_for(8, "v4", True).gluon
     assert ta.config_for(128, "bf16", True).gluon and not ta.config_for(128, "bf16", True).narrow
-    bf16_rows = [ta.config_for(h, "bf16", True, d) for h in (3, 8, 16, 24, 32) for d in (512, 576)]
-    assert all(c.alternate and c.block_h == (16, 32)[c.block_h > 16] for c in bf16_rows)
+    for h in (3, 8, 16, 24, 32):  # bf16 rows up to 32 heads: alternate, 16 or 32 heads a program
+        for d_qk in (512, 576):
+            c = ta.config_for(h, "bf16", True, d_qk)
+            assert c.alternate and c.block_h == (16 if h <= 16 else 32)
     assert ta.config_for(16, "v32", True).alternate and not ta.config_for(32, "v4", True).narrow
     assert ta.config_for(16, "v4", True).narrow and not ta.config_for(16, "v4", True).alternate
     assert not ta.config_for(32, "v32", True).narrow  # 64-head tile: narrow and alternate lost
