@@ -84,9 +84,10 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode 1.02-1.05x the
     64-head tile). There its consumer warpgroups take alternate key blocks (alternate; bf16
     rows also async_fill), except on V4's cache, where it measured the same: V3.2 decode at
-    16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6% (sweeps/breakdown-*.txt in
-    results/sm90/triton-gluon2-h100); with the narrow consumers' leaner softmax, V4 prefill
-    at 8/16/32 heads 1.07/1.06/1.02x the Triton kernel (results/sm90/triton-gluon3-h100).
+    16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6%, V4 prefill at 8 heads 7%
+    (sweeps/breakdown-*.txt in results/sm90/triton-gluon2-h100); with the narrow consumers'
+    leaner softmax also V4 prefill at 16/32 heads, 7%/3% ahead of the Triton kernel
+    (sweeps/ab-lean-*.txt in results/sm90/triton-gluon3-h100).
 
     Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
     (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
