@@ -317,21 +317,32 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
         valid = _await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_rows, full, NPARTS,
                              FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
-            kb = k_main_s.index(buf)
-            s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
-            if HAS_TAIL:
-                s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_acc = _softmax_down(s, valid, m_i, l_acc, scale2, red_s)
-            pb = p_s.index(buf)
-            pb.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            gl.thread_barrier()
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_l))[None, :]
-            acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, m_i, l_acc = _heads_n_block(bufs, buf, p_s.index(buf), s0, valid, acc, m_i,
+                                             l_acc, scale2, red_s, HAS_TAIL)  # fmt: skip
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, gl.sum(l_acc, 0)
+
+
+@gluon.jit
+def _heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2, red_s,
+                   HAS_TAIL: gl.constexpr):  # fmt: skip
+    """One key block of the narrow and alternate consumers (the heads the wgmma's N): S^T =
+    K Q^T from key buffer buf, the softmax down the keys (_softmax_down), P^T through pb,
+    O^T += V^T P^T; (acc, m_i, l_acc) updated."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    kb = k_main_s.index(buf)
+    s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
+    if HAS_TAIL:
+        s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, alpha, m_i, l_acc = _softmax_down(s, valid, m_i, l_acc, scale2, red_s)
+    pb.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout))[None, :]
+    acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, m_i, l_acc
 
 
 @gluon.jit
@@ -364,18 +375,8 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
         valid = _await_block(i, buf, ((i - start) // 2) & 1, keys, cache, x_cache, k_rows, full,
                              NPARTS, FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
-            kb = k_main_s.index(buf)
-            s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
-            if HAS_TAIL:
-                s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_acc = _softmax_down(s, valid, m_i, l_acc, scale2, red_w)
-            pb.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            gl.thread_barrier()
-            acc = acc * alpha[None, :]
-            acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, m_i, l_acc = _heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2,
+                                             red_w, HAS_TAIL)  # fmt: skip
         mbarrier.arrive(empty.index(buf), count=1)
     acc_s.index(W).slice(0, NH).store(gl.permute(acc, (1, 0)))
     ml_s.slice(W * TAIL_WORDS, NH).store(m_i)
