@@ -6,6 +6,8 @@ and the gpu-marked suite tests, which take it by default there)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -39,6 +41,8 @@ SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
         ("bf16", 64, "prefill", False, 36),
         ("v4", 16, "decode", True, 48),  # narrow: QK 32 + PV 512/128 m-tiles x 4 k-steps
         ("v32", 8, "decode", False, 136),  # alternate: 2 consumers x (QK 36 + PV 512/64 x 4)
+        ("v32", 12, "decode", True, 136),  # ... the pipelined gather over both caches
+        ("v32", 32, "decode", False, 136),  # ... 32 heads a program
         ("bf16-576", 32, "prefill", False, 136),
         ("bf16-576", 16, "prefill", False, 136),
         ("bf16", 8, "prefill", False, 128),
@@ -61,12 +65,14 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     if cfg.alternate:  # two consumer partitions of 4 warps; the producer (default) the rest
         consumers = ta._consumer_regs(cfg.producer_regs)
         producer = 512 - 2 * consumers
-        assert consumers in regs and consumers >= 192  # each holds a 512 x NH fp32 acc
+        assert consumers in regs and consumers >= 4 * cfg.block_h + 64  # a 512 x NH fp32 acc
         assert min(regs) <= producer  # the default partition's share, set by the compiler
     else:
         producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
         assert producer in regs and consumers >= 192  # the consumers hold a 64 x 256 fp32 acc
         assert 256 * consumers + 128 * producer <= 65536
+    if cfg.pipe:  # two chunks in flight: at 120 producer registers ptxas spilled 96-156 bytes
+        assert int(probe._ptxas(ptx)[1].split("/")[0]) <= 32, "the pipelined producer spills"
 
 
 def test_config_picks_gluon_only_where_measured_faster():
@@ -76,13 +82,27 @@ def test_config_picks_gluon_only_where_measured_faster():
         for d_qk in (512, 576):
             c = ta.config_for(h, "bf16", True, d_qk)
             assert c.alternate and c.block_h == (16 if h <= 16 else 32)
-    assert ta.config_for(16, "v32", True).alternate and not ta.config_for(32, "v4", True).narrow
+    for h in (3, 8, 16, 24, 32):  # V3.2 decode: alternate; up to 16 heads the pipelined gather
+        c = ta.config_for(h, "v32", True)
+        assert c.alternate and c.block_h == (16 if h <= 16 else 32)
+        assert (c.pipe, c.chunk) == ((2, 16) if h <= 16 else (0, 64))
+    assert not ta.config_for(33, "v32", True).narrow and not ta.config_for(32, "v4", True).narrow
     assert ta.config_for(16, "v4", True).narrow and not ta.config_for(16, "v4", True).alternate
-    assert not ta.config_for(32, "v32", True).narrow  # 64-head tile: narrow and alternate lost
+    assert not any(ta.config_for(h, lay, True, d).pipe for h in (8, 16, 32, 64)
+                   for lay in ("v4", "bf16") for d in (512, 576))  # fmt: skip
     assert all(c.async_fill == (c.alternate and c.chunk == 64 and c.producer_regs == 48)
                for c in (ta.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
                          for lay in ("v32", "v4", "bf16") for d in (512, 576)))  # fmt: skip
     assert not any(ta.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16"))
+
+
+@pytest.mark.parametrize("layout,pipe", [("v4", 1), ("v32", 3)])
+def test_gluon_meta_refuses_a_pipe_it_cannot_run(layout, pipe):
+    """pipe is the V3.2 gather's (1 or 2 chunks in flight); anything else is refused."""
+    plan = probe._plan(layout, 8, ta.Config(64, 64, 8, 1), "decode")
+    cfg = dataclasses.replace(ta.config_for(8, layout, True), pipe=pipe, idx_ahead=False)
+    with pytest.raises(ValueError, match="pipe 1 or 2 only on V3.2"):
+        ta._gluon_meta(dict(plan.meta, EXACT=False), cfg)
 
 
 def test_cpu_never_takes_the_gluon_kernel():

@@ -69,6 +69,7 @@ class Config:
     narrow: bool = False  # gluon: block_h (16/32) heads as the wgmma's N, keys as its M
     alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
     async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
+    pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
 
 
 def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
@@ -80,14 +81,18 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
     time (more loads in flight; V4's larger footprint spills at 64) and, except on V3.2's
     cache (6% slower there), loads the next block's indices during this block (idx_ahead:
-    V4 decode 8-10% faster). Up to 16 heads (FP8) and up to 32 heads of bf16 rows it runs
-    narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode 1.02-1.05x the
-    64-head tile). There its consumer warpgroups take alternate key blocks (alternate; bf16
-    rows also async_fill), except on V4's cache, where it measured the same: V3.2 decode at
-    16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6%, V4 prefill at 8 heads 7%
-    (sweeps/breakdown-*.txt in results/sm90/triton-gluon2-h100); with the narrow consumers'
-    leaner softmax also V4 prefill at 16/32 heads, 7%/3% ahead of the Triton kernel
-    (sweeps/ab-lean-*.txt in results/sm90/triton-gluon3-h100).
+    V4 decode 8-10% faster). Up to 16 heads on V4's cache, up to 32 on V3.2's and of bf16
+    rows it runs narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode
+    1.02-1.05x the 64-head tile). There its consumer warpgroups take alternate key blocks
+    (alternate; bf16 rows also async_fill), except on V4's cache, where it measured the
+    same: V3.2 decode at 16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6%, V4
+    prefill at 8 heads 7% (sweeps/breakdown-*.txt in results/sm90/triton-gluon2-h100); with
+    the narrow consumers' leaner softmax also V4 prefill at 16/32 heads, 7%/3% ahead of the
+    Triton kernel (sweeps/ab-lean-*.txt in results/sm90/triton-gluon3-h100), and V3.2 decode
+    at 17-32 heads in a 32-head program, 3% ahead of the 64-head tile. V3.2 decode up to 16
+    heads gathers as a pipeline, two 16-key chunks in flight (pipe 2; 152 producer
+    registers, where it does not spill): 4-6% faster (sweeps/ab-pipe-*.txt in
+    results/sm90/triton-gluon4-h100; at 32 heads and on the 64-head tile it lost 1-3%).
 
     Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
     (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
@@ -98,11 +103,16 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     cache (5%). Pipelining its key loop (tl.range(num_stages=2..4)) measured slower
     everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
     small = max(16, 1 << (heads - 1).bit_length())
+    if gluon and layout == "v32" and heads <= 16:
+        return Config(16, 64, 8, 1, gluon=True, chunk=16, producer_regs=152, narrow=True,
+                      alternate=True, pipe=2)  # fmt: skip
+    if gluon and layout == "v32" and heads <= 32:
+        return Config(32, 64, 8, 1, gluon=True, chunk=64, producer_regs=120, narrow=True,
+                      alternate=True)  # fmt: skip
     if gluon and layout in ("v32", "v4"):
         chunk, regs = (64, 120) if layout == "v32" else (32, 96)
         return Config(16 if heads <= 16 else 64, 64, 8, 1, idx_ahead=layout == "v4",
-                      gluon=True, chunk=chunk, producer_regs=regs, narrow=heads <= 16,
-                      alternate=heads <= 16 and layout == "v32")  # fmt: skip
+                      gluon=True, chunk=chunk, producer_regs=regs, narrow=heads <= 16)  # fmt: skip
     if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
         return Config(64, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64 if d_qk == 576 else 16,
                       producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
@@ -449,6 +459,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "narrow": cfg.narrow,
         "alternate": cfg.alternate,
         "async_fill": cfg.async_fill,
+        "pipe": cfg.pipe,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -522,10 +533,13 @@ def _gluon_meta(meta: dict, cfg: Config) -> dict:
     heads_ok = cfg.block_h in ((16, 32) if cfg.narrow else (64,))
     bf16 = meta["LAYOUT"] == LAYOUT_IDS["bf16"]
     bad = (cfg.alternate and not cfg.narrow) or (cfg.async_fill and not bf16)
+    v32 = meta["LAYOUT"] == LAYOUT_IDS["v32"]
+    bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
-            f"alternate only narrow, async_fill only on bf16 rows), not {cfg}"
+            "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
+            f"records without idx_ahead), not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
     kept = {k: v for k, v in meta.items() if k not in drop}
@@ -538,6 +552,7 @@ def _gluon_meta(meta: dict, cfg: Config) -> dict:
         "NH": cfg.block_h if cfg.narrow else 16,
         "ALTERNATE": cfg.alternate,
         "ASYNC_FILL": cfg.async_fill,
+        "PIPE": cfg.pipe,
         "CONSUMER_REGS": _consumer_regs(cfg.producer_regs),
     }
 

@@ -61,7 +61,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                 NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                ASYNC_FILL: gl.constexpr, SKIP: gl.constexpr = 0):  # fmt: skip
+                ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
+                SKIP: gl.constexpr = 0):  # fmt: skip
     """Arguments as triton_src/attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -111,7 +112,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
         gl.warp_specialize(
             [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, SKIP)),
+                         ASYNC_FILL, PIPE, SKIP)),
              (_consume_alternate, (bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL,
                                    NPARTS, ASYNC_FILL, SKIP, 0)),
              (_consume_alternate, (bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL,
@@ -125,7 +126,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                                 ASYNC_FILL, SKIP)),
              (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, SKIP))],
+                         ASYNC_FILL, PIPE, SKIP))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         rows = gl.convert_layout(gl.permute(acc, (1, 0)), Q_ROWS)  # (heads, 512)
         _store(rows, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
@@ -136,7 +137,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                          SKIP)),
              (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, SKIP))],
+                         ASYNC_FILL, PIPE, SKIP))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
                SPLIT, O_LAYOUT, BLOCK_H)
