@@ -71,8 +71,12 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
         producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
         assert producer in regs and consumers >= 192  # the consumers hold a 64 x 256 fp32 acc
         assert 256 * consumers + 128 * producer <= 65536
-    if cfg.pipe:  # two chunks in flight: at 120 producer registers ptxas spilled 96-156 bytes
-        assert int(probe._ptxas(ptx)[1].split("/")[0]) <= 32, "the pipelined producer spills"
+    spill = int(probe._ptxas(ptx)[1].split("/")[0]) if cfg.pipe or cfg.persist else 0
+    # two chunks in flight: at 120 producer registers ptxas spilled 96-156 bytes
+    assert not cfg.pipe or spill <= 32, "the pipelined producer spills"
+    # a constant key buffer in the resident consumers' loops hoisted the dots' descriptors
+    # out of them: 880-1656 bytes
+    assert not cfg.persist or spill <= 64, "the resident consumers spill"
 
 
 def test_config_picks_gluon_only_where_measured_faster():
@@ -90,9 +94,10 @@ def test_config_picks_gluon_only_where_measured_faster():
     assert ta.config_for(16, "v4", True).narrow and not ta.config_for(16, "v4", True).alternate
     assert not any(ta.config_for(h, lay, True, d).pipe for h in (8, 16, 32, 64)
                    for lay in ("v4", "bf16") for d in (512, 576))  # fmt: skip
-    assert all(c.async_fill == (c.alternate and c.chunk == 64 and c.producer_regs == 48)
-               for c in (ta.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
-                         for lay in ("v32", "v4", "bf16") for d in (512, 576)))  # fmt: skip
+    picks = [ta.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
+             for lay in ("v32", "v4", "bf16") for d in (512, 576)]  # fmt: skip
+    assert all(c.async_fill == c.persist == (c.alternate and c.chunk == 64 and c.idx_ahead)
+               for c in picks)  # fmt: skip
     assert not any(ta.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16"))
 
 
@@ -103,6 +108,30 @@ def test_gluon_meta_refuses_a_pipe_it_cannot_run(layout, pipe):
     cfg = dataclasses.replace(ta.config_for(8, layout, True), pipe=pipe, idx_ahead=False)
     with pytest.raises(ValueError, match="pipe 1 or 2 only on V3.2"):
         ta._gluon_meta(dict(plan.meta, EXACT=False), cfg)
+
+
+@pytest.mark.parametrize("change", [dict(alternate=False, narrow=False, block_h=64),
+                                    dict(async_fill=False), dict(split=True)])  # fmt: skip
+def test_gluon_meta_refuses_a_resident_kernel_it_cannot_run(change):
+    """persist takes whole tokens on the alternate consumers over bf16 rows, one split."""
+    plan = probe._plan("bf16", 8, ta.Config(64, 64, 8, 1), "prefill")
+    meta = dict(plan.meta, EXACT=False, SPLIT=change.pop("split", False))
+    cfg = dataclasses.replace(ta.config_for(8, "bf16", True, 512), **change)
+    assert cfg.persist
+    with pytest.raises(ValueError, match="persist only alternate and async_fill"):
+        ta._gluon_meta(meta, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resident_grid_is_one_program_an_sm():
+    q = torch.randn(500, 24, 576, device="cuda").to(torch.bfloat16)
+    kv = torch.randn(300, 1, 576, device="cuda").to(torch.bfloat16)
+    idx = torch.randint(0, 300, (500, 1, 128), dtype=torch.int32, device="cuda")
+    plan = ta.plan_attention(q, kv, idx, 0.04, layout="bf16", op="prefill",
+                             config=ta.config_for(24, "bf16", True, 576))  # fmt: skip
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert plan.grid == (min(sms, 500), 1, 1) and plan.args[-1] == 500
 
 
 def test_cpu_never_takes_the_gluon_kernel():

@@ -183,6 +183,38 @@ def test_prefill_matches_oracle(d_qk, heads):
         assert bool((t_out[row] == 0).all()) and bool(torch.isposinf(t_lse[row]).all())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d_qk,heads", [(576, 24), (512, 6)])
+@pytest.mark.parametrize("persist", [True, False])
+def test_prefill_on_cuda_resident_or_a_program_a_token(d_qk, heads, persist):
+    """The Gluon kernel's sparse prefill, resident (config_for's pick: a program an SM, its
+    consumers whole tokens) and a program a token, at the CPU test's contract; 301 tokens:
+    several a program and an odd last pair."""
+    g = torch.Generator().manual_seed(heads)
+    s_q, s_kv, topk = 301, 700, 256
+    kv = torch.randn(s_kv, 1, d_qk, generator=g).to(torch.bfloat16)
+    idx = torch.randint(-5, s_kv + 5, (s_q, 1, topk), generator=g, dtype=torch.int32)
+    idx[1] = -1
+    idx[2, 0, :20] = s_kv
+    lengths = torch.randint(0, topk + 1, (s_q,), generator=g, dtype=torch.int32)
+    lengths[::7] = 0
+    sink = torch.randn(heads, generator=g)
+    q = torch.randn(s_q, heads, d_qk, generator=g).to(torch.bfloat16)
+    out, max_logits, lse = attention.sparse_mla_prefill(
+        q, kv, idx, 0.07, attn_sink=sink, topk_length=lengths
+    )
+    cfg = dataclasses.replace(ta.config_for(heads, "bf16", True, d_qk), persist=persist)
+    assert cfg.gluon and cfg.alternate
+    t_out, t_max, t_lse = ta.sparse_prefill(q.cuda(), kv.cuda(), idx.cuda(), 0.07,
+                                            topk_length=lengths.cuda(), attn_sink=sink.cuda(),
+                                            config=cfg)  # fmt: skip
+    _assert_close(Output(out, lse), Output(t_out.cpu(), t_lse.cpu()), PREFILL_TOL)
+    finite = torch.isfinite(max_logits)
+    assert torch.equal(finite, torch.isfinite(t_max.cpu()))
+    assert torch.allclose(max_logits[finite], t_max.cpu()[finite], atol=1e-3)
+
+
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():
     """3 heads run in 16-head rows: the plan says so, outputs keep the caller's 3 heads, and
     q is copied in at each call (a second run after q changed gives the new answer)."""

@@ -100,10 +100,13 @@ def compile_sm90(plan, gluon=None):
         from dsv4bench.backends.triton_src import attention
 
         fn, make = JITFunction(attention.KERNELS["attn"]), ASTSource
-    sig = {name: _sig(a) for name, a in zip(fn.arg_names, plan.args, strict=False)}
+    args = plan.args
+    if gluon is not None and not plan.info["gluon"]:  # the Gluon kernel's items
+        args += (plan.grid[0] * plan.grid[2],)
+    sig = {name: _sig(a) for name, a in zip(fn.arg_names, args, strict=False)}
     sig |= {name: "constexpr" for name in meta}
     attrs: dict = {}
-    for i, a in enumerate(plan.args):
+    for i, a in enumerate(args):
         _attrs(a, (i,), attrs)
     src = make(fn, sig, constexprs=meta, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)

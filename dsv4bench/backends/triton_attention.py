@@ -70,6 +70,7 @@ class Config:
     alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
     async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
     pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
+    persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
 
 
 def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
@@ -93,6 +94,10 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     heads gathers as a pipeline, two 16-key chunks in flight (pipe 2; 152 producer
     registers, where it does not spill): 4-6% faster (sweeps/ab-pipe-*.txt in
     results/sm90/triton-gluon4-h100; at 32 heads and on the 64-head tile it lost 1-3%).
+    Sparse prefill up to 32 heads runs resident (persist: a program an SM, each consumer
+    warpgroup whole tokens of its own; 80 producer registers, where ptxas spills least in
+    the consumers): 4-6% faster at V3.2's 8-32 heads, 9-17% at V4-Flash's (sweeps/
+    ab-persist-*.txt there).
 
     Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
     (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
@@ -118,7 +123,8 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
                       producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
     if gluon:  # bf16 rows, up to 32 heads
         return Config(16 if heads <= 16 else 32, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64,
-                      producer_regs=48, narrow=True, alternate=True, async_fill=True)  # fmt: skip
+                      producer_regs=80, narrow=True, alternate=True, async_fill=True,
+                      persist=True)  # fmt: skip
     if layout == "v32":
         return Config(64, 64, 8, 1)
     if heads > 32 or (layout == "v4" and heads > 16):
@@ -460,11 +466,16 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         "alternate": cfg.alternate,
         "async_fill": cfg.async_fill,
         "pipe": cfg.pipe,
+        "persist": cfg.persist,
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
     }
     grid = (head_blocks, splits, tokens)
+    if cfg.gluon:  # the Gluon kernel's last argument: the (token, head block) items
+        args += (tokens * head_blocks,)
+    if cfg.persist:
+        grid = (min(_sm_count(dev), tokens * head_blocks), 1, 1)
     if stage is not None:  # the caller's heads only
         out, lse, max_logits = out[:, :heads], lse[:, :heads], max_logits[:, :heads]
         info["heads_padded_to"] = h
@@ -535,11 +546,13 @@ def _gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = (cfg.alternate and not cfg.narrow) or (cfg.async_fill and not bf16)
     v32 = meta["LAYOUT"] == LAYOUT_IDS["v32"]
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
+    bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
-            f"records without idx_ahead), not {cfg}"
+            "records without idx_ahead, persist only alternate and async_fill with one split), "
+            f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
     kept = {k: v for k, v in meta.items() if k not in drop}
@@ -553,6 +566,7 @@ def _gluon_meta(meta: dict, cfg: Config) -> dict:
         "ALTERNATE": cfg.alternate,
         "ASYNC_FILL": cfg.async_fill,
         "PIPE": cfg.pipe,
+        "PERSIST": cfg.persist,
         "CONSUMER_REGS": _consumer_regs(cfg.producer_regs),
     }
 

@@ -282,15 +282,33 @@ def _bf16_chunk(ks, c, rows_ptr, s0, kb, tb, HAS_TAIL: gl.constexpr, NPARTS: gl.
                 AHEAD: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
     """Sparse prefill's bf16 rows: copied as they are (cp.async, 16 bytes a thread; masked
     rows are zero-filled) into kb rows and, for d_qk 576, the last 64 columns into tb rows."""
+    sl = bf16_slots(ks, c, NPARTS, AHEAD, CHUNK, PW)
+    bf16_copy(sl, c, rows_ptr, s0, kb, tb, HAS_TAIL, CHUNK, PW)
+
+
+@gluon.jit
+def bf16_slots(ks, c, NPARTS: gl.constexpr, AHEAD: gl.constexpr, CHUNK: gl.constexpr,
+               PW: gl.constexpr):  # fmt: skip
+    """(valid, slot) of chunk c's rows in bf16_copy's two layouts (main columns, rope)."""
     ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
+    TAIL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
     valid, slot = _slots(ks, c, gl.SliceLayout(1, ROWS), NPARTS, AHEAD, False, CHUNK)
+    valid_t, slot_t = _slots(ks, c, gl.SliceLayout(1, TAIL), NPARTS, AHEAD, False, CHUNK)
+    return valid, slot, valid_t, slot_t
+
+
+@gluon.jit
+def bf16_copy(sl, c, rows_ptr, s0, kb, tb, HAS_TAIL: gl.constexpr, CHUNK: gl.constexpr,
+              PW: gl.constexpr):  # fmt: skip
+    """The cp.async of chunk c's rows (bf16_slots) into kb and, with HAS_TAIL, tb."""
+    valid, slot, valid_t, slot_t = sl
+    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
     col = gl.arange(0, D_V, gl.SliceLayout(0, ROWS))
     rows = rows_ptr + slot[:, None] * s0
     async_copy.async_copy_global_to_shared(kb.slice(c * CHUNK, CHUNK), rows + col[None, :],
                                            mask=valid[:, None])  # fmt: skip
     if HAS_TAIL:
         TAIL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-        valid_t, slot_t = _slots(ks, c, gl.SliceLayout(1, TAIL), NPARTS, AHEAD, False, CHUNK)
         r = gl.arange(0, ROPE, gl.SliceLayout(0, TAIL))
         tail = rows_ptr + slot_t[:, None] * s0 + D_V + r[None, :]
         async_copy.async_copy_global_to_shared(tb.slice(c * CHUNK, CHUNK), tail,
