@@ -23,28 +23,29 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy,
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from dsv4bench.backends.triton_src import layout as L
-from dsv4bench.backends.triton_src.gluon_producer import (
-    BLOCK_N,
-    _block_src,
-    bf16_copy,
-    bf16_slots,
-    block_keys,
-    produce,
+from dsv4bench.backends.triton_src.gluon_parts import (
+    D_V,
+    MERGE_SL,
+    Q_ROWS4,
+    ROPE,
+    WORDS_SL,
+    await_block,
+    await_q,
+    copy_q,
+    heads_n_block,
+    key_list,
+    store_lse,
 )
+from dsv4bench.backends.triton_src.gluon_producer import BLOCK_N, produce
+from dsv4bench.backends.triton_src.gluon_resident import persistent
 
-D_V = gl.constexpr(L.D_V)
-ROPE = gl.constexpr(L.ROPE)
 BLOCK_H = gl.constexpr(64)
-LN2 = gl.constexpr(0.6931471805599453)
-LOG2E = gl.constexpr(1.4426950408889634)
 
 # consumers (8 warps): S = Q K^T split by keys, O split by output columns, one warpgroup each
 S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -53,10 +54,7 @@ O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=
                                                   instr_shape=[16, 256, 16]))  # fmt: skip
 P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2))
 Q_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0]))
-Q_ROWS4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # ALTERNATE: 4 warps
 TAIL_WORDS = gl.constexpr(BLOCK_N * ROPE // 2)  # fp32 words of one key buffer's rope tail
-MERGE_SL = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # ALTERNATE's states
-WORDS_SL = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 OUT_COLS = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))  # 64 columns
 
 
@@ -78,9 +76,9 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     alternate key blocks with all NH heads each and merge their states at the end
     (_consume_alternate). With PERSIST (alternate, one split) a program is resident and takes
     the (token, head block) items p, p + G, ... of the `items`, each consumer warpgroup every
-    other one whole (_persistent)."""
+    other one whole (persistent)."""
     if PERSIST:
-        _persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
+        persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                     blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS,
                     HAS_SINK, HAS_MAXL, PRODUCER_WARPS, NH, CONSUMER_REGS, SKIP)  # fmt: skip
     else:
@@ -132,10 +130,10 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     fence_async_shared()
     gl.thread_barrier()
     # q lands while the producer gathers the first block: the consumers wait on q_bar
-    _copy_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows, q_main_s, q_tail_s, q_bar.index(0))
-    keys = _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
+    copy_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows, q_main_s, q_tail_s, q_bar.index(0))
+    keys = key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
                      HAS_X_LENS)  # fmt: skip
-    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)  # _softmax_down's
+    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)  # softmax_down's
     bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar.index(0))
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
@@ -178,58 +176,6 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
 
 
 @gluon.jit
-def _key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: gl.constexpr,
-              HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr):  # fmt: skip
-    """(t, main blocks, length, x_length, start, stop): the joined key-block list of both
-    caches (main first, blocks past a topk_length left out) and split `split`'s range of it."""
-    length = _length(cache, t, LENS_DIV, HAS_LENS)
-    main_blocks = (length + BLOCK_N - 1) // BLOCK_N
-    total = main_blocks
-    x_length = length * 0
-    if NPARTS == 2:
-        x_length = _length(x_cache, t, LENS_DIV, HAS_X_LENS)
-        total += (x_length + BLOCK_N - 1) // BLOCK_N
-    start = split * blocks_per_split
-    stop = gl.minimum(start + blocks_per_split, total)
-    return t, main_blocks, length, x_length, start, stop
-
-
-@gluon.jit
-def _copy_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr, LAY: gl.constexpr,
-            q_main_s, q_tail_s, q_bar):  # fmt: skip
-    """The program's ROWS heads of token t copied (cp.async; heads past H zero-filled) into
-    q_main_s = q[:, :512] and, with HAS_TAIL, q_tail_s = q[:, 512:576]; q_bar completes when
-    every thread's copies have landed (the consumers wait on it, _await_q)."""
-    heads = hb * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, LAY))
-    hmask = heads < H
-    row = q.ptr + t * q.st + heads[:, None] * q.sh
-    c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
-    async_copy.async_copy_global_to_shared(q_main_s, row + c[None, :], mask=hmask[:, None])
-    if HAS_TAIL:
-        r = gl.arange(0, ROPE, gl.SliceLayout(0, LAY))
-        async_copy.async_copy_global_to_shared(q_tail_s, row + D_V + r[None, :],
-                                               mask=hmask[:, None])  # fmt: skip
-    async_copy.mbarrier_arrive(q_bar)
-    gl.thread_barrier()  # every thread's pending arrival counted before the last one
-    mbarrier.arrive(q_bar, count=1)
-
-
-@gluon.jit
-def _await_q(q_bar):
-    """A consumer's wait for q in shared memory (_copy_q), before its first wgmma reads it."""
-    mbarrier.wait(q_bar, 0)
-    fence_async_shared()
-
-
-@gluon.jit
-def _length(cache, t, LENS_DIV, HAS_LENS: gl.constexpr):
-    n = cache.width + t.to(gl.int32) * 0
-    if HAS_LENS:
-        n = gl.minimum(gl.load(cache.lens + t // LENS_DIV), cache.width)
-    return n
-
-
-@gluon.jit
 def _consume(
     bufs,
     cache,
@@ -244,7 +190,7 @@ def _consume(
     """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
     fills; (acc [64, 512] unnormalized, m_i, l_i)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    _await_q(q_bar)
+    await_q(q_bar)
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -255,7 +201,7 @@ def _consume(
     for i in range(start, stop):
         n = i - start
         buf = n % 2
-        valid = _await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
+        valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
                              FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             kb = k_main_s.index(buf)
@@ -273,19 +219,6 @@ def _consume(
 
 
 @gluon.jit
-def _await_block(i, buf, phase, keys, cache, x_cache, k, full, NPARTS: gl.constexpr,
-                 FENCE: gl.constexpr):  # fmt: skip
-    """A consumer's wait for key block i in buffer buf: its valid keys at offsets k (loaded
-    before the wait), once the producer's full barrier has reached `phase`."""
-    idx, slots = block_keys(i, keys, cache, x_cache, k, NPARTS)
-    valid = (idx >= 0) & (idx < slots)
-    mbarrier.wait(full.index(buf), phase)
-    if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
-        fence_async_shared()
-    return valid
-
-
-@gluon.jit
 def _softmax_step(s, valid, m_i, l_i, scale2):
     """One key block of the online softmax (base 2) over scores s with the keys along axis 1
     (the wide consumers): (p, the old state's rescale alpha, m_i, l_i) updated; invalid keys
@@ -299,30 +232,6 @@ def _softmax_step(s, valid, m_i, l_i, scale2):
 
 
 @gluon.jit
-def _softmax_down(s, valid, m_i, l_acc, scale2, red_s):
-    """The same over scores with the keys down axis 0, across the warps (the wgmma's M:
-    narrow and alternate consumers). The block's max crosses the warps once, through red_s
-    (one barrier; the caller's barrier after its P store orders red_s's reuse), and the sum
-    is kept per key (l_acc) and summed by the caller once at the end: (p, alpha, m_i, l_acc)
-    updated. Reduced every block as in _softmax_step, the two cost six barriers a block
-    (prefill 5-9% slower: results/sm90/triton-gluon3-h100/NOTES.md)."""
-    s = gl.where(gl.expand_dims(valid, 1), s * scale2, float("-inf"))
-    NH: gl.constexpr = s.shape[1]
-    NW: gl.constexpr = red_s.type.shape[0] // NH
-    warp_max = gl.max(gl.reshape(s, [NW, s.shape[0] // NW, NH]), 1)  # over each warp's keys
-    red_s._reinterpret(gl.float32, [NW, NH], MERGE_SL).store(warp_max)
-    gl.thread_barrier()
-    blk = red_s.slice(0, NH).load(m_i.type.layout)
-    for w in gl.static_range(1, NW):
-        blk = gl.maximum(blk, red_s.slice(w * NH, NH).load(m_i.type.layout))
-    m_new = gl.maximum(m_i, blk)
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s - gl.expand_dims(m_use, 0))
-    return p, alpha, m_new, l_acc * gl.expand_dims(alpha, 0) + p
-
-
-@gluon.jit
 def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
                     NPARTS: gl.constexpr, FENCE: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
     """The consumers with NH heads as the wgmma's N: S^T = K Q^T (64 keys x NH, each warpgroup
@@ -331,7 +240,7 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     warpgroup 256 of the 512 rows, V^T a transposed view of the key buffer); (acc [512, NH]
     unnormalized, m_i, l_i)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    _await_q(q_bar)
+    await_q(q_bar)
     NH: gl.constexpr = p_s.type.shape[2]
     st_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                    instr_shape=[16, NH // 2, 16])  # fmt: skip
@@ -348,35 +257,13 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
     for i in range(start, stop):
         n = i - start
         buf = n % 2
-        valid = _await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_rows, full, NPARTS,
+        valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_rows, full, NPARTS,
                              FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
-            acc, m_i, l_acc = _heads_n_block(bufs, buf, p_s.index(buf), s0, valid, acc, m_i,
+            acc, m_i, l_acc = heads_n_block(bufs, buf, p_s.index(buf), s0, valid, acc, m_i,
                                              l_acc, scale2, red_s, HAS_TAIL)  # fmt: skip
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, gl.sum(l_acc, 0)
-
-
-@gluon.jit
-def _heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2, red_s,
-                   HAS_TAIL: gl.constexpr):  # fmt: skip
-    """One key block of the narrow and alternate consumers (the heads the wgmma's N): S^T =
-    K Q^T from key buffer buf, the softmax down the keys (_softmax_down), P^T through pb,
-    O^T += V^T P^T; (acc, m_i, l_acc) updated."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    kb = k_main_s.index(buf)
-    s = warpgroup_mma(kb, q_main_s.permute((1, 0)), s0, use_acc=False, is_async=True)
-    if HAS_TAIL:
-        s = warpgroup_mma(k_tail_s.index(buf), q_tail_s.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_acc = _softmax_down(s, valid, m_i, l_acc, scale2, red_s)
-    pb.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    gl.thread_barrier()
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, acc.type.layout))[None, :]
-    acc = warpgroup_mma(kb.permute((1, 0)), pb, acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc, m_i, l_acc
 
 
 @gluon.jit
@@ -391,7 +278,7 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
     l_i) goes to acc_s.index(W) and ml_s (over its own key buffer, which no block uses any
     more)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    _await_q(q_bar)
+    await_q(q_bar)
     NH: gl.constexpr = p_s.type.shape[2]
     lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, NH, 16])  # fmt: skip
@@ -406,10 +293,10 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
     red_w = red.slice(W * 4 * NH, 4 * NH)
     for i in range(start + W, stop, 2):
         buf = (i - start) % 2  # = W; as the loop's value the dots' descriptors are not hoisted
-        valid = _await_block(i, buf, ((i - start) // 2) & 1, keys, cache, x_cache, k_rows, full,
+        valid = await_block(i, buf, ((i - start) // 2) & 1, keys, cache, x_cache, k_rows, full,
                              NPARTS, FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
-            acc, m_i, l_acc = _heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2,
+            acc, m_i, l_acc = heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2,
                                              red_w, HAS_TAIL)  # fmt: skip
         mbarrier.arrive(empty.index(buf), count=1)
     acc_s.index(W).slice(0, NH).store(gl.permute(acc, (1, 0)))
@@ -445,7 +332,7 @@ def _store_merged(acc_s, ml_s, outs, parts, sink_ptr, t, hb, split, H, S_Q,
     l_i = l0 * a0 + ml_s.slice(TAIL_WORDS + BLOCK_N, NH).load(row_l) * a1
     heads = hb * NH + gl.arange(0, NH, row_l)
     hmask = heads < H
-    l_div, sink_div = _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
+    l_div, sink_div = store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
                                  HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
     COLS: gl.constexpr = 64
     acc0_s = acc_s.index(0).slice(0, NH)
@@ -469,33 +356,10 @@ def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK:
     l_i = gl.convert_layout(l_i, row_l)
     heads = hb * ROWS + gl.arange(0, ROWS, row_l)
     hmask = heads < H
-    l_div, sink_div = _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
+    l_div, sink_div = store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
                                  HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
     c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
     _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
-
-
-@gluon.jit
-def _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
-               HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """Write the heads' lse (base 2 into a split's partial; else natural log, and the max
-    logits); (the divisor by l, the sink's divisor) a head."""
-    has_key = l_i > 0.0
-    l_div = gl.where(has_key, l_i, 1.0)
-    lse2 = gl.where(has_key, m_i + gl.log2(l_div), float("-inf"))
-    sink_div = gl.full_like(l_div, 1.0)
-    if SPLIT:
-        gl.store(parts.lse + (t * gl.num_programs(1) + split) * H + heads, lse2, mask=hmask)
-    else:
-        if HAS_SINK:
-            sink2 = gl.load(sink_ptr + heads, mask=hmask, other=float("-inf")) * LOG2E
-            sink_div = gl.where(has_key, 1.0 + gl.exp2(sink2 - lse2), 1.0)
-        lse = gl.where(has_key, lse2 * LN2, float("inf"))
-        lse_at = (t // S_Q) * outs.lse_sb + (t % S_Q) * outs.lse_ss + heads * outs.lse_sh
-        gl.store(outs.lse + lse_at, lse, mask=hmask)
-        if HAS_MAXL:
-            gl.store(outs.maxl + t * H + heads, m_i * LN2, mask=hmask)  # (T, H) contiguous
-    return l_div, sink_div
 
 
 @gluon.jit
@@ -514,217 +378,3 @@ def _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H,
 
 
 KERNELS = {"attn": attn_kernel}
-
-
-@gluon.jit
-def _persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
-                blocks_per_split, items, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-                HAS_LENS: gl.constexpr,
-                HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
-                PRODUCER_WARPS: gl.constexpr, NH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                SKIP: gl.constexpr):  # fmt: skip
-    """A resident program (bf16 rows, alternate consumers): consumer warpgroup W takes the
-    program's items p + (2 j + W) G whole, with its own q buffer, and stores each itself, so
-    no state is merged and the producer gathers the next item's blocks (and copies its q)
-    while an item's last blocks are summed and stored. A program an item, set-up, the
-    partitions' join and the merge cost V4-Flash prefill at 32 heads (10 key blocks a token)
-    17% of its warp samples (results/sm90/triton-gluon3-h100/ncu-stalls.txt); resident, it
-    runs 9% faster, and 6% at V3.2's 32 heads (results/sm90/triton-gluon4-h100/NOTES.md)."""
-    main_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
-    tail_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.bfloat16)
-    qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NH, D_V], gl.bfloat16)
-    qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([NH, ROPE], gl.bfloat16)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, NH], gl.bfloat16)
-    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, NH, D_V], qm_sl)
-    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, NH, ROPE], qt_sl)
-    k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
-    k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
-    p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
-    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)
-    idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], WORDS_SL)  # each stream's next
-    # buffer, or q, W: the producer's and consumer W's (count 1: one arrival completes each)
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(2):
-        mbarrier.init(full.index(b), count=1)
-        mbarrier.init(empty.index(b), count=1)
-        mbarrier.init(q_full.index(b), count=1)
-        mbarrier.init(q_empty.index(b), count=1)
-    fence_async_shared()
-    gl.thread_barrier()
-    bars = (full, empty, q_full, q_empty)
-    smem = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, red, idx_s)
-    # fmt: off
-    gl.warp_specialize(
-        [(_produce_items, (q, smem, bars, cache, x_cache, H, LENS_DIV, blocks_per_split, items,
-                           HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, PRODUCER_WARPS, NH, SKIP)),
-         (_consume_items, (smem, bars, cache, x_cache, outs, parts, sink_ptr, H, S_Q, LENS_DIV,
-                           scale2, blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS,
-                           HAS_X_LENS, HAS_SINK, HAS_MAXL, NH, SKIP, 0)),
-         (_consume_items, (smem, bars, cache, x_cache, outs, parts, sink_ptr, H, S_Q, LENS_DIV,
-                           scale2, blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS,
-                           HAS_X_LENS, HAS_SINK, HAS_MAXL, NH, SKIP, 1))],
-        [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
-    # fmt: on
-
-
-@gluon.jit
-def _item_keys(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NH: gl.constexpr,
-               NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
-               HAS_X_LENS: gl.constexpr):  # fmt: skip
-    """(the key list of item k (_key_list, one split), its head block)."""
-    head_blocks = (H + NH - 1) // NH
-    t = (k // head_blocks).to(gl.int64)
-    keys = _key_list(cache, x_cache, t, 0, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
-                     HAS_X_LENS)  # fmt: skip
-    return keys, k % head_blocks
-
-
-@gluon.jit
-def _produce_items(q, smem, bars, cache, x_cache, H, LENS_DIV, blocks_per_split, items,
-                   HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
-                   HAS_X_LENS: gl.constexpr, PW: gl.constexpr, NH: gl.constexpr,
-                   SKIP: gl.constexpr):  # fmt: skip
-    """The resident program's producer: for each pair of items (consumer 0's, consumer 1's)
-    both q copies, then their key blocks in turn, into buffer 0 and buffer 1. A block's
-    indices load while the other stream's block is copied and wait in idx_s."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, red, idx_s = smem
-    full, empty, q_full, q_empty = bars
-    g = gl.num_programs(0)
-    f0 = 0
-    f1 = 0
-    for r in range(gl.program_id(0), items, 2 * g):
-        m = (r - gl.program_id(0)) // (2 * g)  # the pair's number: q buffers' phases
-        keys0, hb0 = _item_keys(r, H, cache, x_cache, LENS_DIV, blocks_per_split, NH, NPARTS,
-                                HAS_LENS, HAS_X_LENS)  # fmt: skip
-        has1 = r + g < items
-        keys1, hb1 = _item_keys(gl.minimum(r + g, items - 1), H, cache, x_cache, LENS_DIV,
-                                blocks_per_split, NH, NPARTS, HAS_LENS, HAS_X_LENS)  # fmt: skip
-        mbarrier.wait(q_empty.index(0), (m & 1) ^ 1)
-        _copy_q(q, keys0[0], hb0, H, HAS_TAIL, NH, Q_ROWS4, q_main_s.index(0), q_tail_s.index(0),
-                q_full.index(0))  # fmt: skip
-        n0 = keys0[5]
-        n1 = n0 * 0
-        if has1:
-            mbarrier.wait(q_empty.index(1), (m & 1) ^ 1)
-            _copy_q(q, keys1[0], hb1, H, HAS_TAIL, NH, Q_ROWS4, q_main_s.index(1),
-                    q_tail_s.index(1), q_full.index(1))  # fmt: skip
-            n1 = keys1[5]
-        k = gl.arange(0, BLOCK_N, gl.BlockedLayout([1], [32], [PW], [0]))
-        idx0, _ = block_keys(0, keys0, cache, x_cache, k, NPARTS)
-        idx1, _ = block_keys(0, keys1, cache, x_cache, k, NPARTS)
-        for j in range(0, gl.maximum(n0, n1)):
-            if j < n0:
-                idx0 = _fill(j, keys0, 0, f0, idx0, idx_s, k, k_main_s, k_tail_s, full, empty,
-                             cache, x_cache, HAS_TAIL, NPARTS, PW, SKIP)  # fmt: skip
-                f0 += 1
-            if j < n1:
-                idx1 = _fill(j, keys1, 1, f1, idx1, idx_s, k, k_main_s, k_tail_s, full, empty,
-                             cache, x_cache, HAS_TAIL, NPARTS, PW, SKIP)  # fmt: skip
-                f1 += 1
-
-
-@gluon.jit
-def _fill(i, keys, W: gl.constexpr, f, idx, idx_s, k, k_main_s, k_tail_s, full, empty, cache,
-          x_cache, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, PW: gl.constexpr,
-          SKIP: gl.constexpr):  # fmt: skip
-    """Key block i of an item's list (its indices idx, loaded) copied into buffer W once it
-    is free (its f-th fill); its full barrier completes when the copies land. Returns block
-    i + 1's indices, in flight."""
-    u8, u16, f32, s0, s1, slots = _block_src(i, keys[1], cache, x_cache, NPARTS)
-    ib = idx_s.index(W)
-    ib.store(idx)
-    gl.thread_barrier()
-    nxt, _ = block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
-    sl = bf16_slots((ib, i, keys, cache, x_cache, slots), 0, NPARTS, True, BLOCK_N, PW)
-    mbarrier.wait(empty.index(W), (f & 1) ^ 1)
-    if SKIP != 1:  # measurement: 1 leaves out the gather
-        bf16_copy(sl, 0, u8, s0, k_main_s.index(W), k_tail_s.index(W), HAS_TAIL, BLOCK_N, PW)
-    async_copy.mbarrier_arrive(full.index(W))
-    gl.thread_barrier()  # every thread's pending arrival counted (and ib read) before the last
-    mbarrier.arrive(full.index(W), count=1)
-    return nxt
-
-
-@gluon.jit
-def _consume_items(smem, bars, cache, x_cache, outs, parts, sink_ptr, H, S_Q, LENS_DIV, scale2,
-                   blocks_per_split, items, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-                   HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr,
-                   HAS_MAXL: gl.constexpr, NH: gl.constexpr, SKIP: gl.constexpr,
-                   W: gl.constexpr):  # fmt: skip
-    """Consumer warpgroup W of a resident program: its items whole (_heads_n_block over
-    buffer W, q buffer W), each stored as soon as its last block is summed."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, red, idx_s = smem
-    full, empty, q_full, q_empty = bars
-    lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, NH, 16])  # fmt: skip
-    g = gl.num_programs(0)
-    bufs = (q_main_s.index(W), q_tail_s.index(W), k_main_s, k_tail_s, p_s, full, empty, red,
-            q_full.index(W))  # fmt: skip
-    pb = p_s.index(W)
-    red_w = red.slice(W * 4 * NH, 4 * NH)
-    s0 = gl.zeros([BLOCK_N, NH], gl.float32, lay)
-    k_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, lay))
-    cnt = 0
-    for k in range(gl.program_id(0) + W * g, items, 2 * g):
-        m = (k - gl.program_id(0)) // (2 * g)
-        keys, hb = _item_keys(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NH, NPARTS,
-                              HAS_LENS, HAS_X_LENS)  # fmt: skip
-        mbarrier.wait(q_full.index(W), m & 1)
-        fence_async_shared()
-        m_i = gl.full([NH], float("-inf"), gl.float32, gl.SliceLayout(0, lay))
-        acc = gl.zeros([D_V, NH], gl.float32, lay)
-        l_acc = s0
-        for i in range(keys[4], keys[5]):
-            # = W, but not to the compiler: with a constant buffer the dots' descriptors are
-            # hoisted out of the loops and spill
-            buf = W + i // (keys[5] + 1)
-            valid = _await_block(i, buf, cnt & 1, keys, cache, x_cache, k_rows, full, NPARTS,
-                                 True)  # fmt: skip
-            if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
-                acc, m_i, l_acc = _heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc,
-                                                 scale2, red_w, HAS_TAIL)  # fmt: skip
-            mbarrier.arrive(empty.index(buf), count=1)
-            cnt += 1
-        mbarrier.arrive(q_empty.index(W), count=1)
-        _store_heads_n(acc, m_i, gl.sum(l_acc, 0), outs, parts, sink_ptr, keys[0], hb, H, S_Q,
-                       HAS_SINK, HAS_MAXL, NH)  # fmt: skip
-
-
-@gluon.jit
-def _store_heads_n(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, H, S_Q, HAS_SINK: gl.constexpr,
-                   HAS_MAXL: gl.constexpr, NH: gl.constexpr):  # fmt: skip
-    """_store of acc^T (512 x NH, the narrow consumers' layout) as the final output, from the
-    consumer's own registers."""
-    heads = hb * NH + gl.arange(0, NH, gl.SliceLayout(0, acc.type.layout))
-    hmask = heads < H
-    l_div, sink_div = _store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, 0, H, S_Q,
-                                 HAS_SINK, HAS_MAXL, False)  # fmt: skip
-    o = acc / l_div[None, :]
-    if HAS_SINK:
-        o = o / sink_div[None, :]
-    # stored 64 rows at a time (one pointer tensor for all 512 rows spills): the wgmma layout
-    # repeats its 64 rows in registers, so the row blocks split off within each thread
-    blocks = gl.permute(gl.reshape(o.to(gl.bfloat16), [2, 2, 2, BLOCK_N, NH]), (3, 4, 0, 1, 2))
-    b0, b1 = gl.split(blocks)  # row block 4 r2 + 2 r1 + r0: r0 = 0, 1
-    b00, b01 = gl.split(b0)
-    b10, b11 = gl.split(b1)
-    row = outs.out + t * outs.st
-    _store_rows(gl.split(b00), 0, row, heads, hmask, outs.sh)
-    _store_rows(gl.split(b01), 2, row, heads, hmask, outs.sh)
-    _store_rows(gl.split(b10), 1, row, heads, hmask, outs.sh)
-    _store_rows(gl.split(b11), 3, row, heads, hmask, outs.sh)
-
-
-@gluon.jit
-def _store_rows(pair, r: gl.constexpr, row, heads, hmask, sh):
-    """Row blocks r and r + 4 (64 output columns each, x NH heads) of a token's output."""
-    lo, hi = pair
-    dims = gl.arange(0, BLOCK_N, gl.SliceLayout(1, lo.type.layout))
-    h = gl.convert_layout(heads, gl.SliceLayout(0, lo.type.layout))
-    m = gl.convert_layout(hmask, gl.SliceLayout(0, lo.type.layout))
-    ptrs = row + h[None, :] * sh + dims[:, None]
-    gl.store(ptrs + r * BLOCK_N, lo, mask=m[None, :])
-    gl.store(ptrs + (r + 4) * BLOCK_N, hi, mask=m[None, :])

@@ -92,7 +92,7 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
         buf = n % 2
         if AHEAD:
             nxt, _ = block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
-        u8, u16, f32, s0, s1, slots = _block_src(i, main_blocks, cache, x_cache, NPARTS)
+        u8, u16, f32, s0, s1, slots = block_src(i, main_blocks, cache, x_cache, NPARTS)
         mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
         kb = k_main_s.index(buf)
         tb = k_tail_s.index(buf)
@@ -121,7 +121,7 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
 
 
 @gluon.jit
-def _block_src(i, main_blocks, cache, x_cache, NPARTS: gl.constexpr):
+def block_src(i, main_blocks, cache, x_cache, NPARTS: gl.constexpr):
     """(u8, u16, f32, s0, s1, slots): the cache that key block i reads."""
     u8, u16, f32, s0, s1 = cache.u8, cache.u16, cache.f32, cache.s0, cache.s1
     slots = cache.slots
@@ -197,7 +197,7 @@ def _v32_rows(i, ids, stop, keys, cache, x_cache, P: gl.constexpr, HAS_TAIL: gl.
     """The records of key block i at indices ids (_v32_ids), loaded (none past stop): the
     e4m3 bytes and the rope as 32-bit words (carried to the next step in a quarter, and a
     half, of the registers that bytes and halves would take), the scales."""
-    u8, u16, f32, s0, s1, slots = _block_src(i, keys[1], cache, x_cache, NPARTS)
+    u8, u16, f32, s0, s1, slots = block_src(i, keys[1], cache, x_cache, NPARTS)
     idx, idx_r = ids
     live = i < stop
     if WIDE:

@@ -20,16 +20,12 @@ from dsv4bench.measure import metrics, timing  # noqa: E402
 
 ROUNDS = 3
 KW = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
-ALT = dict(block_h=32, narrow=True, alternate=True)
+PS = [dict(persist=True, producer_regs=r) for r in (80, 88)]
 RUNS = {
-    "decode-v3.2-v32-h32-b64-": [None, dict(pipe=1, chunk=16), ALT, dict(ALT, pipe=1, chunk=16),
-                                 dict(ALT, pipe=2, chunk=16, producer_regs=152)],
-    "decode-v3.2-v32-h16-b64-": [None, dict(pipe=1, chunk=16),
-                                 dict(pipe=2, chunk=16, producer_regs=152),
-                                 dict(pipe=2, chunk=16, producer_regs=136)],
-    "decode-v3.2-v32-h8-b64-": [None, dict(pipe=1, chunk=16),
-                                dict(pipe=2, chunk=16, producer_regs=152)],
-    "decode-v3.2-v32-h128-b128-": [None, dict(pipe=1, chunk=16)],
+    "prefill-v3.2-v32-h32-t4096-": [None, *PS],
+    "prefill-v4-flash-v4-h32-t4096-": [None, *PS],
+    "prefill-v3.2-v32-h8-t4096-": [None, PS[0]],
+    "prefill-v4-flash-v4-h8-t4096-": [None, PS[0]],
 }
 
 
