@@ -183,16 +183,11 @@ def test_prefill_matches_oracle(d_qk, heads):
         assert bool((t_out[row] == 0).all()) and bool(torch.isposinf(t_lse[row]).all())
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("d_qk,heads", [(576, 24), (512, 6)])
-@pytest.mark.parametrize("persist", [True, False])
-def test_prefill_on_cuda_resident_or_a_program_a_token(d_qk, heads, persist):
-    """The Gluon kernel's sparse prefill, resident (config_for's pick: a program an SM, its
-    consumers whole tokens) and a program a token, at the CPU test's contract; 301 tokens:
-    several a program and an odd last pair."""
-    g = torch.Generator().manual_seed(heads)
-    s_q, s_kv, topk = 301, 700, 256
+def _prefill_on_cuda(s_q, heads, d_qk, config, seed):
+    """Sparse prefill on the GPU at the CPU test's contract (invalid and out-of-range indices,
+    topk_length with zeros, a sink) against the oracle on the CPU; the plan."""
+    g = torch.Generator().manual_seed(seed)
+    s_kv, topk = 700, 256
     kv = torch.randn(s_kv, 1, d_qk, generator=g).to(torch.bfloat16)
     idx = torch.randint(-5, s_kv + 5, (s_q, 1, topk), generator=g, dtype=torch.int32)
     idx[1] = -1
@@ -204,15 +199,41 @@ def test_prefill_on_cuda_resident_or_a_program_a_token(d_qk, heads, persist):
     out, max_logits, lse = attention.sparse_mla_prefill(
         q, kv, idx, 0.07, attn_sink=sink, topk_length=lengths
     )
+    plan = ta.plan_attention(q.cuda(), kv.cuda(), idx.cuda(), 0.07, layout="bf16", op="prefill",
+                             topk_length=lengths.cuda(), attn_sink=sink.cuda(),
+                             config=config)  # fmt: skip
+    t_out, t_lse, t_max = (t.cpu() for t in plan.run())
+    _assert_close(Output(out, lse), Output(t_out, t_lse), PREFILL_TOL)
+    finite = torch.isfinite(max_logits)
+    assert torch.equal(finite, torch.isfinite(t_max))
+    assert torch.allclose(max_logits[finite], t_max[finite], atol=1e-3)
+    return plan
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d_qk,heads", [(576, 24), (512, 6)])
+@pytest.mark.parametrize("persist", [True, False])
+def test_prefill_on_cuda_resident_or_a_program_a_token(d_qk, heads, persist):
+    """The Gluon kernel's sparse prefill, resident (config_for's pick: a program an SM, its
+    consumers whole tokens) and a program a token; 301 tokens: several a program and an odd
+    last pair."""
     cfg = dataclasses.replace(ta.config_for(heads, "bf16", True, d_qk), persist=persist)
     assert cfg.gluon and cfg.alternate
-    t_out, t_max, t_lse = ta.sparse_prefill(q.cuda(), kv.cuda(), idx.cuda(), 0.07,
-                                            topk_length=lengths.cuda(), attn_sink=sink.cuda(),
-                                            config=cfg)  # fmt: skip
-    _assert_close(Output(out, lse), Output(t_out.cpu(), t_lse.cpu()), PREFILL_TOL)
-    finite = torch.isfinite(max_logits)
-    assert torch.equal(finite, torch.isfinite(t_max.cpu()))
-    assert torch.allclose(max_logits[finite], t_max.cpu()[finite], atol=1e-3)
+    plan = _prefill_on_cuda(301, heads, d_qk, cfg, heads)
+    assert plan.info["persist"] == persist and plan.info["splits"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
+    """5 tokens are too few for resident programs (two items an SM): the plan splits each
+    token's keys instead (a program a token and split, then the combine kernel)."""
+    plan = _prefill_on_cuda(5, 24, 576, ta.config_for(24, "bf16", True, 576), 5)
+    assert not plan.info["persist"] and plan.info["splits"] > 1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = _prefill_on_cuda(sms + 7, 24, 576, ta.config_for(24, "bf16", True, 576), 6)
+    assert not plan.info["persist"] and plan.info["splits"] == 1  # one item an SM: not resident
 
 
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():
