@@ -157,8 +157,10 @@ def test_decode_no_valid_key_and_infinite_sink():
 # ---- prefill ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("d_qk,heads", [(576, 3), (512, 1)])
-def test_prefill_matches_oracle(d_qk, heads):
+@pytest.mark.parametrize("d_qk,heads,splits", [(576, 3, None), (512, 1, None), (576, 3, 3)])
+def test_prefill_matches_oracle(d_qk, heads, splits):
+    """Sparse prefill (topk_length, invalid and out-of-range indices, a sink), one split or
+    the key list split three ways and combined: out, lse and max logits."""
     g = torch.Generator().manual_seed(d_qk)
     s_q, s_kv, topk = 5, 90, 40
     kv = torch.randn(s_kv, 1, d_qk, generator=g).to(torch.bfloat16)
@@ -172,7 +174,7 @@ def test_prefill_matches_oracle(d_qk, heads):
         q, kv, idx, 0.07, attn_sink=sink, topk_length=lengths
     )
     t_out, t_max, t_lse = ta.sparse_prefill(
-        q, kv, idx, 0.07, topk_length=lengths, attn_sink=sink, config=SMALL_32
+        q, kv, idx, 0.07, topk_length=lengths, attn_sink=sink, config=SMALL_32, splits=splits
     )
     assert t_out.shape == (s_q, heads, 512) and t_lse.shape == t_max.shape == (s_q, heads)
     _assert_close(Output(out, lse), Output(t_out, t_lse), PREFILL_TOL)

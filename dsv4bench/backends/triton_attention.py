@@ -170,6 +170,7 @@ class OutDesc(NamedTuple):
 class PartDesc(NamedTuple):
     o: Any  # fp32 (T, splits, H, 512)
     lse: Any  # fp32 (T, splits, H), base 2
+    maxl: Any  # fp32 (T, splits, H): the split's max logit, base 2 (read with HAS_MAXL)
 
 
 def cache_bytes(cache, layout: str):
@@ -436,11 +437,13 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         # an SM, a program an item (both consumers on it), split if there are few
         cfg = replace(cfg, persist=False)
     outs, out, lse, max_logits = _outputs(x, dev)
-    parts = PartDesc(out, out)  # never read with one split
+    parts = PartDesc(out, out, out)  # never read with one split
     if splits > 1:
         f32 = {"dtype": torch.float32, "device": dev}
         parts = PartDesc(
-            torch.empty(tokens, splits, h, D_V, **f32), torch.empty(tokens, splits, h, **f32)
+            torch.empty(tokens, splits, h, D_V, **f32),
+            torch.empty(tokens, splits, h, **f32),
+            torch.empty(tokens, splits, h, **f32),
         )
     sink_arg = out if x.sink is None else x.sink  # never read without HAS_SINK
     extra = x.extra if x.extra is not None else x.cache  # never read with NPARTS 1
@@ -454,7 +457,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     if splits > 1:
         c_args = (parts, sink_arg, outs, h, x.s_q, splits)
         c_meta = dict(HAS_SINK=x.sink is not None, SPLITS_P2=1 << (splits - 1).bit_length(),
-                      EXACT=exact, PDL=cfg.gluon)  # fmt: skip
+                      EXACT=exact, PDL=cfg.gluon, HAS_MAXL=x.op == "prefill")  # fmt: skip
         # programmatic dependent launch after the Gluon kernel, which lets it start at once:
         # no launch gap between the two (split-KV decode 2-10% faster on the H100)
         c_opts = {"num_warps": 4, "launch_pdl": cfg.gluon}

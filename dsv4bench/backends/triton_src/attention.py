@@ -106,6 +106,8 @@ def attn_kernel(
         at = (t * tl.num_programs(1) + split) * H + heads
         tl.store(parts.o + at[:, None] * D_V + c[None, :], o, mask=hmask[:, None])
         tl.store(parts.lse + at, lse2, mask=hmask)
+        if HAS_MAXL:
+            tl.store(parts.maxl + at, m_i, mask=hmask)
     else:
         _store_final(outs, sink_ptr, o, lse2, m_i, has_key, t, heads, hmask, H, S_Q, HAS_SINK,
                      HAS_MAXL, EXACT)  # fmt: skip
@@ -286,6 +288,7 @@ def combine_kernel(
     SPLITS_P2: tl.constexpr,
     EXACT: tl.constexpr,
     PDL: tl.constexpr = False,
+    HAS_MAXL: tl.constexpr = False,
 ):
     if PDL:  # launched while the attention grid runs: its partials are complete after this
         gdc_wait()
@@ -309,6 +312,9 @@ def combine_kernel(
     tl.store(outs.out + t * outs.st + h * outs.sh + c, _to_bf16(o, EXACT))
     lse = tl.where(has_key, lse2 * LN2, float("inf"))
     tl.store(outs.lse + (t // S_Q) * outs.lse_sb + (t % S_Q) * outs.lse_ss + h * outs.lse_sh, lse)
+    if HAS_MAXL:  # the splits' largest logit (natural log); -inf without a key
+        m_s = tl.load(parts.maxl + at, mask=smask, other=float("-inf"))
+        tl.store(outs.maxl + t * H + h, tl.max(m_s, 0) * LN2)
 
 
 KERNELS = {"attn": attn_kernel, "combine": combine_kernel}

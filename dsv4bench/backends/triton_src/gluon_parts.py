@@ -148,7 +148,10 @@ def store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
     lse2 = gl.where(has_key, m_i + gl.log2(l_div), float("-inf"))
     sink_div = gl.full_like(l_div, 1.0)
     if SPLIT:
-        gl.store(parts.lse + (t * gl.num_programs(1) + split) * H + heads, lse2, mask=hmask)
+        at = (t * gl.num_programs(1) + split) * H + heads
+        gl.store(parts.lse + at, lse2, mask=hmask)
+        if HAS_MAXL:
+            gl.store(parts.maxl + at, m_i, mask=hmask)
     else:
         if HAS_SINK:
             sink2 = gl.load(sink_ptr + heads, mask=hmask, other=float("-inf")) * LOG2E
