@@ -229,13 +229,16 @@ def test_prefill_on_cuda_resident_or_a_program_a_token(d_qk, heads, persist):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
-    """5 tokens are too few for resident programs (two items an SM): the plan splits each
-    token's keys instead (a program a token and split, then the combine kernel)."""
+    """Up to one wave of (token, head block) items a resident program would have one consumer
+    warpgroup busy: the plan takes a program an item, and with 5 tokens splits each token's
+    keys (then the combine kernel); one more item than SMs runs resident."""
     plan = _prefill_on_cuda(5, 24, 576, ta.config_for(24, "bf16", True, 576), 5)
     assert not plan.info["persist"] and plan.info["splits"] > 1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = _prefill_on_cuda(sms + 7, 24, 576, ta.config_for(24, "bf16", True, 576), 6)
-    assert not plan.info["persist"] and plan.info["splits"] == 1  # one item an SM: not resident
+    plan = _prefill_on_cuda(sms, 24, 576, ta.config_for(24, "bf16", True, 576), 6)
+    assert not plan.info["persist"] and plan.info["splits"] == 1
+    plan = _prefill_on_cuda(sms + 1, 24, 576, ta.config_for(24, "bf16", True, 576), 7)
+    assert plan.info["persist"] and plan.info["splits"] == 1
 
 
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():

@@ -97,8 +97,9 @@ def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) ->
     Sparse prefill up to 32 heads runs resident (persist: a program an SM, each consumer
     warpgroup whole tokens of its own; 80 producer registers, where ptxas spills least in
     the consumers): 4-6% faster at V3.2's 8-32 heads, 9-17% at V4-Flash's (sweeps/
-    ab-persist-*.txt there); plan_attention drops it below two (token, head block) items an
-    SM, where a resident program would have one consumer warpgroup busy.
+    ab-persist-*.txt there); plan_attention drops it when the (token, head block) items fit
+    in one wave, where a program an item takes 11-21% less time; above, resident took 8-22%
+    less, except 2-4% more at d_qk 512 and 2.5-3 items an SM (sweeps/ab-items.txt).
 
     Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
     (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
@@ -432,9 +433,9 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     if x.extra is not None:
         blocks += _cdiv(x.extra.width, cfg.block_n)
     head_blocks, splits, per_split = _split_plan(tokens, h, blocks, cfg, dev, splits)
-    if cfg.persist and (splits > 1 or tokens * head_blocks < 2 * _sm_count(dev)):
-        # resident, a program with one item has one consumer warpgroup busy: below two items
-        # an SM, a program an item (both consumers on it), split if there are few
+    if cfg.persist and (splits > 1 or tokens * head_blocks <= _sm_count(dev)):
+        # one wave of items: a resident program would have one consumer warpgroup busy, a
+        # program an item has both on it (and splits the keys if there are few items)
         cfg = replace(cfg, persist=False)
     outs, out, lse, max_logits = _outputs(x, dev)
     parts = PartDesc(out, out, out)  # never read with one split
