@@ -79,8 +79,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     other one whole (persistent)."""
     if PERSIST:
         persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
-                    blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS,
-                    HAS_SINK, HAS_MAXL, PRODUCER_WARPS, NH, CONSUMER_REGS, SKIP)  # fmt: skip
+                   blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS,
+                   HAS_SINK, HAS_MAXL, PRODUCER_WARPS, NH, CONSUMER_REGS, SKIP)  # fmt: skip
     else:
         _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
@@ -132,7 +132,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     # q lands while the producer gathers the first block: the consumers wait on q_bar
     copy_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows, q_main_s, q_tail_s, q_bar.index(0))
     keys = key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
-                     HAS_X_LENS)  # fmt: skip
+                    HAS_X_LENS)  # fmt: skip
     red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)  # softmax_down's
     bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar.index(0))
     # fmt: off
@@ -202,7 +202,7 @@ def _consume(
         n = i - start
         buf = n % 2
         valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
-                             FENCE)  # fmt: skip
+                            FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             kb = k_main_s.index(buf)
             s = warpgroup_mma(q_main_s, kb.permute((1, 0)), s0, use_acc=False, is_async=True)
@@ -258,10 +258,10 @@ def _consume_narrow(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
         n = i - start
         buf = n % 2
         valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_rows, full, NPARTS,
-                             FENCE)  # fmt: skip
+                            FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             acc, m_i, l_acc = heads_n_block(bufs, buf, p_s.index(buf), s0, valid, acc, m_i,
-                                             l_acc, scale2, red_s, HAS_TAIL)  # fmt: skip
+                                            l_acc, scale2, red_s, HAS_TAIL)  # fmt: skip
         mbarrier.arrive(empty.index(buf), count=1)
     return acc, m_i, gl.sum(l_acc, 0)
 
@@ -294,10 +294,10 @@ def _consume_alternate(bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL
     for i in range(start + W, stop, 2):
         buf = (i - start) % 2  # = W; as the loop's value the dots' descriptors are not hoisted
         valid = await_block(i, buf, ((i - start) // 2) & 1, keys, cache, x_cache, k_rows, full,
-                             NPARTS, FENCE)  # fmt: skip
+                            NPARTS, FENCE)  # fmt: skip
         if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
             acc, m_i, l_acc = heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2,
-                                             red_w, HAS_TAIL)  # fmt: skip
+                                            red_w, HAS_TAIL)  # fmt: skip
         mbarrier.arrive(empty.index(buf), count=1)
     acc_s.index(W).slice(0, NH).store(gl.permute(acc, (1, 0)))
     ml_s.slice(W * TAIL_WORDS, NH).store(m_i)
@@ -333,7 +333,7 @@ def _store_merged(acc_s, ml_s, outs, parts, sink_ptr, t, hb, split, H, S_Q,
     heads = hb * NH + gl.arange(0, NH, row_l)
     hmask = heads < H
     l_div, sink_div = store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
-                                 HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
+                                HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
     COLS: gl.constexpr = 64
     acc0_s = acc_s.index(0).slice(0, NH)
     acc1_s = acc_s.index(1).slice(0, NH)
@@ -357,7 +357,7 @@ def _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK:
     heads = hb * ROWS + gl.arange(0, ROWS, row_l)
     hmask = heads < H
     l_div, sink_div = store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
-                                 HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
+                                HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
     c = gl.arange(0, D_V, gl.SliceLayout(0, LAY))
     _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
 

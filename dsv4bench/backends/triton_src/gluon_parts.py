@@ -29,7 +29,7 @@ Q_ROWS4 = gl.constexpr(gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]))  # 4 w
 
 @gluon.jit
 def key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: gl.constexpr,
-              HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr):  # fmt: skip
+             HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr):  # fmt: skip
     """(t, main blocks, length, x_length, start, stop): the joined key-block list of both
     caches (main first, blocks past a topk_length left out) and split `split`'s range of it."""
     length = key_length(cache, t, LENS_DIV, HAS_LENS)
@@ -46,7 +46,7 @@ def key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS: gl.co
 
 @gluon.jit
 def copy_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr, LAY: gl.constexpr,
-            q_main_s, q_tail_s, q_bar):  # fmt: skip
+           q_main_s, q_tail_s, q_bar):  # fmt: skip
     """The program's ROWS heads of token t copied (cp.async; heads past H zero-filled) into
     q_main_s = q[:, :512] and, with HAS_TAIL, q_tail_s = q[:, 512:576]; q_bar completes when
     every thread's copies have landed (the consumers wait on it, await_q)."""
@@ -81,7 +81,7 @@ def key_length(cache, t, LENS_DIV, HAS_LENS: gl.constexpr):
 
 @gluon.jit
 def await_block(i, buf, phase, keys, cache, x_cache, k, full, NPARTS: gl.constexpr,
-                 FENCE: gl.constexpr):  # fmt: skip
+                FENCE: gl.constexpr):  # fmt: skip
     """A consumer's wait for key block i in buffer buf: its valid keys at offsets k (loaded
     before the wait), once the producer's full barrier has reached `phase`."""
     idx, slots = block_keys(i, keys, cache, x_cache, k, NPARTS)
@@ -118,7 +118,7 @@ def softmax_down(s, valid, m_i, l_acc, scale2, red_s):
 
 @gluon.jit
 def heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2, red_s,
-                   HAS_TAIL: gl.constexpr):  # fmt: skip
+                  HAS_TAIL: gl.constexpr):  # fmt: skip
     """One key block of the narrow and alternate consumers (the heads the wgmma's N): S^T =
     K Q^T from key buffer buf, the softmax down the keys (softmax_down), P^T through pb,
     O^T += V^T P^T; (acc, m_i, l_acc) updated."""
@@ -140,7 +140,7 @@ def heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc, scale2, red_s,
 
 @gluon.jit
 def store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, split, H, S_Q,
-               HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+              HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
     """Write the heads' lse (base 2 into a split's partial; else natural log, and the max
     logits); (the divisor by l, the sink's divisor) a head."""
     has_key = l_i > 0.0

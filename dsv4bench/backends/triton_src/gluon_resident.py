@@ -34,11 +34,10 @@ from dsv4bench.backends.triton_src.gluon_producer import (
 
 @gluon.jit
 def persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
-                blocks_per_split, items, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-                HAS_LENS: gl.constexpr,
-                HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
-                PRODUCER_WARPS: gl.constexpr, NH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                SKIP: gl.constexpr):  # fmt: skip
+               blocks_per_split, items, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
+               HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr,
+               HAS_MAXL: gl.constexpr, PRODUCER_WARPS: gl.constexpr, NH: gl.constexpr,
+               CONSUMER_REGS: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
     """A resident program (bf16 rows, alternate consumers): consumer warpgroup W takes the
     program's items p + (2 j + W) G whole, with its own q buffer, and stores each itself, so
     no state is merged and the producer gathers the next item's blocks (and copies its q)
@@ -57,7 +56,7 @@ def persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale
     k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
     p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
     red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)
-    idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], WORDS_SL)  # each stream's next
+    idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], WORDS_SL)  # a stream's block's
     # buffer, or q, W: the producer's and consumer W's (count 1: one arrival completes each)
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -94,7 +93,7 @@ def _item_keys(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NH: gl.constexp
     head_blocks = (H + NH - 1) // NH
     t = (k // head_blocks).to(gl.int64)
     keys = key_list(cache, x_cache, t, 0, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
-                     HAS_X_LENS)  # fmt: skip
+                    HAS_X_LENS)  # fmt: skip
     return keys, k % head_blocks
 
 
@@ -120,13 +119,13 @@ def _produce_items(q, smem, bars, cache, x_cache, H, LENS_DIV, blocks_per_split,
                                 blocks_per_split, NH, NPARTS, HAS_LENS, HAS_X_LENS)  # fmt: skip
         mbarrier.wait(q_empty.index(0), (m & 1) ^ 1)
         copy_q(q, keys0[0], hb0, H, HAS_TAIL, NH, Q_ROWS4, q_main_s.index(0), q_tail_s.index(0),
-                q_full.index(0))  # fmt: skip
+               q_full.index(0))  # fmt: skip
         n0 = keys0[5]
         n1 = n0 * 0
         if has1:
             mbarrier.wait(q_empty.index(1), (m & 1) ^ 1)
             copy_q(q, keys1[0], hb1, H, HAS_TAIL, NH, Q_ROWS4, q_main_s.index(1),
-                    q_tail_s.index(1), q_full.index(1))  # fmt: skip
+                   q_tail_s.index(1), q_full.index(1))  # fmt: skip
             n1 = keys1[5]
         k = gl.arange(0, BLOCK_N, gl.BlockedLayout([1], [32], [PW], [0]))
         idx0, _ = block_keys(0, keys0, cache, x_cache, k, NPARTS)
@@ -198,10 +197,10 @@ def _consume_items(smem, bars, cache, x_cache, outs, parts, sink_ptr, H, S_Q, LE
             # hoisted out of the loops and spill
             buf = W + i // (keys[5] + 1)
             valid = await_block(i, buf, cnt & 1, keys, cache, x_cache, k_rows, full, NPARTS,
-                                 True)  # fmt: skip
+                                True)  # fmt: skip
             if SKIP != 2:  # measurement: 2 leaves out the dots and the softmax
                 acc, m_i, l_acc = heads_n_block(bufs, buf, pb, s0, valid, acc, m_i, l_acc,
-                                                 scale2, red_w, HAS_TAIL)  # fmt: skip
+                                                scale2, red_w, HAS_TAIL)  # fmt: skip
             mbarrier.arrive(empty.index(buf), count=1)
             cnt += 1
         mbarrier.arrive(q_empty.index(W), count=1)
@@ -217,7 +216,7 @@ def _store_heads_n(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, H, S_Q, HAS_SINK
     heads = hb * NH + gl.arange(0, NH, gl.SliceLayout(0, acc.type.layout))
     hmask = heads < H
     l_div, sink_div = store_lse(m_i, l_i, heads, hmask, outs, parts, sink_ptr, t, 0, H, S_Q,
-                                 HAS_SINK, HAS_MAXL, False)  # fmt: skip
+                                HAS_SINK, HAS_MAXL, False)  # fmt: skip
     o = acc / l_div[None, :]
     if HAS_SINK:
         o = o / sink_div[None, :]
