@@ -433,7 +433,8 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     if x.extra is not None:
         blocks += _cdiv(x.extra.width, cfg.block_n)
     head_blocks, splits, per_split = _split_plan(tokens, h, blocks, cfg, dev, splits)
-    if cfg.persist and (splits > 1 or tokens * head_blocks <= _sm_count(dev)):
+    items = tokens * head_blocks  # (token, head block) pairs: the resident programs' work
+    if cfg.persist and (splits > 1 or items <= _sm_count(dev)):
         # one wave of items: a resident program would have one consumer warpgroup busy, a
         # program an item has both on it (and splits the keys if there are few items)
         cfg = replace(cfg, persist=False)
@@ -482,9 +483,9 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     }
     grid = (head_blocks, splits, tokens)
     if cfg.gluon:  # the Gluon kernel's last argument: the (token, head block) items
-        args += (tokens * head_blocks,)
-    if cfg.persist:
-        grid = (min(_sm_count(dev), tokens * head_blocks), 1, 1)
+        args += (items,)
+    if cfg.persist:  # more items than SMs (above): a program an SM
+        grid = (_sm_count(dev), 1, 1)
     if stage is not None:  # the caller's heads only
         out, lse, max_logits = out[:, :heads], lse[:, :heads], max_logits[:, :heads]
         info["heads_padded_to"] = h
