@@ -1,4 +1,4 @@
-"""dsv4bench command line: plan, run, bench, merge, backends, env (and report/compare).
+"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels (and report/compare).
 
 The parser and the exit codes; each job lives in dsv4bench/commands/."""
 
@@ -11,6 +11,7 @@ import sys
 from dsv4bench.cases.case import ARCHS
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
+from dsv4bench.commands import kernels as kernels_command
 from dsv4bench.commands.merge import cmd_merge
 from dsv4bench.commands.plan import cmd_plan
 from dsv4bench.commands.read import (
@@ -122,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run_jobs(sub)
     _add_result_jobs(sub)
+    kernels_command.add_parser(sub)
     return top
 
 

@@ -1,0 +1,144 @@
+"""`kernels fetch`: download an engine package's wheel (pip, no dependencies) and cut the kernel
+builds it ships out of it into the kernels folder."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from dsv4bench.kernels.catalog import BuildSpec, PackageSpec
+from dsv4bench.kernels.store import Build, KernelFile, sha256_of, write_build, write_manifest
+
+# The GPU machines run CPython 3.12 on x86-64 Linux; pure-Python and abi3 wheels fit any.
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "any")  # fmt: skip
+
+
+class FetchError(RuntimeError):
+    """A download or a wheel that does not hold what the catalog says (one line)."""
+
+
+def _wheel_name(requirement: str) -> str:
+    return re.split(r"[=<>!~;, ]", requirement, maxsplit=1)[0].replace("-", "_").lower()
+
+
+def find_wheel(wheels: Path, requirement: str) -> Path | None:
+    """A wheel in `wheels` for `name==version` (or, for a ranged requirement, any of the name)."""
+    name = _wheel_name(requirement)
+    version = requirement.split("==", 1)[1] if "==" in requirement else None
+    for path in sorted(wheels.glob("*.whl"), reverse=True):
+        dist, ver = path.name.split("-")[:2]
+        if dist.lower() == name and (version is None or ver == version):
+            return path
+    return None
+
+
+def download(requirement: str, wheels: Path, python_version: str) -> Path:
+    """The wheel of `requirement` in `wheels`, downloaded there by pip unless it is already."""
+    found = find_wheel(wheels, requirement)
+    if found:
+        return found
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", python_version, "--implementation", "cp", "-d", str(wheels),
+           *[a for p in PLATFORMS for a in ("--platform", p)], requirement]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    found = find_wheel(wheels, requirement)
+    if done.returncode or not found:
+        last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise FetchError(f"pip download {requirement}: {last}")
+    return found
+
+
+def _members(z: zipfile.ZipFile, spec: BuildSpec) -> list[str]:
+    names = [n for n in z.namelist() if not n.endswith("/")]
+    if spec.whole_wheel:
+        return names
+    picked = []
+    for want in spec.members:
+        hits = (
+            [n for n in names if n.startswith(want)]
+            if want.endswith("/")
+            else [want] * (want in names)
+        )
+        if not hits:
+            raise FetchError(f"{Path(z.filename).name} has no {want}")
+        picked += hits
+    return picked
+
+
+def _library_version(folder: Path, spec: BuildSpec, package_version: str) -> str:
+    """The kernel library's own version where the build says it (DeepGEMM's __version__,
+    sgl-flash-mla's VERSION file); else the package's."""
+    for init in folder.glob("*/__init__.py"):
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", init.read_text(), re.M)
+        if found and spec.library == "deepgemm":
+            return found.group(1)
+    for version_file in folder.glob("*/VERSION"):
+        return version_file.read_text().strip()
+    return package_version
+
+
+def extract(wheel: Path, spec: BuildSpec, dest: Path) -> list[KernelFile]:
+    """The build's members of `wheel` under `dest` (their `strip` prefix cut), with checksums."""
+    files = []
+    with zipfile.ZipFile(wheel) as z:
+        for member in _members(z, spec):
+            rel = member.removeprefix(spec.strip)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(member) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+            files.append(KernelFile(rel, member, sha256_of(target), target.stat().st_size))
+    return files
+
+
+def fetch_package(
+    package: PackageSpec,
+    version: str,
+    root: Path,
+    *,
+    wheels: Path | None = None,
+    python_version: str = "3.12",
+    say: Callable[[str], None] = print,
+) -> list[Build]:
+    """Every build `package==version` ships, into root/<build name>/ (replacing what was there)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel_dir = wheels or Path(tmp)
+        wheel = download(f"{package.dist}=={version}", wheel_dir, python_version)
+        extra = [download(r, wheel_dir, python_version) for r in package.extra_wheels]
+        say(f"{wheel.name}: {wheel.stat().st_size / 2**20:.1f} MiB")
+        builds = []
+        for spec in package.builds:
+            name = package.build_name(spec, version)
+            folder = root / name
+            partial = root / f".{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            base = partial / "site" if spec.whole_wheel else partial
+            files = extract(wheel, spec, base)
+            for other in extra if spec.whole_wheel else []:
+                files += extract(other, BuildSpec(spec.library, (), whole_wheel=True), base)
+            if spec.whole_wheel:
+                files = [KernelFile(f"site/{f.path}", f.member, f.sha256, f.size) for f in files]
+            build = Build(
+                name=name,
+                library=spec.library,
+                package=package.dist,
+                version=version,
+                library_version=_library_version(base, spec, version),
+                files=files,
+                wheels=[wheel.name, *(e.name for e in extra if spec.whole_wheel)],
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+            partial.replace(folder)
+            write_build(root, build)
+            say(f"  {name}: {len(files)} files, {build.size / 2**20:.1f} MiB")
+            builds.append(build)
+    write_manifest(root)
+    return builds

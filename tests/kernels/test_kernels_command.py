@@ -1,0 +1,150 @@
+"""`dsv4bench kernels`: builds cut from (fake) engine wheels, their manifest, pack and unpack
+round trips, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dsv4bench.cli import main
+from dsv4bench.kernels import catalog
+from dsv4bench.kernels.instances import default_builds
+from dsv4bench.kernels.store import read_builds, sha256_of
+
+VLLM_MEMBERS = {
+    "vllm/_flashmla_C.abi3.so": b"flashmla",
+    "vllm/_flashmla_extension_C.abi3.so": b"ext",
+    "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3" * 1000,
+    "vllm/vllm_flash_attn/flash_attn_interface.py": b"# interface\n",
+    "vllm/third_party/deep_gemm/__init__.py": b"__version__ = '2.8.1'\n",
+    "vllm/third_party/deep_gemm/include/x.cuh": b"// header\n",
+    "vllm/engine.py": b"# not a kernel\n",
+}
+
+
+def _wheel(folder: Path, name: str, members: dict[str, bytes]) -> Path:
+    path = folder / name
+    with zipfile.ZipFile(path, "w") as z:
+        for member, data in members.items():
+            z.writestr(member, data)
+    return path
+
+
+@pytest.fixture
+def wheels(tmp_path: Path) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    _wheel(folder, "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", VLLM_MEMBERS)
+    members = {k: v for k, v in VLLM_MEMBERS.items() if "deep_gemm/__init__" not in k}
+    members["vllm/third_party/deep_gemm/__init__.py"] = b"__version__ = '2.5.0'\n"
+    _wheel(folder, "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", members)
+    sgl = {
+        "flash_mla/__init__.py": b"",
+        "flash_mla/VERSION": b"1.0.0\n",
+        "flash_mla/cuda.abi3.so": b"x",
+    }
+    _wheel(folder, "sgl_flash_mla-1.0.0-cp310-abi3-manylinux2014_x86_64.whl", sgl)
+    return folder
+
+
+def _kernels(*args: str) -> int:
+    return main(["kernels", *args])
+
+
+def test_fetch_cuts_every_build_with_its_manifest(tmp_path, wheels, capsys):
+    root = tmp_path / "k"
+    assert _kernels("fetch", "vllm==0.33.0", "--wheels", str(wheels), "--dir", str(root)) == 0
+    builds = {b.name: b for b in read_builds(root)}
+    assert sorted(builds) == ["deepgemm-vllm-0.33.0", "fa3-vllm-0.33.0", "flashmla-vllm-0.33.0"]
+    assert builds["deepgemm-vllm-0.33.0"].library_version == "2.8.1"
+    assert (root / "deepgemm-vllm-0.33.0/deep_gemm/include/x.cuh").is_file()
+    fa3 = builds["fa3-vllm-0.33.0"]
+    assert {f.path for f in fa3.files} == {"_vllm_fa3_C.abi3.so", "flash_attn_interface.py"}
+    so = next(f for f in fa3.files if f.path == "_vllm_fa3_C.abi3.so")
+    assert so.member == "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
+    assert so.size == 3000 and so.sha256 == sha256_of(root / "fa3-vllm-0.33.0" / so.path)
+    assert not list(root.rglob("engine.py"))  # only the kernels' members
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert {b["name"] for b in manifest["builds"]} == set(builds)
+    assert all(b["package"] == "vllm" and b["version"] == "0.33.0" for b in manifest["builds"])
+
+
+def test_default_instance_is_the_newest_build(tmp_path, wheels, capsys):
+    root = tmp_path / "k"
+    for spec in ("vllm==0.26.0", "sgl-flash-mla", "vllm==0.33.0"):
+        assert _kernels("fetch", spec, "--wheels", str(wheels), "--dir", str(root)) == 0
+    defaults = default_builds(read_builds(root))
+    assert defaults["flashmla"] == "flashmla-vllm-0.33.0"
+    assert defaults["deepgemm"] == "deepgemm-vllm-0.33.0"
+    capsys.readouterr()
+    assert _kernels("list", "--dir", str(root)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 7
+    sgl = next(line for line in lines if line.startswith("flashmla-sgl-1.0.0"))
+    assert "1.0.0" in sgl and "ok" in sgl and "default" not in sgl
+    assert any(line.startswith("deepgemm-vllm-0.26.0") and "2.5.0" in line for line in lines)
+
+
+def test_pack_and_unpack_round_trip_and_damage(tmp_path, wheels, capsys):
+    root, packed, there = tmp_path / "k", tmp_path / "kpack", tmp_path / "there"
+    _kernels("fetch", "vllm==0.33.0", "--wheels", str(wheels), "--dir", str(root))
+    assert _kernels("pack", "fa3-vllm-0.33.0", "--dir", str(root), "--out", str(packed)) == 0
+    assert [p.name for p in packed.iterdir()] == ["fa3-vllm-0.33.0.tar.xz"]
+    assert _kernels("unpack", str(packed), "--dir", str(there)) == 0
+    assert [b.name for b in read_builds(there)] == ["fa3-vllm-0.33.0"]
+    so = there / "fa3-vllm-0.33.0/_vllm_fa3_C.abi3.so"
+    assert so.read_bytes() == b"fa3" * 1000
+    capsys.readouterr()
+    assert _kernels("unpack", str(packed), "--dir", str(there)) == 0
+    assert "already there" in capsys.readouterr().out
+    so.write_bytes(b"broken")  # a damaged build is unpacked again
+    assert _kernels("unpack", str(packed), "--dir", str(there)) == 0
+    assert so.read_bytes() == b"fa3" * 1000
+    (root / "fa3-vllm-0.33.0/_vllm_fa3_C.abi3.so").write_bytes(b"broken")
+    assert _kernels("pack", "fa3-vllm-0.33.0", "--dir", str(root), "--out", str(packed)) == 2
+    assert "sha256 or size differs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["fetch", "vllm==0.1.0"], "no member list for vllm 0.1.0"),
+        (["fetch", "tensorrt"], "tensorrt: unknown package"),
+        (["pack", "nope"], "nope: no such build"),
+        (["unpack", "missing.tar.xz"], "no packed build at missing.tar.xz"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, expected):
+    assert _kernels(*args, "--dir", str(tmp_path / "k")) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
+
+
+def test_a_wheel_missing_a_member_is_refused(tmp_path, capsys):
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    _wheel(folder, "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", {"vllm/x.py": b""})
+    assert _kernels("fetch", "vllm", "--wheels", str(folder), "--dir", str(tmp_path / "k")) == 2
+    assert "has no vllm/_flashmla_C.abi3.so" in capsys.readouterr().err
+    assert not read_builds(tmp_path / "k")
+
+
+def test_an_archive_that_is_not_a_build_is_refused(tmp_path, capsys):
+    import tarfile
+
+    bad = tmp_path / "x.tar.xz"
+    with tarfile.open(bad, "w:xz") as tar:
+        tar.add(__file__, arcname="x/y.py")
+    assert _kernels("unpack", str(bad), "--dir", str(tmp_path / "k")) == 2
+    assert "not a packed build" in capsys.readouterr().err
+
+
+def test_catalog_names_every_release_the_engines_ship():
+    specs = catalog.default_specs()
+    for spec in ("vllm==0.33.0", "vllm==0.26.0", "sgl-flash-mla==1.0.0"):
+        assert spec in specs
+    assert {"flashinfer-python==0.7.2.post1", "flashinfer-python==0.6.18"} <= set(specs)
+    assert catalog.parse_spec("vllm")[0][1] == "0.33.0"
