@@ -204,3 +204,121 @@ def test_real_deepgemm_matches_the_oracle(name: str) -> None:
     print(name, prov.version, p.info, acc["cos_diff"], top)
     assert acc["nonfinite"] == 0 and acc["cos_diff"] < 1e-6, acc
     assert top["topk_matched"] == 1.0 and top["topk_invalid"] == 0, top
+
+
+# ---- DeepGEMM 2.8.1 (vLLM 0.33.0): fp8_fp4_* forms, torch-op metadata, sm90 next_n ---------
+
+
+class TorchOp:
+    """A torch op as 2.8.1 binds it: no Python signature, a schema on `.default`."""
+
+    class _Arg:
+        def __init__(self, name):
+            self.name = name
+
+    def __init__(self, names: tuple[str, ...], fn):
+        self.default = type("Overload", (), {})()
+        self.default._schema = type("Schema", (), {"arguments": [self._Arg(n) for n in names]})()
+        self._fn = fn
+        self.__signature__ = "op"  # inspect.signature raises TypeError, as for torch ops
+
+    def __call__(self, *args, **kw):
+        return self._fn(*args, **kw)
+
+
+class FakeDeepGEMM28:
+    """DeepGEMM 2.8.1's indexer API computed by the oracle; tails past a row left as garbage."""
+
+    __version__ = "2.8.1"
+
+    def __init__(self):
+        self.calls = []
+        names = ("context_lens", "block_kv", "num_sms", "indices")
+        self.get_paged_mqa_logits_metadata = TorchOp(names, self._metadata)
+
+    def get_num_sms(self):
+        return 132
+
+    def _metadata(self, context_lens, block_kv, num_sms, indices=None):
+        assert context_lens.dim() == 2
+        self.calls.append(("metadata", block_kv, num_sms))
+        return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
+
+    def fp8_fp4_paged_mqa_logits(self, q, kv, w, lens, table, sched, max_len, indices=None):
+        values, scales = q
+        assert scales is None and kv.dtype == torch.uint8
+        self.calls.append(("paged", tuple(lens.shape)))
+        return indexer.paged_mqa_logits(values, kv, w, lens, table, max_len).nan_to_num(neginf=7.0)
+
+    def fp8_fp4_mqa_logits(self, q, kv, w, ks, ke, max_seqlen_k, schedule_meta=None):
+        values, scales = q
+        assert scales is None
+        self.calls.append(("ragged", max_seqlen_k))
+        out = indexer.mqa_logits(values, kv, w, ks, ke, max_seqlen_k=max_seqlen_k)
+        return out.nan_to_num(neginf=7.0)  # the tail is not cleaned
+
+
+@pytest.mark.parametrize("name", list(PAGED))
+def test_v28_paged_form_matches_the_oracle(name: str) -> None:
+    case = _case(*PAGED[name])
+    x = inputs.make_inputs(case, "cpu")
+    fake = FakeDeepGEMM28()
+    p = DeepGEMM(fake).prepare(case, x, "cpu")
+    got = p.finish(p.run())
+    want = oracle_call(case, x)()
+    acc = accuracy(want, got)
+    assert acc["cos_diff"] < 1e-12 and acc["nonfinite"] == 0, acc
+    assert compare_topk(want.out, want.topk, got.topk)["topk_matched"] == 1.0
+    assert fake.calls == [("metadata", case.page_size, 132), ("paged", (case.batch_size, case.s_q))]
+    assert p.info["kernel"] == "fp8_fp4_paged_mqa_logits"
+
+
+def test_v28_ragged_form_shifts_compressed_rows() -> None:
+    case = _case("v3.2", "tokens: 9", context_len=150)
+    x = inputs.make_inputs(case, "cpu")
+    fake = FakeDeepGEMM28()
+    p = DeepGEMM(fake).prepare(case, x, "cpu")
+    got = p.finish(p.run())
+    want = oracle_call(case, x)()
+    assert got.out.shape == want.out.shape == (9, indexer_case.keys(case))
+    assert accuracy(want, got)["cos_diff"] < 1e-12
+    top = compare_topk(want.out, want.topk, got.topk)
+    assert top["topk_matched"] == 1.0 and top["topk_invalid"] == 0, top
+    width = int((x["ke"] - x["ks"]).max())
+    assert fake.calls == [("ragged", width)] and p.info["kernel"] == "fp8_fp4_mqa_logits"
+
+
+@pytest.mark.parametrize(
+    "next_n, refused, slots", [(1, False, 132), (3, True, None), (4, False, 66)]
+)
+def test_v28_sm90_next_n(monkeypatch, next_n: int, refused: bool, slots: int | None) -> None:
+    case = _case("v3.2", f"batch_size: 2\n        s_q: {next_n}")
+    b = DeepGEMM(FakeDeepGEMM28())
+    reason = b.supports(case, "sm90")
+    assert (reason is not None) == refused
+    assert b.supports(case, "sm100") is None  # sm100 schedules any next_n
+    monkeypatch.setattr(dgb, "_device_arch", lambda device: "sm90")
+    x = inputs.make_inputs(case, "cpu")
+    if refused:
+        assert "next_n 1, 2 or 4, not 3" in reason and "\n" not in reason
+        with pytest.raises(Unsupported, match="DeepGEMM 2.8.1"):
+            b.prepare(case, x, "cpu")
+        return
+    p = b.prepare(case, x, "cpu")  # at next_n 4 one task per 2-CTA cluster: half the SMs
+    assert p.info["schedule_slots"] == slots
+
+
+def test_an_unknown_api_is_unsupported_at_plan_time() -> None:
+    class Bare:
+        __version__ = "9.9.9"
+
+        def get_num_sms(self):
+            return 132
+
+    case = _case(*PAGED["v32-nextn2"])
+    b = DeepGEMM(Bare())
+    reason = b.supports(case, "sm90")
+    assert reason and "\n" not in reason
+    assert "DeepGEMM 9.9.9" in reason and "fp8_paged_mqa_logits" in reason
+    with pytest.raises(Unsupported, match="DeepGEMM 9.9.9"):
+        b.prepare(case, inputs.make_inputs(case, "cpu"), "cpu")

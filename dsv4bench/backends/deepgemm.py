@@ -20,6 +20,23 @@ in their metadata builder. Top-k is torch.topk, as for the Triton backend. DeepG
 `deep_gemm` module (DeepGEMM itself, sgl-deep-gemm, or vLLM's bundled copy found as
 `vllm.third_party.deep_gemm`), else the checkout's .kernels/deepgemm-vllm-*.tar.xz (unpacked
 once into .kernels/, as tools/gpu/setup.sh does).
+
+DeepGEMM 2.8.1 (the vLLM 0.33.0 wheel's copy) renamed both forms and changed them, read from its
+`_C.py` and the op schemas in its `_C_extension.abi3.so`:
+
+  get_paged_mqa_logits_metadata(Tensor context_lens, int block_kv, int num_sms, Tensor? indices)
+  fp8_fp4_paged_mqa_logits(q: (values, scales or None), kv_cache, weights, context_lens,
+                           block_table, schedule_meta, max_context_len, indices=None)
+  fp8_fp4_mqa_logits(q: (values, scales or None), kv: (kv, scales), weights,
+                     cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k, schedule_meta=None)
+
+q travels as (q, None) for FP8 (the per-token scale is folded into the weights on sm90), the
+paged form's tail past a row's length is not cleaned (masked after the call, timed, as for
+2.5.0), and the ragged form returns compressed rows: row i holds keys [ks[i], ke[i]) from column
+0, so top-k runs over the compressed row (timed) and its indices are shifted by ks; the full
+(S, N) logits are laid out again only for the comparison, untimed. On sm90 the paged kernel takes
+next_n 1, 2 and 4 (vLLM 0.33.0 `native_next_n_supported`; DeepGEMM issue 340 for 3), and at
+next_n 4 schedules one task per 2-CTA cluster: the metadata gets half the SMs as vLLM passes it.
 """
 
 from __future__ import annotations
@@ -41,6 +58,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 PACKED_GLOB = ".kernels/deepgemm-vllm-*.tar.xz"  # tools/gpu/pack.sh's copy
 API_V25 = "context_lens, block_kv, num_sms"  # 2.5.0: 2-D lengths, the cache's block size
 API_OLD = "context_lens, num_sms"
+API_V28 = "fp8_fp4"  # 2.8.1: fp8_fp4_(paged_)mqa_logits, q as (values, scales)
+SM90_NEXT_N = (1, 2, 4)  # what 2.8.1's sm90 paged kernel takes
 
 
 def params(fn) -> tuple[str, ...] | None:
@@ -50,6 +69,9 @@ def params(fn) -> tuple[str, ...] | None:
         return tuple(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         pass
+    schema = getattr(getattr(fn, "default", None), "_schema", None)  # a torch op (2.8.1)
+    if schema is not None:
+        return tuple(a.name for a in schema.arguments)
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     m = re.match(r"\s*\w+\((.*)\)\s*->", doc[0]) if doc else None
     if not m:
@@ -57,9 +79,29 @@ def params(fn) -> tuple[str, ...] | None:
     return tuple(re.findall(r"(?:^|,\s*)(\w+)\s*:", m.group(1)))
 
 
+def indexer_api(dg) -> str:
+    """Which indexer API this DeepGEMM has: API_V28, API_V25 or API_OLD; Unsupported (with the
+    version and the missing name) for any other."""
+    version = getattr(dg, "__version__", "?")
+    if hasattr(dg, "fp8_fp4_paged_mqa_logits") or hasattr(dg, "fp8_fp4_mqa_logits"):
+        for name in ("fp8_fp4_paged_mqa_logits", "fp8_fp4_mqa_logits"):
+            if not hasattr(dg, name):
+                raise Unsupported(f"DeepGEMM {version}: has fp8_fp4 logits but no {name}")
+        if metadata_api(dg) != API_V25:
+            raise Unsupported(f"DeepGEMM {version}: fp8_fp4 logits with an older metadata API")
+        return API_V28
+    for name in ("fp8_paged_mqa_logits", "fp8_mqa_logits"):
+        if not hasattr(dg, name):
+            raise Unsupported(
+                f"DeepGEMM {version}: no {name} nor fp8_fp4_{name.removeprefix('fp8_')} "
+                "(known APIs: 2.5.0, 2.8.1)"
+            )
+    return metadata_api(dg)
+
+
 def metadata_api(dg) -> str:
     """Which get_paged_mqa_logits_metadata this DeepGEMM has: API_V25 or API_OLD."""
-    names = params(dg.get_paged_mqa_logits_metadata)
+    names = params(getattr(dg, "get_paged_mqa_logits_metadata", None))
     if names and names[:3] == ("context_lens", "block_kv", "num_sms"):
         return API_V25
     if names and names[:2] == ("context_lens", "num_sms"):
@@ -116,14 +158,35 @@ class DeepGEMM(Backend):
         dg = self._found.get()
         return Provider("deep_gemm", getattr(dg, "__version__", ""), getattr(dg, "__file__", ""))
 
+    def supports(self, case: Case, arch: str) -> str | None:
+        reason = super().supports(case, arch)
+        if reason:
+            return reason
+        try:
+            dg = self._found.get()
+        except Unsupported:
+            return None  # the provider line says what is missing; its rows say it too
+        try:
+            api = indexer_api(dg)
+        except Unsupported as e:
+            return str(e)
+        return next_n_reason(dg, api, case, arch)
+
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         from reference.indexer import topk_indices
 
         dg = self._found.get()
+        api = indexer_api(dg)
+        if "kv" in inputs and api == API_V28:
+            return _ragged_v28(dg, case, inputs)
         if "kv" in inputs:
             logits, info = _ragged(dg, inputs)
         else:
-            logits, info = _paged(dg, case, inputs)
+            arch = _device_arch(device)
+            reason = next_n_reason(dg, api, case, arch) if arch else None
+            if reason:
+                raise Unsupported(reason)
+            logits, info = _paged(dg, case, inputs, api, arch)
 
         def run():
             out = logits()
@@ -131,6 +194,61 @@ class DeepGEMM(Backend):
 
         info["topk"] = "torch.topk"
         return Prepared(run=run, finish=lambda raw: Output(raw[0], None, raw[1]), info=info)
+
+
+def _device_arch(device: str) -> str | None:
+    import torch
+
+    if not str(device).startswith("cuda"):
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm{major}{minor}"
+
+
+def next_n_reason(dg, api: str, case: Case, arch: str) -> str | None:
+    """2.8.1's sm90 paged kernel takes next_n 1, 2 or 4 only (engines flatten the others)."""
+    if api == API_V28 and arch == "sm90" and not case.tokens and case.s_q not in SM90_NEXT_N:
+        version = getattr(dg, "__version__", "?")
+        return (
+            f"DeepGEMM {version} sm90 fp8_fp4_paged_mqa_logits takes next_n 1, 2 or 4, "
+            f"not {case.s_q} (DeepGEMM issue 340; engines flatten to one row per query)"
+        )
+    return None
+
+
+def _ragged_v28(dg, case: Case, x: dict) -> Prepared:
+    """2.8.1's ragged form: compressed rows, top-k over them shifted by ks (see the docstring)."""
+    import torch
+
+    from reference.indexer import topk_indices
+
+    ks, ke = x["ks"], x["ke"]
+    width = max(int((ke - ks).max()), 1)
+    cols = torch.arange(width, device=ks.device)
+    past = cols[None, :] >= (ke - ks)[:, None]
+    n = x["kv"].shape[0]
+
+    def run():
+        out = dg.fp8_fp4_mqa_logits(
+            (x["q"], None), (x["kv"], x["kv_scales"]), x["weights"], ks, ke, width
+        )
+        out.masked_fill_(past, float("-inf"))
+        top = topk_indices(out, case.topk)
+        return out, torch.where(top >= 0, top + ks[:, None].to(top.dtype), top)
+
+    def finish(raw) -> Output:
+        rows, top = raw
+        full = torch.full((rows.shape[0], n), float("-inf"), dtype=rows.dtype, device=rows.device)
+        r, c = (~past).nonzero(as_tuple=True)
+        full[r, ks.long()[r] + c] = rows[r, c]
+        return Output(full, None, top)
+
+    info = {
+        "kernel": "fp8_fp4_mqa_logits",
+        "logits": "compressed rows from ks",
+        "topk": "torch.topk",
+    }
+    return Prepared(run=run, finish=finish, info=info)
 
 
 def _ragged(dg, x: dict):
@@ -141,20 +259,22 @@ def _ragged(dg, x: dict):
     return logits, {"kernel": "fp8_mqa_logits"}
 
 
-def _paged(dg, case: Case, x: dict):
+def _paged(dg, case: Case, x: dict, api: str, arch: str | None):
     import torch
 
     from dsv4bench.cases import indexer_case
     from reference.indexer import paged_visible
 
-    api = metadata_api(dg)
     lens = x["context_lens"]
     cache = x["kv_cache"]  # uint8 (blocks, block_size, 1, D + 4), as DeepGEMM's tests
     b, next_n = x["q"].shape[:2]
-    if api == API_V25:
+    slots = dg.get_num_sms()
+    if api == API_V28 and arch == "sm90" and next_n == 4:  # a task per 2-CTA cluster
+        slots //= 2
+    if api in (API_V25, API_V28):
         if lens.dim() == 1:  # per query row: what the 1-D causal rule gives each row
             lens = paged_visible(lens, next_n).view(b, next_n).to(lens.dtype).contiguous()
-        sched = dg.get_paged_mqa_logits_metadata(lens, cache.shape[1], dg.get_num_sms())
+        sched = dg.get_paged_mqa_logits_metadata(lens, cache.shape[1], slots)
     else:
         sched = dg.get_paged_mqa_logits_metadata(lens, dg.get_num_sms())
     max_len = indexer_case.keys(case)
@@ -168,16 +288,29 @@ def _paged(dg, case: Case, x: dict):
         past = cols[None, :] >= lens.reshape(-1, 1)
 
     def logits():
-        out = dg.fp8_paged_mqa_logits(
-            x["q"], cache, x["weights"], lens, x["block_table"], sched, max_len, clean_logits=clean
-        )
+        if api == API_V28:
+            out = dg.fp8_fp4_paged_mqa_logits(
+                (x["q"], None), cache, x["weights"], lens, x["block_table"], sched, max_len
+            )
+        else:
+            out = dg.fp8_paged_mqa_logits(
+                x["q"],
+                cache,
+                x["weights"],
+                lens,
+                x["block_table"],
+                sched,
+                max_len,
+                clean_logits=clean,
+            )
         if past is not None:
             out.masked_fill_(past, float("-inf"))
         return out
 
     info = {
-        "kernel": "fp8_paged_mqa_logits",
-        "metadata_api": f"get_paged_mqa_logits_metadata({api})",
+        "kernel": "fp8_fp4_paged_mqa_logits" if api == API_V28 else "fp8_paged_mqa_logits",
+        "metadata_api": f"get_paged_mqa_logits_metadata({API_V25 if api == API_V28 else api})",
+        "schedule_slots": slots,
         "context_lens": "2-D" if lens.dim() == 2 else "1-D",
         "clean_logits": "by the kernel" if clean else "masked after the call, timed",
         "schedule_entries": int(sched.numel()) if hasattr(sched, "numel") else None,
