@@ -203,8 +203,37 @@ def test_ci_time_gate_fails_a_slowed_smoke_run(tmp_path, run_cli):
 def test_report_from_a_run(tmp_path, quick_run, run_cli):
     out = tmp_path / "run"
     shutil.copytree(quick_run, out)
-    assert run_cli("report", out)[0] == 0
+    assert run_cli("report", out, "--in-place")[0] == 0
     assert (out / "report.html").exists() and list(out.glob("*.png"))
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_report_and_compare_leave_a_committed_run_as_it_is(tmp_path, monkeypatch, capsys):
+    from dsv4bench import cli as dsv4cli
+
+    run = ROOT / "results" / "cpu" / "smoke"
+    before = snapshot(run)
+    monkeypatch.chdir(tmp_path)
+    assert dsv4cli.main(["report", str(run)]) == 0
+    assert dsv4cli.main(["compare", str(run), str(run)]) == 0
+    assert snapshot(run) == before
+    assert (tmp_path / "reports" / "smoke" / "report.md").is_file()
+    assert (tmp_path / "reports" / "compare-smoke" / "compare.md").is_file()
+    # the run is written into only when asked, and never both ways at once
+    capsys.readouterr()
+    assert dsv4cli.main(["report", str(run), "--in-place", "--out", str(tmp_path)]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_compare_names_its_default_folder_after_both_runs_and_instances():
+    from dsv4bench.commands.read import compare_name
+
+    base, new = Path("results/cpu/smoke"), Path("runs/mine/results.jsonl")
+    assert compare_name(base, new, None) == "compare-smoke-vs-mine"
+    assert compare_name(base, base, ["fm-0.26", "fm-0.33"]) == "compare-smoke-fm-0.26-vs-fm-0.33"
 
 
 def pytest_run(*args) -> subprocess.CompletedProcess:
@@ -315,11 +344,16 @@ def test_report_of_a_file_writes_beside_it(tmp_path, capsys, name):
     from dsv4bench import cli as dsv4cli
 
     source = ROOT / "results" / "cpu" / "smoke" / "results.jsonl"
-    if name == "bench.json":
-        source = ROOT / "results" / "sm90" / "h200-pytest-benchmark.json"
     path = tmp_path / name
     path.write_bytes(source.read_bytes())
-    assert dsv4cli.main(["report", str(path)]) == 0
+    if name == "bench.json":  # the smoke rows as pytest-benchmark would have written them
+        rows = [json.loads(line) for line in source.read_text().splitlines()[:6]]
+        bench = [
+            {"name": r["case_id"], "extra_info": r, "stats": {"median": 1e-4, "data": [1e-4]}}
+            for r in rows
+        ]
+        path.write_text(json.dumps({"benchmarks": bench}))
+    assert dsv4cli.main(["report", str(path), "--in-place"]) == 0
     assert (tmp_path / "report.md").exists() and (tmp_path / "report.html").exists()
     assert str(tmp_path / "report.md") in capsys.readouterr().out
 

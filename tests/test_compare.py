@@ -311,7 +311,7 @@ def test_cli_compare_one_run_two_instances(tmp_path, capsys):
     from dsv4bench import cli
 
     run = write(tmp_path / "run", two_builds(slow_b=1.3))
-    assert cli.main(["compare", str(run), "--backends", "fm-0.26", "fm-0.33"]) == 1
+    assert cli.main(["compare", str(run), "--backends", "fm-0.26", "fm-0.33", "--in-place"]) == 1
     assert (run / "compare.md").exists()
     assert "1 time" in capsys.readouterr().out
     assert cli.main(["compare", str(run)]) == 2  # NEW is needed without --backends

@@ -83,7 +83,7 @@ def test_readme_says_the_triton_gpu_tests_ran_with_their_count():
 
 def test_readme_mixed_route_limits_name_the_builds_searched():
     builds: dict[str, set] = {}
-    for r in _rows("results/sm90/h200-routes/builds"):
+    for r in _rows("results/sm90/studies/routes-limits/builds"):
         if (
             r.get("kind") == "limit"
             and r.get("first_fail")

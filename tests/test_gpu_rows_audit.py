@@ -1,5 +1,5 @@
 """The committed H100 rows of issue 22's GPU items say what the fixes claim
-(results/sm90/audit-h100/NOTES.md)."""
+(results/sm90/studies/measurement/audit/NOTES.md)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_junk_is_refused_in_one_line(tmp_path, capsys, what, command):
 
 def test_a_torn_last_line_is_skipped_by_report(tmp_path, capsys):
     run = run_dir(tmp_path / "r", lines(GOOD) + '{"kind": "case", "case_')
-    assert cli.main(["report", str(run)]) == 0
+    assert cli.main(["report", str(run), "--in-place"]) == 0
     assert "torn last line 2 skipped" in capsys.readouterr().err
     assert (run / "report.md").is_file()
 
@@ -81,17 +81,32 @@ def test_every_committed_results_file_loads():
     from dsv4bench.report.load import load_rows
 
     root = Path(__file__).resolve().parent.parent / "results"
-    found = [p for p in root.rglob("results.jsonl")]
-    assert found
+    found = [*root.rglob("results.jsonl"), *root.rglob("results.jsonl.gz")]
+    assert any(p.suffix == ".gz" for p in found) and any(p.suffix == ".jsonl" for p in found)
     for p in found:
-        assert load_rows(p) is not None
+        assert load_rows(p)
+
+
+def test_a_compressed_run_reads_as_its_plain_rows(tmp_path):
+    import gzip
+
+    from dsv4bench.report.load import load_rows
+    from dsv4bench.rows.results import read_rows
+
+    smoke = Path(__file__).resolve().parent.parent / "results" / "cpu" / "smoke" / "results.jsonl"
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "results.jsonl.gz").write_bytes(gzip.compress(smoke.read_bytes()))
+    assert list(read_rows(packed)) == list(read_rows(smoke))
+    plain = [{**r, "_run": "packed"} for r in load_rows(smoke)]
+    assert load_rows(packed) == plain and load_rows(packed / "results.jsonl.gz") == plain
 
 
 def test_a_failed_row_is_credited_no_time_or_derived_figure():
     from dsv4bench.report.load import load_rows
 
     root = Path(__file__).resolve().parent.parent
-    rows = load_rows(root / "results/sm90/flashinfer-fa3/run")
+    rows = load_rows(root / "results/sm90/studies/engine-kernels/flashinfer-fa3")
     failed = [r for r in rows if r["kind"] == "case" and r["status"] != "ok"]
     credited = [r for r in rows if (r.get("derived") or {}).get("tflops")]
     assert failed and credited  # the committed run holds both

@@ -70,7 +70,7 @@ def test_two_shards_merged_hold_the_unsharded_runs_cases_and_statuses(tmp_path, 
     same = same_cases(tmp_path / "whole", merged)
     assert same.returncode == 0, same.stdout
     assert "same cases, same statuses: 4 (4 ok)" in same.stdout
-    assert here(capsys, "report", merged)[0] == 0
+    assert here(capsys, "report", merged, "--in-place")[0] == 0
     assert (merged / "report.md").is_file()
 
     # the tool sees a difference: one shard alone lacks the other's cases

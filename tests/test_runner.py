@@ -348,7 +348,7 @@ def test_flashmla_guesses_its_decode_scheduler_limit():
     fm = FlashMLA()
     base = dict(scenario="t", model="v4-flash", d_qk=512, d_v=512, num_heads=64, layout="v4")
     chunk = Case(**base, op="prefill", tokens=8192, context_len=32768, route="decode-kernel")
-    assert fm.limit_guess(chunk, "tokens", "sm90") == 11622  # results/sm90/h100-bench
+    assert fm.limit_guess(chunk, "tokens", "sm90") == 11622  # results/sm90/baseline-h100
     mixed = replace(chunk, route="decode-mixed")
     assert fm.limit_guess(mixed, "tokens", "sm90") is None  # an int32 stride limit instead
     assert fm.limit_guess(chunk, "context_len", "sm90") is None
