@@ -20,7 +20,8 @@ from dsv4bench.measure.topk import compare_topk
 from dsv4bench.scenarios import load_text
 from reference import indexer
 
-# docstring first lines of DeepGEMM 2.5.0's pybind functions (results/sm90/studies/engine-kernels/probe.log)
+# docstring first lines of DeepGEMM 2.5.0's pybind functions
+# (results/sm90/studies/engine-kernels/probe.log)
 DOC_V25 = (
     "get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: typing.SupportsInt, "
     "num_sms: typing.SupportsInt, indices: torch.Tensor | None = None) -> torch.Tensor"

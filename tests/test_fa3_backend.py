@@ -2,8 +2,9 @@
 op bound by the real op's schema, discovery failures as one line, and on an H100 the real
 kernel against the oracle.
 
-The fake computes what the H100 probe showed the kernel computes (tools/engines_probe.py,
-results/sm90/studies/engine-kernels/probe.log): per query row, the slots page_table[row, :seqused_k[row]]
+The fake computes what the H100 probe showed the kernel computes
+(results/sm90/studies/engine-kernels/probe.log): per query row, the slots
+page_table[row, :seqused_k[row]]
 (page size 1, one KV head), scores softmax_scale * (q.k + q_v.v), out = softmax . v, lse
 (heads, rows) in natural log; a row with no key gives out 0 and lse -inf.
 """

@@ -4,7 +4,8 @@ CPU, and on a GPU the real kernel, the fake checked against it on the same input
 The fake (FakeFA3Wrapper) takes the plan()/run() arguments of flashinfer 0.6.18's
 BatchMLAPagedAttentionWrapper, checks what the real one checks (dtypes as planned, page_size 1,
 head_dim_ckv 512 and kpe 0/64 for FP8, exactly one ckv scale form plus kpe_scale), and computes
-what the H100 probe showed the kernel computes (results/sm90/studies/engine-kernels/flashinfer-fa3/notes/probe.txt): K in bf16
+what the H100 probe showed the kernel computes
+(results/sm90/studies/engine-kernels/flashinfer-fa3/notes/probe.txt): K in bf16
 (FP8: bf16(e4m3 * scale) per token and 128 columns, bf16(bf16(e4m3) * bf16(kpe_scale))), lse of
 the keys in natural log with return_lse_base_on_e (base 2 otherwise), out 0 and lse -inf for a
 row with no key, any head count.

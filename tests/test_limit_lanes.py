@@ -1,6 +1,7 @@
 """Several limit searches of one lane read as one limit (report, builds side by side, compare),
-as in results/sm90/studies/routes-limits: the 0.33.0 build's first search found no failure up to 12288,
-a second (--resume) found 14527 ok / 14528 failing; the 0.26.0 build's search began at 11622."""
+as in results/sm90/studies/routes-limits: the 0.33.0 build's first search found no failure up to
+12288, a second (--resume) found 14527 ok / 14528 failing; the 0.26.0 build's search began at
+11622."""
 
 from __future__ import annotations
 

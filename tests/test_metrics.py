@@ -158,7 +158,8 @@ def test_empty_and_zero_tensors():
 
 # ----------------------------------------------------------------------------- throughput
 
-# KERNEL_FACTS §7: H100 80GB HBM3, FlashMLA (vLLM 0.26.0 wheel), (case, median ms, TFLOP/s)
+# docs/kernel-facts.md, H100 and H200 peaks: H100 80GB HBM3, FlashMLA (vLLM 0.26.0 wheel),
+# (case, median ms, TFLOP/s)
 V32 = dict(model="v3.2", d_qk=576, d_v=512, layout="v32")
 V4 = dict(model="v4-flash", d_qk=512, d_v=512, layout="v4", page_size=256)
 ANCHORS = [

@@ -35,7 +35,9 @@ DEQUANT_MODES = ("read", "pool")
 C128_INDEX_MODES = ("none", "step", "layer")
 SGLANG_DSV4_THRESHOLD = 11673  # sglang's DSv4 backend: q.shape[0] > 11673 -> sparse prefill
 TOPK_PADDINGS = ("clamp", "full")
-ALIGN = 64  # index width multiple: the decode kernel's topk rule (KERNEL_FACTS §3)
+# index width multiple: the decode kernel's topk rule (docs/kernel-facts.md, FlashMLA sparse
+# attention contract)
+ALIGN = 64
 PREFILL_ALIGN = 128  # merged index width of the sparse prefill (inputs pad to it)
 ROLES = ("attention", "dequant", "remap", "indexer")
 LABEL_INDEXER = (
