@@ -224,14 +224,15 @@ def test_report_and_compare_leave_a_committed_run_as_it_is(tmp_path, monkeypatch
     assert (tmp_path / "reports" / "compare-smoke" / "compare.md").is_file()
     # the run is written into only when asked, and never both ways at once
     capsys.readouterr()
-    assert dsv4cli.main(["report", str(run), "--in-place", "--out", str(tmp_path)]) == 2
-    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        dsv4cli.main(["report", str(run), "--in-place", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 def test_compare_names_its_default_folder_after_both_runs_and_instances():
     from dsv4bench.commands.read import compare_name
 
-    base, new = Path("results/cpu/smoke"), Path("runs/mine/results.jsonl")
+    base, new = Path("results/cpu/smoke"), Path("runs/mine")
     assert compare_name(base, new, None) == "compare-smoke-vs-mine"
     assert compare_name(base, base, ["fm-0.26", "fm-0.33"]) == "compare-smoke-fm-0.26-vs-fm-0.33"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dsv4bench.report.load import load_rows
 
-RUNS = Path(__file__).resolve().parent.parent / "results" / "sm90" / "audit-h100"
+RUNS = Path(__file__).resolve().parent.parent / "results/sm90/studies/measurement/audit"
 
 
 def test_flashmla_runs_v4_flash_c128_at_a_500k_context_padded_as_engines_pad():
