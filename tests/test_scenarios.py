@@ -40,7 +40,7 @@ SHIPPED = {
     "sm90/layouts.yaml": (10, 40, 0),
     "sm90/triton_vs_flashmla.yaml": (32, 64, 0),
     "compare/backends_sm90.yaml": (40, 200, 0),
-    "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: tools/gpu/engines.sh
+    "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: studies/serving/COMMANDS.md
     "compare/c128_long_context_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 17)
     "compare/v32_scales_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 16)
     "measure/sm90.yaml": (15, 45, 0),  # opt-in: not part of `make bench`
