@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,15 @@ ACC = {"cos_diff": 6e-6, "lse_max_abs": 1e-6, "nonfinite": 0}
 
 
 def test_every_committed_row_loads_and_round_trips():
-    files = sorted(ROOT.glob("results/**/results.jsonl"))
+    from dsv4bench.rows.results import read_rows
+
+    files = sorted(
+        [*ROOT.glob("results/**/results.jsonl"), *ROOT.glob("results/**/results.jsonl.gz")]
+    )
     assert files, "no committed results"
     kinds = set()
     for f in files:
-        for line in f.read_text().splitlines():
-            raw = json.loads(line)
+        for raw in read_rows(f):
             record = rows.from_dict(raw)
             kinds.add(record.kind)
             back = record.to_dict()
