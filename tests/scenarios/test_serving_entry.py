@@ -22,7 +22,7 @@ def _load(tmp_path, text: str):
 def test_one_loader_reads_both_kinds(tmp_path):
     _, spec = _load(tmp_path, BASE + "name: mine\ntiming: {iters: 5}\n")
     assert isinstance(spec, ServingSpec) and spec.scenario == "mine" and spec.timing.iters == 5
-    smoke = Path(__file__).parent.parent / "scenarios" / "smoke.yaml"
+    smoke = Path(__file__).resolve().parents[2] / "scenarios" / "smoke.yaml"
     known = {"torch": {}, "reference-f64": {}}
     assert isinstance(scenarios.load_any(smoke, known_backends=known), scenarios.Scenario)
 
@@ -48,7 +48,7 @@ def test_serving_errors_name_file_line_and_key(tmp_path, extra, line, path, word
 def test_the_command_line_reads_each_scenario_file_once(monkeypatch):
     from dsv4bench import cli
 
-    root = Path(__file__).parent.parent / "scenarios"
+    root = Path(__file__).resolve().parents[2] / "scenarios"
     files = [root / "smoke.yaml", root / "serving" / "v4_flash_sm90.yaml"]
     reads: list[str] = []
     for method in ("read_bytes", "read_text"):

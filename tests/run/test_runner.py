@@ -20,7 +20,7 @@ from dsv4bench.run.runner import Job, LimitSearch, Runner
 from dsv4bench.run.worker import PARENT_ENV
 
 PLUGIN = "tests.plugins.misbehaving"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(batch_size: int, **kw) -> Case:

@@ -290,9 +290,8 @@ def test_serving_adds_the_indexer_of_indexer_layers_only() -> None:
 
 
 def test_report_shows_the_indexer_share(tmp_path) -> None:
-    from test_report import part, serving_row, write_run
-
     from dsv4bench.report import build_report
+    from tests.report.test_report import part, serving_row, write_run
 
     rows = []
     for x, ix in ((8192, 1.0), (65536, 6.0)):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dsv4bench.measure import timing
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

@@ -15,7 +15,7 @@ from dsv4bench import scenarios
 from dsv4bench.cases.case import OPS, ROUTES, Case
 from dsv4bench.scenarios import ScenarioError, is_serving_text, load_text, validate_case
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KNOWN = {
     "torch",
     "flashmla",

@@ -80,7 +80,7 @@ def test_a_torn_last_line_is_skipped_by_report(tmp_path, capsys):
 def test_every_committed_results_file_loads():
     from dsv4bench.report.load import load_rows
 
-    root = Path(__file__).resolve().parent.parent / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     found = [p for p in root.rglob("results.jsonl")]
     assert found
     for p in found:
@@ -90,7 +90,7 @@ def test_every_committed_results_file_loads():
 def test_a_failed_row_is_credited_no_time_or_derived_figure():
     from dsv4bench.report.load import load_rows
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     rows = load_rows(root / "results/sm90/flashinfer-fa3/run")
     failed = [r for r in rows if r["kind"] == "case" and r["status"] != "ok"]
     credited = [r for r in rows if (r.get("derived") or {}).get("tflops")]

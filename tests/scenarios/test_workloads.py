@@ -238,7 +238,7 @@ def test_the_report_section_reads_the_h100_rows(tmp_path):
 
     from dsv4bench.report.render import build_report
 
-    run = Path(__file__).resolve().parent.parent / "results/sm90/workloads-h100"
+    run = Path(__file__).resolve().parents[2] / "results/sm90/workloads-h100"
     build_report([run], tmp_path)
     md = (tmp_path / "report.md").read_text()
     section = md[md.index("## Workloads") :]

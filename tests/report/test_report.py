@@ -468,7 +468,7 @@ def test_sparse_and_odd_rows_do_not_crash(tmp_path):
     no_x["params"]["batch_size"] = None
     no_peak = case_row("decode", "torch", batch_size=4)
     no_peak["derived"]["peak_fraction"] = None
-    rows = [  # sparse but rows; `{"kind": "case"}` is junk: tests/test_load_checks.py
+    rows = [  # sparse but rows; `{"kind": "case"}` is junk: tests/report/test_load_checks.py
         {"kind": "case", "case_id": "x", "backend": "b", "status": "ok", "timing": {}},
         {"kind": "something-new", "case_id": "y"},
         {"kind": "limit", "case_id": "limit-z", "backend": "flashmla", "status": "crash"},

@@ -629,7 +629,7 @@ def test_sampled_cases_build_and_run_on_the_oracle():
 # ---- shipped serving scenarios ----------------------------------------------------------
 
 
-SCENARIOS = Path(__file__).parent.parent / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 @pytest.mark.parametrize(
@@ -664,7 +664,7 @@ def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
     from dsv4bench import backends
     from dsv4bench.measure import hardware
 
-    path = Path(__file__).parent.parent / "scenarios" / "serving" / "v4_flash_sm90.yaml"
+    path = Path(__file__).resolve().parents[2] / "scenarios" / "serving" / "v4_flash_sm90.yaml"
     spec = scenarios.load_serving(path, known_backends=backends.names())
     limit = 11622  # the decode-route limit measured on sm90 (H100 and H200)
     between = [c for c in spec.chunk_sizes if limit < c <= hardware.SGLANG_DSV4_THRESHOLD]

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from in_process import main_in_process
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.in_process import main_in_process
+
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "scenarios" / "smoke.yaml"
 
 
@@ -379,7 +380,7 @@ def test_pytest_output_stays_short(tmp_path):
     p = pytest_run("benchmarks", "--benchmark-only", "--scenario", bad)
     assert p.returncode == 4 and "Traceback" not in p.stdout + p.stderr
     assert f"--scenario: {bad}:5: sweep.batch_size[1]" in p.stderr
-    p = pytest_run("--benchmark-only", "-q", "tests/test_results.py")
+    p = pytest_run("--benchmark-only", "-q", "tests/rows/test_results.py")
     assert p.returncode == 0 and "SKIPPED" not in p.stdout  # no line per skipped unit test
     make_test = (ROOT / "Makefile").read_text().split("\ntest:")[1].splitlines()[1]
     flags = shlex.split(make_test.split("pytest", 1)[1])

@@ -12,7 +12,7 @@ from dsv4bench.cases.case import Case, Tolerance
 from dsv4bench.report.load import accuracy_failure, normalize, tolerance
 from dsv4bench.rows.results import ResultWriter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ACC = {"cos_diff": 6e-6, "lse_max_abs": 1e-6, "nonfinite": 0}
 
 

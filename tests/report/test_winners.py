@@ -93,7 +93,7 @@ def test_gpu_time_ranks_where_every_backend_measured_it():
 def test_committed_h100_rows_rank_by_makespan():
     from dsv4bench.report.load import load_rows
 
-    rows = load_rows(Path(__file__).resolve().parent.parent / "results/sm90/h100-bench")
+    rows = load_rows(Path(__file__).resolve().parents[2] / "results/sm90/h100-bench")
     by_id = {s.case_id: s for s in winners.shapes(rows)}
     # V4-Flash decode at batch 1: FlashMLA's events are lower, Triton's kernels are shorter
     s = by_id["decode-v4-flash-v4-h64-b1-k128-e76dd5251c"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from slow_indexer import paged_logits, ragged_logits
 
 from reference import indexer
+from tests.slow_indexer import paged_logits, ragged_logits
 
 
 def _paged_problem(b=2, next_n=2, heads=4, d=16, block_size=8, ctx=(13, 21), seed=0, two_d=False):

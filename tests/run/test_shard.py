@@ -14,7 +14,7 @@ from dsv4bench.run import shard
 from dsv4bench.run.runner import Job
 from dsv4bench.scenarios import LimitSearch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SM90 = sorted(str(p) for p in (ROOT / "scenarios" / "sm90").glob("*.yaml"))
 
 

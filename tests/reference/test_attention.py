@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from slow_reference import slow_decode, slow_prefill
 
 import reference.attention as attention
 from reference.attention import sparse_mla_decode, sparse_mla_prefill
 from reference.indices import merge_window_extra
 from reference.layouts import dequantize_v4, quantize_v4, quantize_v32
+from tests.slow_reference import slow_decode, slow_prefill
 
 INF = math.inf
 TOL = {"atol": 2e-5, "rtol": 2e-5}

@@ -76,7 +76,7 @@ def test_unreadable_scenario_paths_are_one_line_exit_2(tmp_path, quick, run_cli)
 
 
 # The next two tests run in this order in one process (pytest keeps a file's order): the
-# first leaves a plugin instance built, as tests/test_runner.py does; the second is a run.
+# first leaves a plugin instance built, as tests/run/test_runner.py does; the second is a run.
 def test_a_test_that_builds_a_plugin_instance(tmp_path):
     from dsv4bench import backends
 
