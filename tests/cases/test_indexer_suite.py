@@ -4,8 +4,6 @@ fake deep_gemm that follows its documented API, and a wrong top-k caught by sele
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
 
@@ -14,8 +12,9 @@ from dsv4bench.backends.deepgemm import DeepGEMM
 from dsv4bench.backends.torch_ref import TorchReference, oracle_call
 from dsv4bench.cases import indexer_case, inputs
 from dsv4bench.run import worker
-from dsv4bench.scenarios import ScenarioError, load_text
+from dsv4bench.scenarios import ScenarioError
 from reference import indexer
+from tests.factories import case_row, load_scenario, part, serving_row, write_run
 
 KNOWN = ("torch", "triton", "deepgemm")
 
@@ -41,12 +40,8 @@ limit:
 """
 
 
-def _load(text: str):
-    return load_text(textwrap.dedent(text), "x.yaml", known_backends=KNOWN)
-
-
 def test_scenario_defaults_are_the_indexers() -> None:
-    sc = _load(SCENARIO)
+    sc = load_scenario(SCENARIO, KNOWN)
     v32, flash, chunk = sc.cases
     assert (v32.num_heads, v32.topk, v32.compress_ratio, v32.page_size) == (64, 2048, 0, 64)
     assert (flash.num_heads, flash.topk, flash.compress_ratio, flash.window) == (64, 512, 4, 0)
@@ -76,7 +71,7 @@ def test_scenario_rejects(extra: str, message: str) -> None:
         {extra}
     """
     with pytest.raises(ScenarioError, match=message):
-        _load(text)
+        load_scenario(text, KNOWN)
 
 
 def _tiny(**kw):
@@ -93,7 +88,7 @@ def _tiny(**kw):
         context_len: {kw.get("context_len", 150)}
         {kw.get("extra", "batch_size: 2")}
     """
-    return _load(text).cases[0]
+    return load_scenario(text, KNOWN).cases[0]
 
 
 CASES = {
@@ -265,22 +260,22 @@ def test_serving_adds_the_indexer_of_indexer_layers_only() -> None:
     # two chunks (context 4096, 8192) and one decode step: 3 distinct indexer cases
     assert len(ix_cases) == 3 and all(p.backends_for(c) == ("triton",) for c in ix_cases)
     ttft = next(pt for pt in p.points() if pt.metric == "ttft" and pt.route == "sparse-prefill")
-    ix_parts = [part for part in ttft.parts if part.role == "indexer"]
-    assert [part.multiplicity for part in ix_parts] == [21, 21]  # V4-Flash: 21 C4 layers
+    ix_parts = [piece for piece in ttft.parts if piece.role == "indexer"]
+    assert [piece.multiplicity for piece in ix_parts] == [21, 21]  # V4-Flash: 21 C4 layers
     # the same case ids as an indexer scenario's points: its rows serve the serving model
-    sc = _load(
+    sc = load_scenario(
         "name: s\nop: indexer\nbackends: [triton]\ncases:\n"
-        "  - model: v4-flash\n    tokens: 4096\n    context_len: 8192\n"
+        "  - model: v4-flash\n    tokens: 4096\n    context_len: 8192\n",
+        KNOWN,
     )
     assert sc.cases[0].case_id in {c.case_id for c in ix_cases}
     # aggregate: the indexer's time lands in breakdown_ms["indexer"]
     rows = [
-        {
-            "case_id": c.case_id,
-            "backend": "flashmla" if c.op in ("prefill", "decode") else "triton",
-            "status": "ok",
-            "timing": {"median_ms": 1.0 if c.op != "indexer" else 0.5},
-        }
+        case_row(
+            c.case_id,
+            "flashmla" if c.op in ("prefill", "decode") else "triton",
+            1.0 if c.op != "indexer" else 0.5,
+        )
         for c in p.cases
     ]
     out = [r for r in aggregate(p, rows) if r["case_id"] == ttft.point_id]
@@ -291,7 +286,6 @@ def test_serving_adds_the_indexer_of_indexer_layers_only() -> None:
 
 def test_report_shows_the_indexer_share(tmp_path) -> None:
     from dsv4bench.report import build_report
-    from tests.report.test_report import part, serving_row, write_run
 
     rows = []
     for x, ix in ((8192, 1.0), (65536, 6.0)):

@@ -9,15 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4bench.backends.base import Output
-from dsv4bench.cases.case import Case, Tolerance
+from dsv4bench.cases.case import Tolerance
 from dsv4bench.measure import hardware, metrics
+from tests.factories import V4, V32, make_case
 
 INF = math.inf
 
 
-def _case(**kw) -> Case:
-    base = dict(scenario="t", op="decode", model="v3.2", d_qk=576, d_v=512, num_heads=128)
-    return Case(**{**base, **kw})
+V32_H128 = {**V32, "num_heads": 128}  # the cases below unless they say otherwise
 
 
 def _randn(*shape, seed=0, dtype=torch.float64):
@@ -159,22 +158,21 @@ def test_empty_and_zero_tensors():
 # ----------------------------------------------------------------------------- throughput
 
 # KERNEL_FACTS §7: H100 80GB HBM3, FlashMLA (vLLM 0.26.0 wheel), (case, median ms, TFLOP/s)
-V32 = dict(model="v3.2", d_qk=576, d_v=512, layout="v32")
-V4 = dict(model="v4-flash", d_qk=512, d_v=512, layout="v4", page_size=256)
+V4_PAGED = {**V4, "page_size": 256}
 ANCHORS = [
     (dict(V32, op="decode", batch_size=64, num_heads=128, topk=2048), 0.110, 331),
     (dict(V32, op="decode", batch_size=128, s_q=2, num_heads=128, topk=2048), 0.418, 350),
-    (dict(V4, op="decode", batch_size=64, num_heads=64, topk=512), 0.044, 98),
-    (dict(V4, op="decode", batch_size=128, num_heads=128, topk=512), 0.066, 258),
+    (dict(V4_PAGED, op="decode", batch_size=64, num_heads=64, topk=512), 0.044, 98),
+    (dict(V4_PAGED, op="decode", batch_size=128, num_heads=128, topk=512), 0.066, 258),
     (dict(V32, op="prefill", tokens=4096, num_heads=128, topk=2048, context_len=32768), 4.21, 555),
-    (dict(V4, op="prefill", tokens=4096, num_heads=64, topk=512), 0.643, 427),
-    (dict(V4, op="prefill", tokens=4096, num_heads=128, topk=1024), 2.15, 510),
+    (dict(V4_PAGED, op="prefill", tokens=4096, num_heads=64, topk=512), 0.643, 427),
+    (dict(V4_PAGED, op="prefill", tokens=4096, num_heads=128, topk=1024), 2.15, 510),
 ]
 
 
 @pytest.mark.parametrize("fields, ms, tflops", ANCHORS)
 def test_flops_reproduce_the_measured_anchors(fields, ms, tflops):
-    case = _case(**fields)
+    case = make_case(V32_H128, fields)
     got = metrics.derived(case, {"median_ms": ms}, hardware.TABLE["h100"])
     # the anchors' times carry 2-3 significant digits: 0.066 ms stands for 0.0655..0.0665
     assert got["tflops"] == pytest.approx(tflops, rel=0.012)
@@ -183,7 +181,7 @@ def test_flops_reproduce_the_measured_anchors(fields, ms, tflops):
 
 
 def test_v4_anchor_counts_512_keys_not_window_plus_512():
-    only = _case(**V4, batch_size=64, num_heads=64, topk=512)
+    only = make_case(V32_H128, V4_PAGED, batch_size=64, num_heads=64, topk=512)
     with_window = dataclasses.replace(only, topk=128, extra_topk=512, window=128)
     rate = metrics.attention_flops(only) / 0.044e-3 / 1e12
     rate_window = metrics.attention_flops(with_window) / 0.044e-3 / 1e12
@@ -192,13 +190,13 @@ def test_v4_anchor_counts_512_keys_not_window_plus_512():
 
 
 def test_padded_heads_flops():
-    case = _case(**V4, batch_size=4, num_heads=8, topk=512)
+    case = make_case(V32_H128, V4_PAGED, batch_size=4, num_heads=8, topk=512)
     got = metrics.derived(case, {"median_ms": 1.0}, hardware.TABLE["h100"], padded_heads=64)
     assert got["flops_padded"] == 8 * got["flops"]
 
 
 def test_attention_bytes_decode_by_hand():
-    case = _case(batch_size=2, s_q=1, num_heads=128, topk=2048, extra_topk=0)
+    case = make_case(V32_H128, batch_size=2, s_q=1, num_heads=128, topk=2048, extra_topk=0)
     q = 2 * 128 * 576 * 2
     kv = 2 * 2048 * 656
     out = 2 * 128 * 512 * 2
@@ -213,26 +211,26 @@ def test_attention_bytes_decode_by_hand():
 
 
 def test_sparse_prefill_reads_bf16_workspace():
-    case = _case(op="prefill", tokens=16, topk=128, layout="v32")
+    case = make_case(V32_H128, op="prefill", tokens=16, topk=128, layout="v32")
     routed = dataclasses.replace(case, route="decode-kernel")
     assert metrics.kv_token_bytes(case) == 2 * 576
     assert metrics.kv_token_bytes(routed) == 656
-    assert metrics.kv_token_bytes(_case(layout="v4", d_qk=512)) == 584
-    assert metrics.kv_token_bytes(_case(layout="bf16")) == 2 * 576
+    assert metrics.kv_token_bytes(make_case(V32_H128, layout="v4", d_qk=512)) == 584
+    assert metrics.kv_token_bytes(make_case(V32_H128, layout="bf16")) == 2 * 576
 
 
 def test_dequant_and_remap():
-    deq = _case(op="dequant", layout="v4", d_qk=512, batch_size=2, context_len=100)
+    deq = make_case(V32_H128, op="dequant", layout="v4", d_qk=512, batch_size=2, context_len=100)
     assert metrics.attention_flops(deq) == 0
     assert metrics.attention_bytes(deq) == 200 * (584 + 1024)
-    remap = _case(op="remap", batch_size=3, s_q=2, topk=64, extra_topk=64)
+    remap = make_case(V32_H128, op="remap", batch_size=3, s_q=2, topk=64, extra_topk=64)
     assert metrics.attention_bytes(remap) == 6 * 128 * 8
     got = metrics.derived(remap, {"median_ms": 0.01}, hardware.TABLE["h100"])
     assert got["bound"] == "memory" and got["tflops"] == 0
 
 
 def test_derived_bound_and_peak_fraction():
-    case = _case(**ANCHORS[0][0])
+    case = make_case(V32_H128, ANCHORS[0][0])
     got = metrics.derived(case, {"median_ms": 0.110}, hardware.TABLE["h100"])
     assert got["bound"] == "compute"
     assert got["peak_fraction"] == pytest.approx(got["tflops"] / 989.4, rel=1e-9)
@@ -240,7 +238,7 @@ def test_derived_bound_and_peak_fraction():
 
 
 def test_derived_without_peaks_or_time():
-    case = _case()
+    case = make_case(V32_H128)
     cpu = metrics.derived(case, {"median_ms": 2.0}, hardware.CPU)
     assert cpu["tflops"] > 0 and cpu["peak_fraction"] is None and cpu["bound"] is None
     untimed = metrics.derived(case, None, hardware.TABLE["h100"])
@@ -248,7 +246,8 @@ def test_derived_without_peaks_or_time():
 
 
 def test_prefill_memory_roof_counts_shared_keys_once():
-    chunk = _case(
+    chunk = make_case(
+        V32_H128,
         op="prefill",
         model="v4-flash",
         d_qk=512,

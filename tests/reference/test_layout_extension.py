@@ -9,11 +9,12 @@ import torch
 
 from dsv4bench import backends
 from dsv4bench import cli as dsv4cli
-from dsv4bench.cases.case import ARCHS, Case
+from dsv4bench.cases.case import ARCHS
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.cases.oracle import oracle_call
 from reference import layout_table
 from reference.layout_table import CacheLayout
+from tests.factories import make_case
 
 D = 512
 TOKEN_BYTES = 2 * D  # bf16 rows: a width no shipped layout has
@@ -54,23 +55,13 @@ def scratch(monkeypatch):
     return entry
 
 
-def _case(layout: str, op: str = "decode") -> Case:
-    return Case(
-        scenario="t",
-        op=op,
-        model="v4-flash",
-        d_qk=D,
-        d_v=D,
-        num_heads=8,
-        topk=64,
-        context_len=256,
-        page_size=64,
-        layout=layout,
-    )
+SCRATCH_CASE = dict(
+    d_qk=D, d_v=D, num_heads=8, topk=64, context_len=256, page_size=64, layout="scratch"
+)
 
 
 def test_the_oracle_reads_a_new_layout_through_the_table(scratch):
-    case = _case("scratch")
+    case = make_case(SCRATCH_CASE)
     x = make_inputs(case, "cpu")
     assert x["k_cache"].shape[-1] == TOKEN_BYTES
     out = oracle_call(case, x)()
@@ -80,7 +71,7 @@ def test_the_oracle_reads_a_new_layout_through_the_table(scratch):
 
 @pytest.mark.parametrize("op", ["decode", "prefill", "dequant"])
 def test_backends_that_do_not_opt_in_say_unsupported_with_the_reason(scratch, op):
-    case = _case("scratch", op)
+    case = make_case(SCRATCH_CASE, op=op)
     for name in backends.names():
         b = backends.get(name)
         if b.layouts is None:

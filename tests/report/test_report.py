@@ -11,20 +11,9 @@ from pathlib import Path
 import pytest
 
 from dsv4bench.report import ReportInputError, build_report, load_rows
+from tests.factories import CRASH_MSG, H100_ENV, case_row, part, serving_row, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-CRASH_MSG = "worker exited with code 1: CUDA error: invalid argument (get_decoding_sched_meta.cu)"
-
-ENV = {
-    "gpu": "NVIDIA H100 80GB HBM3",
-    "arch": "sm90",
-    "driver": "575.57.08",
-    "torch": "2.11.0+cu130",
-    "triton": "3.5.0",
-    "cuda": "13.0",
-    "git_commit": "abc123def456",
-    "smem_per_block_optin": 232448,
-}
 MODELS = {
     "v32": dict(model="v32", d_qk=576, d_v=512, num_heads=128, topk=2048, layout="v32"),
     "v4-flash": dict(model="v4-flash", d_qk=512, d_v=512, num_heads=64, topk=512, layout="v4"),
@@ -60,7 +49,7 @@ def params(op: str, model: str = "v4-flash", **kw) -> dict:
     return p
 
 
-def case_row(
+def plausible_row(
     op: str,
     backend: str,
     *,
@@ -78,24 +67,22 @@ def case_row(
     digest = hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:10]
     size = f"t{p['tokens']}" if op == "prefill" else f"b{p['batch_size']}"
     case_id = f"{op}-{p['model']}-{p['layout']}-h{p['num_heads']}-{size}-k{p['topk']}-{digest}"
-    row = {
-        "kind": "case",
-        "scenario": "synthetic",
-        "case_id": case_id,
-        "op": op,
-        "params": p,
-        "tags": list(tags),
-        "backend": backend,
-        "provider": {"name": f"{backend}-lib", "version": "1.0", "location": "/opt/x"},
-        "status": status,
-        "message": message,
-        "accuracy": None,
-        "timing": None,
-        "derived": None,
-        "info": info or {},
-        "env": ENV,
-        "input_fingerprint": "f" * 16,
-    }
+    row = case_row(
+        case_id,
+        backend,
+        status=status,
+        message=message,
+        scenario="synthetic",
+        op=op,
+        params=p,
+        tags=list(tags),
+        provider={"name": f"{backend}-lib", "version": "1.0", "location": "/opt/x"},
+        accuracy=None,
+        derived=None,
+        info=info or {},
+        env=H100_ENV,
+        input_fingerprint="f" * 16,
+    )
     if status in ("ok", "incorrect") and cos is not None:
         row["accuracy"] = {
             "cos_diff": cos,
@@ -136,7 +123,7 @@ def make_rows() -> list[dict]:
             for b in (1, 8, 64, 128, 512):
                 base = 0.02 + 0.0008 * b * (3 if model == "v32" else 1)
                 rows.append(
-                    case_row(
+                    plausible_row(
                         "decode",
                         backend,
                         model=model,
@@ -147,14 +134,14 @@ def make_rows() -> list[dict]:
                 )
         for t in (1024, 4096, 16384):
             rows.append(
-                case_row(
+                plausible_row(
                     "prefill", backend, tokens=t, ms=t * 1.6e-4 / eff, cos=3e-6, context_len=32768
                 )
             )
         # head padding: heads per rank at TP 1..8, padded to 64
         for h in (8, 16, 32, 64):
             rows.append(
-                case_row(
+                plausible_row(
                     "decode",
                     backend,
                     num_heads=h,
@@ -165,7 +152,7 @@ def make_rows() -> list[dict]:
                 )
             )
     rows.append(
-        case_row(
+        plausible_row(
             "decode",
             "triton",
             model="v32",
@@ -176,7 +163,7 @@ def make_rows() -> list[dict]:
         )
     )
     rows.append(
-        case_row(
+        plausible_row(
             "decode",
             "flashinfer",
             status="unsupported",
@@ -186,17 +173,19 @@ def make_rows() -> list[dict]:
     )
     # workloads: a ragged batch (issue 23); its rows also read as kernel rows
     rows.append(
-        case_row("decode", "flashmla", batch_size=3, context_lens=[900, 4096, 100], ms=0.03)
+        plausible_row("decode", "flashmla", batch_size=3, context_lens=[900, 4096, 100], ms=0.03)
     )
     # TP x route crossover: a 4K chunk at 64 (above), 32 and 8 heads, sparse-prefill vs
     # decode-mixed; and a second instance of flashmla (another build) beside the first
     chunk = dict(tokens=4096, context_len=32768)
     for h in (32, 8):
         for route, ms in (("sparse-prefill", 0.65), ("decode-mixed", 0.03 * h)):
-            rows.append(case_row("prefill", "flashmla", num_heads=h, route=route, ms=ms, **chunk))
-    rows.append(case_row("prefill", "flashmla", route="decode-mixed", ms=2.0, **chunk))
+            rows.append(
+                plausible_row("prefill", "flashmla", num_heads=h, route=route, ms=ms, **chunk)
+            )
+    rows.append(plausible_row("prefill", "flashmla", route="decode-mixed", ms=2.0, **chunk))
     for b in (1, 64):
-        rows.append(case_row("decode", "flashmla-b", model="v32", batch_size=b, ms=0.03))
+        rows.append(plausible_row("decode", "flashmla-b", model="v32", batch_size=b, ms=0.03))
         rows[-1]["backend_base"] = "flashmla"
     # crash boundary: decode-kernel route probes around the scheduler limit
     probe_statuses = {}
@@ -204,7 +193,7 @@ def make_rows() -> list[dict]:
         st = "ok" if t <= 11622 else "crash"
         probe_statuses[str(t)] = st
         rows.append(
-            case_row(
+            plausible_row(
                 "prefill",
                 "flashmla",
                 route="decode-kernel",
@@ -215,7 +204,7 @@ def make_rows() -> list[dict]:
                 ms=t * 1e-4 if st == "ok" else None,
             )
         )
-    limit = case_row("prefill", "flashmla", route="decode-kernel", tokens=1024)
+    limit = plausible_row("prefill", "flashmla", route="decode-kernel", tokens=1024)
     limit.update(
         kind="limit",
         case_id="limit-tokens-" + limit["case_id"],
@@ -232,41 +221,6 @@ def make_rows() -> list[dict]:
     rows.append(limit)
     rows += serving_rows()
     return rows
-
-
-def serving_row(metric: str, backend: str, value_ms, parts, **fields) -> dict:
-    """A row as serving.aggregate writes it."""
-    ok = value_ms is not None
-    failing = next((p for p in parts if p["status"] != "ok"), None)
-    return {
-        "kind": "serving",
-        "scenario": "serving",
-        "model": "v4-flash",
-        "metric": metric,
-        "backend": backend,
-        "num_heads": 64,
-        "tp": 1,
-        "value_ms": value_ms,
-        "breakdown_ms": {"attention": value_ms, "dequant": 0.0, "remap": 0.0} if ok else None,
-        "status": "ok" if ok else failing["status"],
-        "message": "" if ok else f"{failing['case_id']} on {backend}: crash: {CRASH_MSG}",
-        "label": "sparse-attention part of TTFT/TPOT (kernels, dequant, index remap), "
-        "without GEMMs, MoE and communication",
-        "parts": parts,
-        "env": ENV,
-        **fields,
-    }
-
-
-def part(case_id: str, backend: str, status: str = "ok", role: str = "attention") -> dict:
-    return {
-        "case_id": case_id,
-        "multiplicity": 21,
-        "role": role,
-        "backend": backend,
-        "median_ms": 0.05 if status == "ok" else None,
-        "status": status,
-    }
 
 
 def serving_rows() -> list[dict]:
@@ -314,12 +268,6 @@ def serving_rows() -> list[dict]:
                         )
                     )
     return rows
-
-
-def write_run(path: Path, rows: list[dict]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _check_png(path: Path) -> None:
@@ -392,7 +340,7 @@ def test_report_is_deterministic(tmp_path, full_report):
 
 
 def test_sections_without_data_are_left_out(tmp_path):
-    rows = [case_row("decode", "torch", status="crash", message=CRASH_MSG, ms=None)]
+    rows = [plausible_row("decode", "torch", status="crash", message=CRASH_MSG, ms=None)]
     run = write_run(tmp_path / "only-crash", rows)
     files = build_report([run], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
@@ -462,11 +410,13 @@ def test_pytest_benchmark_json(tmp_path):
 
 
 def test_sparse_and_odd_rows_do_not_crash(tmp_path):
-    odd = case_row("decode", "triton", cos=float("inf"), status="incorrect", message="2 nonfinite")
-    nan = case_row("prefill", "triton", tokens=64, cos=float("nan"), status="incorrect")
-    no_x = case_row("decode", "torch", batch_size=3)
+    odd = plausible_row(
+        "decode", "triton", cos=float("inf"), status="incorrect", message="2 nonfinite"
+    )
+    nan = plausible_row("prefill", "triton", tokens=64, cos=float("nan"), status="incorrect")
+    no_x = plausible_row("decode", "torch", batch_size=3)
     no_x["params"]["batch_size"] = None
-    no_peak = case_row("decode", "torch", batch_size=4)
+    no_peak = plausible_row("decode", "torch", batch_size=4)
     no_peak["derived"]["peak_fraction"] = None
     rows = [  # sparse but rows; `{"kind": "case"}` is junk: tests/report/test_load_checks.py
         {"kind": "case", "case_id": "x", "backend": "b", "status": "ok", "timing": {}},
@@ -507,7 +457,7 @@ def test_kernel_lines_get_short_labels_and_serving_parts_are_not_drawn(tmp_path)
     for ratio, extra in ((4, 512), (128, 64)):
         for b in (1, 8, 64):
             rows.append(
-                case_row(
+                plausible_row(
                     "decode",
                     "flashmla",
                     batch_size=b,
@@ -519,7 +469,7 @@ def test_kernel_lines_get_short_labels_and_serving_parts_are_not_drawn(tmp_path)
             )
     for b in (2, 4):
         rows.append(
-            case_row("decode", "flashmla", batch_size=b, context_len=65536, tags=["serving"])
+            plausible_row("decode", "flashmla", batch_size=b, context_len=65536, tags=["serving"])
         )
     build_report([write_run(tmp_path / "run", rows)], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
@@ -605,9 +555,9 @@ def kept_figures(monkeypatch) -> dict:
 def test_a_cpu_run_has_no_empty_peak_panel_and_says_why(tmp_path, kept_figures):
     rows = []
     for heads in (8, 16):  # one batch size per family: points, not lines
-        row = case_row("decode", "torch", num_heads=heads, batch_size=2)
+        row = plausible_row("decode", "torch", num_heads=heads, batch_size=2)
         row["derived"]["peak_fraction"] = None
-        row["env"] = {**ENV, "gpu": None, "arch": "cpu"}
+        row["env"] = {**H100_ENV, "gpu": None, "arch": "cpu"}
         rows.append(row)
     build_report([write_run(tmp_path / "cpu", rows)], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()

@@ -9,20 +9,10 @@ from pathlib import Path
 from dsv4bench import serving as sv
 from dsv4bench.report.render import Report
 from dsv4bench.report.sections import serving, serving_backends
+from tests.factories import CRASH_MSG, case_row
 
 BACKENDS = ("flashmla", "triton", "flashinfer")
 SPEED = {"flashmla": 1.0, "triton": 2.0, "flashinfer": 1.2}
-
-
-def _case_row(case, backend: str, ms: float | None, status: str = "ok") -> dict:
-    return {
-        "kind": "case",
-        "case_id": case.case_id,
-        "backend": backend,
-        "status": status,
-        "message": "" if status == "ok" else "CUDA error: get_decoding_sched_meta.cu",
-        "timing": None if ms is None else {"median_ms": ms},
-    }
 
 
 def _rows(spec: sv.ServingSpec) -> list[dict]:
@@ -46,9 +36,12 @@ def _rows(spec: sv.ServingSpec) -> list[dict]:
                     and c.op == "prefill"
                     and c.tokens > 11622
                 )
-                rows.append(_case_row(c, b, None if crash else ms, "crash" if crash else "ok"))
+                if crash:
+                    rows.append(case_row(c.case_id, b, None, "crash", message=CRASH_MSG))
+                else:
+                    rows.append(case_row(c.case_id, b, ms))
         else:
-            rows.append(_case_row(c, "triton", 1e-3 * c.context_len))
+            rows.append(case_row(c.case_id, "triton", 1e-3 * c.context_len))
     serving_rows = sv.aggregate(p, rows)
     for r in serving_rows:
         r["_run"] = "run"
@@ -150,7 +143,7 @@ def test_one_backend_is_left_out(tmp_path):
         {"model": "v4-flash", "batch_sizes": [1], "contexts": [8192], "backends": ["flashmla"]}
     )
     p = sv.plan(spec)
-    rows = sv.aggregate(p, [_case_row(c, "flashmla", 1.0) for c in p.cases])
+    rows = sv.aggregate(p, [case_row(c.case_id, "flashmla", 1.0) for c in p.cases])
     rep = _report(tmp_path, rows)
     assert not rep.images and rep.left_out == [
         "Serving per backend: no serving points from two or more backends."
@@ -200,9 +193,12 @@ def test_a_point_with_an_oracle_helper_part_is_marked(tmp_path):
     rows = []
     for c in p.cases:
         if c.op in ("prefill", "decode"):
-            rows += [_case_row(c, b, 1.0) for b in ("flashmla", "triton")]
+            rows += [case_row(c.case_id, b, 1.0) for b in ("flashmla", "triton")]
         else:
-            rows += [_case_row(c, "triton", None, "crash"), _case_row(c, "torch", 0.3)]
+            rows += [
+                case_row(c.case_id, "triton", None, "crash", message=CRASH_MSG),
+                case_row(c.case_id, "torch", 0.3),
+            ]
     serving_rows = sv.aggregate(p, rows)
     for r in serving_rows:
         r["_run"] = "run"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from dsv4bench import scenarios
 from dsv4bench.cases.case import OPS, ROUTES, Case
 from dsv4bench.scenarios import ScenarioError, is_serving_text, load_text, validate_case
+from tests.factories import V32, load_scenario, make_case
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = {
@@ -60,8 +61,7 @@ SHIPPED = {
 }
 
 
-def load(text: str):
-    return load_text(textwrap.dedent(text), "x.yaml", known_backends=KNOWN)
+load = partial(load_scenario, known_backends=KNOWN)
 
 
 HEAD = """\
@@ -473,10 +473,8 @@ def test_backends_all_and_single_names():
 # ---- validate_case -------------------------------------------------------------------------
 
 
-def _case(**kw) -> Case:
-    base = dict(scenario="s", op="decode", model="v3.2", d_qk=576, d_v=512, num_heads=128)
-    base["scale_convention"] = "pow2"  # Case's own default (flashmla) is a v4 convention
-    return Case(**{**base, **kw})
+# scale_convention: Case's own default (flashmla) is a v4 convention
+VALID = {**V32, "scenario": "s", "num_heads": 128, "scale_convention": "pow2"}
 
 
 @pytest.mark.parametrize(
@@ -494,12 +492,12 @@ def _case(**kw) -> Case:
         ({"extra_topk": 64}, "extra_topk: an extra cache needs compress_ratio"),
         ({"head_padding": "64"}, "num_heads: expected at most head_padding (64) heads"),
         ({"d_qk": 512, "layout": "bf16"}, "model: v3.2 has d_qk 576"),
-        ({"timing": dataclasses.replace(_case().timing, timer="x")}, "timing.timer"),
+        ({"timing": dataclasses.replace(make_case(VALID).timing, timer="x")}, "timing.timer"),
         ({"tags": ("",)}, "tags:"),
     ],
 )
 def test_validate_case(kw, needle):
-    got = validate_case(_case(**kw))
+    got = validate_case(make_case(VALID, **kw))
     if needle is None:
         assert got is None
     else:
@@ -507,7 +505,7 @@ def test_validate_case(kw, needle):
 
 
 def test_validate_case_accepts_the_scale_convention_default_of_bf16():
-    assert validate_case(_case(layout="bf16", d_qk=256, d_v=256, model="custom")) is None
+    assert validate_case(make_case(VALID, layout="bf16", d_qk=256, d_v=256, model="custom")) is None
 
 
 # ---- properties ----------------------------------------------------------------------------

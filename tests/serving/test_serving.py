@@ -15,6 +15,7 @@ from dsv4bench.cases.case import OPS, Case
 from dsv4bench.scenarios import ScenarioError
 from dsv4bench.serving import planning as sv_plan
 from reference.models import MODELS
+from tests.factories import case_row
 
 K = 1024
 BOTH = ["sparse-prefill", "decode-kernel"]
@@ -24,19 +25,6 @@ def _spec(**kw) -> sv.ServingSpec:
     d = {"model": "v4-flash", "backends": ["kern"]}
     d.update(kw)
     return sv.spec_from_dict(d)
-
-
-def _case_row(case_id: str, backend: str, ms: float | None, status: str = "ok", **kw) -> dict:
-    timing = {"median_ms": ms} if ms is not None else None
-    return {
-        "kind": "case",
-        "case_id": case_id,
-        "backend": backend,
-        "status": status,
-        "message": kw.get("message", ""),
-        "timing": timing,
-        "env": kw.get("env"),
-    }
 
 
 # ---- models and chunking ----------------------------------------------------------------
@@ -367,11 +355,11 @@ def test_envelope_takes_each_attention_part_from_its_fastest_backend():
     rows = []
     for c in p.cases:
         if c.op == "prefill":
-            rows.append(_case_row(c.case_id, "a", 1.0 if c.case_id in fast_a else 5.0))
-            rows.append(_case_row(c.case_id, "b", 2.0))
+            rows.append(case_row(c.case_id, "a", 1.0 if c.case_id in fast_a else 5.0))
+            rows.append(case_row(c.case_id, "b", 2.0))
         else:
-            rows.append(_case_row(c.case_id, "torch", 0.5))
-    rows.append(_case_row("x-not-in-plan", "torch", 0.001))
+            rows.append(case_row(c.case_id, "torch", 0.5))
+    rows.append(case_row("x-not-in-plan", "torch", 0.001))
     out = {r["backend"]: r for r in sv.aggregate(p, rows)}
     assert set(out) == {"a", "b", sv.ENVELOPE}
     env = out[sv.ENVELOPE]
@@ -391,7 +379,7 @@ def test_envelope_takes_each_attention_part_from_its_fastest_backend():
             r.update(status="crash", timing=None)
     assert {r["backend"]: r["status"] for r in sv.aggregate(p, rows)}[sv.ENVELOPE] == "crash"
     # a torch row of an attention case is not one of the envelope's backends
-    rows.append(_case_row(crashed, "torch", 0.001))
+    rows.append(case_row(crashed, "torch", 0.001))
     assert {r["backend"]: r["status"] for r in sv.aggregate(p, rows)}[sv.ENVELOPE] == "crash"
     # one backend: no envelope row
     one = sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["sparse-prefill"]))
@@ -444,10 +432,10 @@ def _rows_for(p: sv.ServingPlan, ms_of, backends=("kern",)) -> list[dict]:
     rows = []
     for c in p.cases:
         if c.op in ("prefill", "decode"):
-            rows += [_case_row(c.case_id, b, ms_of(c), env={"gpu": b}) for b in backends]
+            rows += [case_row(c.case_id, b, ms_of(c), env={"gpu": b}) for b in backends]
         else:
-            rows.append(_case_row(c.case_id, "torch", 10 * ms_of(c)))
-            rows.append(_case_row(c.case_id, "kern", ms_of(c)))  # faster helper wins
+            rows.append(case_row(c.case_id, "torch", 10 * ms_of(c)))
+            rows.append(case_row(c.case_id, "kern", ms_of(c)))  # faster helper wins
     return rows
 
 
@@ -481,7 +469,7 @@ def test_aggregate_sums_multiplicities():
 def test_aggregate_hand_sum():
     p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096]))
     (case,) = p.cases
-    out = sv.aggregate(p, [_case_row(case.case_id, "kern", 0.5)])
+    out = sv.aggregate(p, [case_row(case.case_id, "kern", 0.5)])
     assert out[0]["value_ms"] == pytest.approx(61 * 0.5)
     assert out[0]["parts"] == [
         {
@@ -500,10 +488,10 @@ def test_helper_parts_take_fastest_ok_row():
     rows = []
     for c in p.cases:
         if c.op == "prefill":
-            rows.append(_case_row(c.case_id, "kern", 1.0))
+            rows.append(case_row(c.case_id, "kern", 1.0))
         else:
-            rows.append(_case_row(c.case_id, "torch", 2.0))
-            rows.append(_case_row(c.case_id, "kern", None, status="unsupported"))
+            rows.append(case_row(c.case_id, "torch", 2.0))
+            rows.append(case_row(c.case_id, "kern", None, status="unsupported"))
     (row,) = sv.aggregate(p, rows)
     assert row["status"] == "ok"
     helpers = [x for x in row["parts"] if x["role"] != "attention"]
@@ -537,7 +525,7 @@ def test_missing_rows_and_backends():
     rows[0]["timing"] = None
     assert sv.aggregate(p, rows)[0]["status"] == "missing"
     # a later row for the same (case, backend) (a rerun) replaces the earlier one
-    rows.append(_case_row(rows[0]["case_id"], "a", 1.0))
+    rows.append(case_row(rows[0]["case_id"], "a", 1.0))
     assert sv.aggregate(p, rows)[0]["status"] == "ok"
 
 
@@ -683,7 +671,7 @@ def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
     for c in p.cases:
         crash = c.op == "prefill" and c.route == "decode-kernel" and c.tokens > limit
         status = "crash" if crash else "ok"
-        rows.append(_case_row(c.case_id, "kern", None if crash else 0.1, status))
+        rows.append(case_row(c.case_id, "kern", None if crash else 0.1, status))
     points = {(r["route"], r["chunk_size"]): r for r in sv.aggregate(p, rows)}
     for chunk in between:
         threshold, safe = points[("threshold:11673", chunk)], points[("safe", chunk)]
