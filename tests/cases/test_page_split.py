@@ -10,47 +10,42 @@ import torch
 
 from dsv4bench.backends import triton_kernels as tk
 from dsv4bench.backends.torch_ref import TorchReference
-from dsv4bench.cases.case import Case, Tolerance
+from dsv4bench.cases.case import Tolerance
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import metrics
 from dsv4bench.run.worker import Cache, check
 from dsv4bench.scenarios import validate_case
 from reference import layouts
+from tests.factories import V4, make_case
 
-
-def split_case(**kw) -> Case:
-    fields = dict(
-        scenario="t",
-        op="page_split",
-        model="v4-flash",
-        d_qk=512,
-        d_v=512,
-        num_heads=64,
-        layout="v4",
-        page_size=256,
-        context_len=600,
-        batch_size=2,
-        topk=128,
-        window=128,
-        sink=True,
-    )
-    return Case(**{**fields, **kw})
+SPLIT = dict(
+    V4,
+    op="page_split",
+    page_size=256,
+    context_len=600,
+    batch_size=2,
+    topk=128,
+    window=128,
+    sink=True,
+)
 
 
 def test_rules():
-    assert validate_case(split_case()) is None
+    assert validate_case(make_case(SPLIT)) is None
     assert "re-pages a v4 cache" in validate_case(
-        split_case(model="v3.2", d_qk=576, layout="v32", page_size=64, window=0, sink=False)
+        make_case(SPLIT, model="v3.2", d_qk=576, layout="v32", page_size=64, window=0, sink=False)
     )
-    assert "expected a multiple of 64 above 64, got 64" in validate_case(split_case(page_size=64))
-    assert "got 96" in validate_case(split_case(page_size=96))
-    assert "only prefill has tokens" in validate_case(split_case(tokens=64))
+    assert "expected a multiple of 64 above 64, got 64" in validate_case(
+        make_case(SPLIT, page_size=64)
+    )
+    assert "got 96" in validate_case(make_case(SPLIT, page_size=96))
+    assert "only prefill has tokens" in validate_case(make_case(SPLIT, tokens=64))
     assert Tolerance().resolved("page_split").cos_diff == 0.0  # a copy is exact or wrong
 
 
 def test_oracle_keeps_every_tokens_bytes_and_slot():
-    case = split_case()
+    case = make_case(SPLIT)
     x = make_inputs(case, "cpu")
     cache = x["k_cache"]
     assert cache.shape[1] == 256 and cache.shape[0] * 256 >= 1200
@@ -100,7 +95,7 @@ def test_triton_split_rejects_what_it_cannot_read():
 
 
 def test_backend_rows_are_judged_exactly():
-    case = split_case()
+    case = make_case(SPLIT)
     x = make_inputs(case, "cpu")
     expected = oracle_call(case, x)()
     p = tk.TritonKernels().prepare(case, x, "cpu")

@@ -9,41 +9,15 @@ import torch
 
 from dsv4bench.backends import Backend, Output, Prepared, get
 from dsv4bench.cases import inputs
-from dsv4bench.cases.case import Case, Timing
+from dsv4bench.cases.case import Timing
 from dsv4bench.measure import invariance
+from tests.factories import V4, V32, make_case
 
-
-def _decode(batch_size: int = 4, **kw) -> Case:
-    return Case(
-        scenario="invariance-test",
-        op="decode",
-        model="v4-flash",
-        d_qk=512,
-        d_v=512,
-        num_heads=3,
-        batch_size=batch_size,
-        topk=64,
-        context_len=128,
-        page_size=64,
-        layout="v4",
-        timing=Timing(warmup=0, iters=1),
-        **kw,
-    )
-
-
-def _prefill() -> Case:
-    return Case(
-        scenario="invariance-test",
-        op="prefill",
-        model="v3.2",
-        d_qk=576,
-        d_v=512,
-        num_heads=2,
-        tokens=5,
-        topk=64,
-        context_len=128,
-        layout="v32",
-    )
+SMALL = dict(scenario="invariance-test", topk=64, context_len=128)
+DECODE = dict(
+    V4, **SMALL, num_heads=3, batch_size=4, page_size=64, timing=Timing(warmup=0, iters=1)
+)
+PREFILL = make_case(V32, SMALL, op="prefill", num_heads=2, tokens=5)
 
 
 class _BatchDependent(Backend):
@@ -102,7 +76,7 @@ def test_sample_requests():
 
 @pytest.mark.parametrize(
     "case",
-    [_decode(), _prefill(), dataclasses.replace(_prefill(), route="decode-mixed")],
+    [make_case(DECODE), PREFILL, dataclasses.replace(PREFILL, route="decode-mixed")],
     ids=["decode", "prefill", "prefill-decode-mixed"],  # mixed: a token is sliced along s_q
 )
 def test_the_oracle_is_deterministic_and_batch_invariant(case):
@@ -119,7 +93,7 @@ def test_the_oracle_is_deterministic_and_batch_invariant(case):
 
 
 def test_a_batch_dependent_kernel_is_caught():
-    case = _decode()
+    case = make_case(DECODE)
     x = inputs.make_inputs(case, "cpu")
     backend = _BatchDependent()
     prepared = backend.prepare(case, x, "cpu")
@@ -129,7 +103,7 @@ def test_a_batch_dependent_kernel_is_caught():
 
 
 def test_a_nondeterministic_kernel_is_caught():
-    case = _decode(batch_size=1)
+    case = make_case(DECODE, batch_size=1)
     x = inputs.make_inputs(case, "cpu")
     d = invariance.determinism(_Noisy().prepare(case, x, "cpu"))
     assert d["bitwise_equal"] is False and d["max_abs"] == pytest.approx(1e-2, rel=0.1)
@@ -156,7 +130,7 @@ class _InPlace(Backend):
 
 
 def test_determinism_does_not_compare_a_shared_buffer_with_itself():
-    case = _decode(batch_size=1)
+    case = make_case(DECODE, batch_size=1)
     x = inputs.make_inputs(case, "cpu")
     d = invariance.determinism(_InPlace().prepare(case, x, "cpu"))
     assert d["bitwise_equal"] is False and d["max_abs"] == pytest.approx(1.0, rel=0.02)

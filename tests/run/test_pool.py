@@ -17,24 +17,23 @@ from dsv4bench.rows.results import ResultWriter, read_rows
 from dsv4bench.run import devices
 from dsv4bench.run.devices import Device, DeviceError
 from dsv4bench.run.runner import Job, LimitSearch, Runner, Worker
+from tests.factories import V32, make_case
 
 PLUGIN = "tests.plugins.misbehaving"
 
 
+TINY = dict(
+    V32,
+    scenario="pool-test",
+    num_heads=4,
+    topk=64,
+    context_len=128,
+    timing=Timing(warmup=0, iters=2, timeout_s=30),
+)
+
+
 def tiny(batch_size: int, seed: int = 0) -> Case:
-    return Case(
-        scenario="pool-test",
-        op="decode",
-        model="v3.2",
-        d_qk=576,
-        d_v=512,
-        num_heads=4,
-        batch_size=batch_size,
-        topk=64,
-        context_len=128,
-        seed=seed,
-        timing=Timing(warmup=0, iters=2, timeout_s=30),
-    )
+    return make_case(TINY, batch_size=batch_size, seed=seed)
 
 
 @pytest.fixture(scope="module", autouse=True)

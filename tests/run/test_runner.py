@@ -18,28 +18,26 @@ from dsv4bench.cases.case import Case, Timing
 from dsv4bench.rows.results import ResultWriter, read_rows
 from dsv4bench.run.runner import Job, LimitSearch, Runner
 from dsv4bench.run.worker import PARENT_ENV
+from tests.factories import V4, V32, make_case
 
 PLUGIN = "tests.plugins.misbehaving"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+TINY = dict(
+    V32,
+    scenario="runner-test",
+    num_heads=4,
+    topk=64,
+    context_len=128,
+    page_size=64,
+    scale_convention="pow2",
+    timing=Timing(warmup=0, iters=2, timeout_s=20),
+)
+
+
 def tiny(batch_size: int, **kw) -> Case:
-    return Case(
-        scenario="runner-test",
-        op="decode",
-        model="v3.2",
-        d_qk=576,
-        d_v=512,
-        num_heads=4,
-        batch_size=batch_size,
-        topk=64,
-        context_len=128,
-        page_size=64,
-        layout="v32",
-        scale_convention="pow2",
-        timing=Timing(warmup=0, iters=2, timeout_s=20),
-        **kw,
-    )
+    return make_case(TINY, batch_size=batch_size, **kw)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -346,10 +344,9 @@ def test_flashmla_guesses_its_decode_scheduler_limit():
     from dsv4bench.backends.flashmla import FlashMLA
 
     fm = FlashMLA()
-    base = dict(scenario="t", model="v4-flash", d_qk=512, d_v=512, num_heads=64, layout="v4")
-    chunk = Case(**base, op="prefill", tokens=8192, context_len=32768, route="decode-kernel")
+    chunk = make_case(V4, op="prefill", tokens=8192, context_len=32768, route="decode-kernel")
     assert fm.limit_guess(chunk, "tokens", "sm90") == 11622  # results/sm90/h100-bench
     mixed = replace(chunk, route="decode-mixed")
     assert fm.limit_guess(mixed, "tokens", "sm90") is None  # an int32 stride limit instead
     assert fm.limit_guess(chunk, "context_len", "sm90") is None
-    assert fm.limit_guess(Case(**base, op="decode"), "batch_size", "sm90") == 11622
+    assert fm.limit_guess(make_case(V4), "batch_size", "sm90") == 11622
