@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 from dsv4bench.report import compare
 from dsv4bench.report.compare import time_change
+from tests.factories import write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -67,26 +67,20 @@ def base_rows() -> list[dict]:
     ]
 
 
-def write(path: Path, rows: list[dict]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def find(rows, case_id, backend="flashmla"):
     return next(r for r in rows if r["case_id"] == case_id and r["backend"] == backend)
 
 
 def run(tmp_path, base, new, **kw):
-    b = write(tmp_path / "base", base)
-    n = write(tmp_path / "new", new)
+    b = write_run(tmp_path / "base", base)
+    n = write_run(tmp_path / "new", new)
     code, files = compare.compare(b, n, tmp_path / "out", **kw)
     md = (tmp_path / "out" / "compare.md").read_text()
     return code, files, md
 
 
 def test_identical_runs_exit_0(tmp_path, capsys):
-    b = write(tmp_path / "base", base_rows())
+    b = write_run(tmp_path / "base", base_rows())
     code, files = compare.compare(b, b, tmp_path / "out")
     assert code == 0
     assert (tmp_path / "out" / "compare.md") in files
@@ -166,7 +160,7 @@ def test_cases_missing_from_new_are_a_regression_unless_partial(tmp_path, capsys
 def test_an_empty_new_run_is_a_regression(tmp_path, capsys):
     from dsv4bench import cli
 
-    base = write(tmp_path / "base", base_rows())
+    base = write_run(tmp_path / "base", base_rows())
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "results.jsonl").write_text("")
@@ -279,7 +273,7 @@ def two_builds(slow_b: float = 1.0, limit_b: int = 11622) -> list[dict]:
 
 
 def test_two_instances_of_one_run_are_compared_by_case(tmp_path):
-    run = write(tmp_path / "run", two_builds())
+    run = write_run(tmp_path / "run", two_builds())
     code, files = compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-0.33"))
     md = (tmp_path / "out" / "compare.md").read_text()
     assert code == 0 and "3 matched" in md and "0 only in base, 0 only in new" in md
@@ -288,7 +282,7 @@ def test_two_instances_of_one_run_are_compared_by_case(tmp_path):
 
 
 def test_a_slower_build_with_a_lower_limit_regresses(tmp_path, capsys):
-    run = write(tmp_path / "run", two_builds(slow_b=1.3, limit_b=9000))
+    run = write_run(tmp_path / "run", two_builds(slow_b=1.3, limit_b=9000))
     code, _ = compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-0.33"))
     out = capsys.readouterr().out
     assert code == 1 and "1 time" in out and "1 limit" in out
@@ -302,7 +296,7 @@ def test_an_instance_without_rows_is_named(tmp_path):
 
     from dsv4bench.report import ReportInputError
 
-    run = write(tmp_path / "run", two_builds())
+    run = write_run(tmp_path / "run", two_builds())
     with pytest.raises(ReportInputError, match="no rows of backend 'fm-9'.*fm-0.26, fm-0.33"):
         compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-9"))
 
@@ -310,7 +304,7 @@ def test_an_instance_without_rows_is_named(tmp_path):
 def test_cli_compare_one_run_two_instances(tmp_path, capsys):
     from dsv4bench import cli
 
-    run = write(tmp_path / "run", two_builds(slow_b=1.3))
+    run = write_run(tmp_path / "run", two_builds(slow_b=1.3))
     assert cli.main(["compare", str(run), "--backends", "fm-0.26", "fm-0.33"]) == 1
     assert (run / "compare.md").exists()
     assert "1 time" in capsys.readouterr().out

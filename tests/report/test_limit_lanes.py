@@ -11,6 +11,7 @@ from dsv4bench.report.builds import instance_groups, paragraph
 from dsv4bench.report.limit_lanes import lane_id, merge_limits
 from dsv4bench.report.route_crossover import crossovers
 from dsv4bench.report.sections.crossover import _sentence
+from tests.factories import write_run
 
 
 def limit(backend, lo, last_ok, first_fail, probes, *, route="decode-kernel", step=1):
@@ -96,8 +97,7 @@ def test_builds_side_by_side_show_the_joined_limit_only():
 
 def test_compare_matches_limits_of_two_builds_by_lane(tmp_path):
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in two_builds()))
+    write_run(run, two_builds())
     code, _ = compare.compare(run, run, tmp_path / "out", backends=("fm-0.26", "fm-0.33"))
     md = (tmp_path / "out" / "compare.md").read_text()
     assert code == 0 and "## Only in base" not in md
@@ -107,12 +107,10 @@ def test_compare_matches_limits_of_two_builds_by_lane(tmp_path):
 
 
 def test_crash_boundary_names_a_limit_off_the_prediction(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
     rows = two_builds()
     for r in rows:
         r["env"] = {"gpu": "NVIDIA H200", "smem_per_block_optin": 232448}
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = write_run(tmp_path / "run", rows)
     build_report([run], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "fm-0.33 (v4-flash, decode-kernel, tokens): last ok **14527**" in md

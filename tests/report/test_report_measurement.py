@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from dsv4bench.report.render import build_report
+from tests.factories import write_run
 
 
 def _row(i: int, backend: str = "flashmla", **timing) -> dict:
@@ -51,8 +50,7 @@ def test_measurement_sections(tmp_path):
     oracle["info"] = {"reference_row": "the oracle itself"}
     rows.append(oracle)
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_run(run, rows)
     build_report([run], tmp_path / "rep")
     md = (tmp_path / "rep" / "report.md").read_text()
     # 5 kernel rows >= 20 us; the oracle's host-bound row is left out; one disagrees (x1.2)
@@ -94,8 +92,7 @@ def test_memory_lines_per_family_and_all_zero_panels_named_not_drawn(tmp_path, m
     dequant.update(op="dequant", case_id="dequant-0")  # its size is no batch: table only
     rows.append(dequant)
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_run(run, rows)
     build_report([run], tmp_path / "rep")
     fig = drawn["memory-per-call.png"]
     (ax,) = [a for a in fig.axes if a.get_visible()]  # the all-zero prefill panel is not drawn

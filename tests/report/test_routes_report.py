@@ -3,7 +3,6 @@ instances of one backend side by side (two FlashMLA builds), from synthetic rows
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from dsv4bench.report import build_report
 from dsv4bench.report.builds import instance_groups, paragraph
 from dsv4bench.report.route_crossover import crossovers
+from tests.factories import write_run
 
 
 def row(backend="flashmla", *, heads=64, tokens=4096, route="sparse-prefill", ms=1.0, **kw):
@@ -133,14 +133,12 @@ def test_two_builds_side_by_side():
 
 
 def test_report_has_both_sections(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
     rows = sweep(RIGHT, backend="fm") + sweep(LOW, tokens=8192, backend="fm")
     for r in rows:
         r["backend_base"] = "fm"  # one instance: no side-by-side group of its own
     rows += build("flashmla-0.26", 1.0, limit=(11622, 11623))
     rows += build("flashmla-0.33", 1.1, limit=(11622, 11623))
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = write_run(tmp_path / "run", rows)
     files = build_report([run], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## TP x route crossover" in md and "## Backend instances side by side" in md

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import write_run
+
 ROOT = Path(__file__).resolve().parents[2]
 SAME_CASES = ROOT / "tools" / "same_cases.py"
 
@@ -79,8 +81,7 @@ def test_two_shards_merged_hold_the_unsharded_runs_cases_and_statuses(tmp_path, 
 
 
 def rows_dir(path: Path, rows: list[dict]) -> Path:
-    path.mkdir(parents=True)
-    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_run(path, rows)
     (path / "command.txt").write_text(f"dsv4bench run for {path.name}\n")
     return path
 

@@ -4,13 +4,12 @@ flags, the one-KV-dtype pair, the CLI's bad input, and the report section."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dsv4bench import cli
 from dsv4bench.serving import presets as pz
 from dsv4bench.serving import recommend
+from tests.factories import write_run
 
 ENV = {"arch": "sm90", "gpu": "NVIDIA H100 80GB HBM3"}
 
@@ -116,10 +115,7 @@ def test_flags_know_what_each_engine_offers():
 
 
 def _run_dir(tmp_path):
-    d = tmp_path / "run"
-    d.mkdir()
-    (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows()))
-    return d
+    return write_run(tmp_path / "run", rows())
 
 
 def test_recommend_command_and_its_bad_input(tmp_path, capsys):
