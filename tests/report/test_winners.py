@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsv4bench.report import winners
+from tests.factories import V4, make_case
 
 
 def row(case_id, backend, ms, status="ok", **params):
@@ -112,10 +113,8 @@ def test_shapes_of_one_family_and_size_name_what_tells_them_apart(tmp_path):
 
 
 def test_progress_lines_name_a_prefill_chunks_route():
-    from dsv4bench.cases.case import Case
     from dsv4bench.run.runner import Job, _job_label
 
-    base = dict(scenario="t", model="v4-flash", d_qk=512, d_v=512, num_heads=64, layout="v4")
-    chunk = Case(**base, op="prefill", tokens=64, context_len=128, route="decode-mixed")
+    chunk = make_case(V4, op="prefill", tokens=64, context_len=128, route="decode-mixed")
     assert _job_label(Job(chunk, "flashmla")).endswith("flashmla route decode-mixed")
-    assert _job_label(Job(Case(**base, op="decode"), "triton")).endswith(" triton")
+    assert _job_label(Job(make_case(V4), "triton")).endswith(" triton")
