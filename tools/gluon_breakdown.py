@@ -28,7 +28,7 @@ SKIPS = {"whole": 0, "no gather": 1, "no dots": 2}
 def _config(case, spec: str):
     from triton_attention_sweep import _layout
 
-    from dsv4bench.backends import triton_attention as ta
+    from dsv4bench.backends.triton import attention as ta
 
     if spec == "default":
         return ta.config_for(case.num_heads, _layout(case), True, case.d_qk)

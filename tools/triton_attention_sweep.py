@@ -55,7 +55,7 @@ NARROW_FP8 = [(64, 64, 8, 1, False, True, 64, 120), *NARROW_GLUON_FP8]
 WIDE_BF16 = [(64, 64, 8, 2, True), *GLUON_BF16]
 # (32-key blocks, 1 or 3 stages lost in sweep-g8 of results/sm90/triton-gluon-h100)
 NARROW_BF16 = [(32, 64, 4, 2, True), *NARROW_GLUON_BF16]
-# ragged indexer: overrides of the shipped launch (triton_indexer.ragged_launcher's tiles)
+# ragged indexer: overrides of the shipped launch (triton.indexer.ragged_launcher's tiles)
 INDEXER_TILES = [
     None,
     dict(BLOCK_N=256, num_warps=4),
@@ -92,7 +92,7 @@ def _alternate(heads: int, layout: str, d_qk: int):
 
 def _configs(heads: int, layout: str, d_qk: int):
     """(Config, splits or None = the planner's) pairs; the first is the shipped default."""
-    from dsv4bench.backends.triton_attention import Config, config_for
+    from dsv4bench.backends.triton.tuning import Config, config_for
 
     if layout == "bf16":
         table = WIDE_BF16 if heads >= 64 else NARROW_BF16
@@ -107,7 +107,7 @@ def _configs(heads: int, layout: str, d_qk: int):
 
 
 def _layout(case) -> str:
-    from dsv4bench.backends.triton_attention import uses_decode_kernel
+    from dsv4bench.backends.triton.attention import uses_decode_kernel
 
     return case.layout if uses_decode_kernel(case) else "bf16"
 
@@ -121,7 +121,7 @@ def _cases(prefixes):
 
 
 def _launch(case, x, cfg, splits=None):
-    from dsv4bench.backends import triton_attention as ta
+    from dsv4bench.backends.triton import attention as ta
 
     decode = ta.uses_decode_kernel(case)
     extra = {}
@@ -221,8 +221,8 @@ def _prefix_of(case, prefixes) -> str:
 
 
 def _as_output(case, x, got):
-    from dsv4bench.backends import triton_attention as ta
-    from dsv4bench.backends.base import Output, prefill_output
+    from dsv4bench.backends.triton import attention as ta
+    from dsv4bench.cases.output import Output, prefill_output
 
     out, lse, _ = got
     if ta.uses_decode_kernel(case):
@@ -235,7 +235,7 @@ def _as_output(case, x, got):
 def _indexer(kw) -> None:
     import torch
 
-    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.backends.triton import indexer as ti
     from dsv4bench.cases import inputs
     from dsv4bench.cases.case import Case
     from dsv4bench.measure import timing
@@ -300,7 +300,7 @@ def _paged(kw) -> None:
     """The paged (decode) logits with heads as the dot's M and with keys as M."""
     import torch
 
-    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.backends.triton import indexer as ti
     from dsv4bench.cases import indexer_case, inputs
     from dsv4bench.cases.case import Case
     from dsv4bench.measure import timing

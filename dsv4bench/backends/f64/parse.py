@@ -1,8 +1,9 @@
 """An independent, deliberately slow sparse MLA reference: the check on the oracle.
 
 It shares no code with ``reference/``: it parses the FP8 cache bytes itself from the layout
-spec (KERNEL_FACTS §2) and loops over (query, head) in float64, following the definitions
-of FlashMLA's tests/ref.py written out one token at a time. Use it on small shapes only.
+spec (docs/kernel-facts.md, FP8 cache layouts) and loops over (query, head) in float64,
+following the definitions of FlashMLA's tests/ref.py written out one token at a time. Use it on
+small shapes only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The lightning indexer's logits kernels (host side and docs: triton_indexer.py). DOT: 0 an
+"""The lightning indexer's logits kernels (host side and docs: ../indexer.py). DOT: 0 an
 e4m3 x e4m3 dot (fp32 accumulation), 1 widened to bf16, 2 widened to fp32 (the interpreter)."""
 
 from __future__ import annotations
 
 import triton.language as tl
 
-from dsv4bench.backends.triton_src import device_fn
+from dsv4bench.backends.triton.kernels import device_fn
 
 
 @device_fn

@@ -2,7 +2,7 @@
 
 On a CPU the `torch` backend *is* the oracle, so its rows compare the oracle with itself. This
 backend gives the CPU runs something to check: the FP8 cache bytes are parsed by
-slow_f64.Fp8Cache from the layout spec (outside the timed call, as other backends convert
+parse.Fp8Cache from the layout spec (outside the timed call, as other backends convert
 layouts), and attention is written out in float64 over each query's gathered keys, all heads
 at once. Toy sizes only: it is Python-level per query and per cached token.
 """
@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from dsv4bench.backends.base import Backend, Output, Prepared, Provider, prefill_output
-from dsv4bench.backends.slow_f64 import Fp8Cache
+from dsv4bench.backends.base import Backend, Prepared, Provider
+from dsv4bench.backends.f64.parse import Fp8Cache
 from dsv4bench.cases.case import Case
+from dsv4bench.cases.output import Output, prefill_output
 
 MAX_QUERIES = 4096  # (query, request) rows; beyond toy sizes this backend declines
 MAX_CACHE_TOKENS = 8192
@@ -27,7 +28,7 @@ class ReferenceF64(Backend):
     description = "float64 attention over its own FP8 byte parser; CPU, toy sizes"
     archs = ("cpu",)
     ops = ("decode", "prefill", "dequant", "remap")
-    layouts = ("v32", "v4")  # slow_f64.RECORD_BYTES
+    layouts = ("v32", "v4")  # parse.RECORD_BYTES
 
     def provider(self) -> Provider:
         return Provider("slow_f64", f"torch {torch.__version__} float64", "dsv4bench/backends")

@@ -15,8 +15,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from dsv4bench.backends.triton_src import layout as L
-from dsv4bench.backends.triton_src.gluon_producer import BLOCK_N, block_keys
+from dsv4bench.backends.triton.kernels import layout as L
+from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, block_keys
 
 D_V = gl.constexpr(L.D_V)
 ROPE = gl.constexpr(L.ROPE)

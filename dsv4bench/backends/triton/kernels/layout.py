@@ -1,7 +1,7 @@
 """Layout ids and byte offsets of the FP8 caches as the Triton kernels read them, derived from
-reference.layout_table (formats: reference/layouts.py, KERNEL_FACTS §2). Imports no Triton:
-the host modules pass LAYOUT_IDS[case.layout] to the kernels, which wrap these numbers as
-constexprs."""
+reference.layout_table (formats: reference/layouts.py; docs/kernel-facts.md, FP8 cache
+layouts). Imports no Triton: the host modules pass LAYOUT_IDS[case.layout] to the kernels,
+which wrap these numbers as constexprs."""
 
 from __future__ import annotations
 

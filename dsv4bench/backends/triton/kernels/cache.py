@@ -1,13 +1,13 @@
-"""Kernels of the sparse-prefill route's helper ops (host side and docs: triton_kernels.py):
+"""Kernels of the sparse-prefill route's helper ops (host side and docs: ../cache_ops.py):
 FP8 cache -> bf16 dequantization (V4, V3.2), request-local -> global index remap, and the V4
-page split. Byte offsets: triton_src/layout.py."""
+page split. Byte offsets: layout.py."""
 
 from __future__ import annotations
 
 import triton.language as tl
 
-from dsv4bench.backends.triton_src import device_fn
-from dsv4bench.backends.triton_src import layout as L
+from dsv4bench.backends.triton.kernels import device_fn
+from dsv4bench.backends.triton.kernels import layout as L
 
 V32_SCALES_AT = tl.constexpr(L.V32_SCALES_AT)
 V32_ROPE_AT = tl.constexpr(L.V32_ROPE_AT)

@@ -2,7 +2,8 @@
 dequantization of a V4 or V3.2 cache ("dequant") and request-local -> global index remapping
 ("remap"), the parts a serving engine runs as fused kernels.
 
-Kernels (byte layouts: reference/layouts.py, KERNEL_FACTS §2 and §4):
+Kernels (byte layouts: reference/layouts.py; docs/kernel-facts.md, FP8 cache layouts and
+index remap):
   V4 dequant   one program per BLOCK_T tokens; reads the uint8 cache from its base pointer (the
                storage offset included) with the page stride stride(0), never page_size * 584:
                out[t, :448] = e4m3 * 2^(ue8m0 - 127) per 64-value tile, out[t, 448:] = the bf16
@@ -25,7 +26,7 @@ bits, and the output equals layouts.to_workspace(cache).squeeze(1) bit for bit (
 aside; a correct writer stores no NaN). V4 values are exact in bf16; V3.2 values are the fp32
 product rounded once, as the oracle does it; scales are read exactly (v32_scale_reading None).
 
-The kernels' sources are in triton_src/cache.py; triton_jit builds them (compiled for CUDA
+The kernels' sources are in kernels/cache.py; jit.py builds them (compiled for CUDA
 tensors whatever TRITON_INTERPRET says, interpreted for CPU tensors) and imports Triton only
 then: this module imports without it. The layout is a value the caller passes (case.layout),
 checked against the cache's shape, never inferred from it.
@@ -33,22 +34,9 @@ checked against the cache's shape, never inferred from it.
 
 from __future__ import annotations
 
-from dsv4bench.backends import triton_attention, triton_indexer, triton_jit
-from dsv4bench.backends.base import (
-    Backend,
-    Output,
-    Prepared,
-    Provider,
-    Unsupported,
-    check_cache_width,
-    fp8_cache_reason,
-)
-from dsv4bench.backends.triton_attention import cache_bytes
-from dsv4bench.cases.case import SPLIT_PAGE, Case
+from dsv4bench.backends.triton import jit
+from dsv4bench.backends.triton.attention import cache_bytes
 from reference.layout_table import LAYOUTS
-
-NOT_FOUND = triton_jit.NOT_FOUND
-REMAP_POISON = -2  # neither -1 nor a slot: a remap that writes nothing is caught
 
 # launch shapes (not tuned on a GPU yet)
 DEQUANT_BLOCK_T = 16  # tokens per program
@@ -61,7 +49,7 @@ SPLIT_WARPS = 4
 
 def _launch(name: str, device, grid, args, meta, num_warps: int):
     """launch() of the cache kernel `name` (compiled, or interpreted on CPU tensors)."""
-    kernel = triton_jit.kernel("cache", name, device)
+    kernel = jit.kernel("cache", name, device)
     opts = {} if device.type == "cpu" else {"num_warps": num_warps}
 
     def launch():
@@ -243,72 +231,3 @@ def page_split(cache, page_size: int = 64, out=None):
     """layouts.split_pages_v4(cache, page_size) by one kernel launch."""
     launch, _ = page_split_launcher(cache, page_size, out)
     return launch()
-
-
-# ---- the backend ------------------------------------------------------------------------
-
-
-def _case_reason(case: Case) -> str | None:
-    """Why the kernels cannot take this case, whatever the arch; None if they can."""
-    if case.op == "dequant":
-        reason = fp8_cache_reason(case, "triton dequant kernels")
-        if reason:
-            return reason
-    if case.op == "page_split" and case.layout != "v4":
-        return f"the triton page split re-pages v4 caches, not {case.layout}"
-    if case.page_size < 1:
-        return f"page_size must be >= 1, got {case.page_size}"
-    return None
-
-
-class TritonKernels(Backend):
-    name = "triton"
-    description = (
-        "the project's Triton kernels: sparse MLA decode from the FP8 caches and sparse prefill "
-        "(triton_attention), FP8 cache -> bf16 dequant (V4, V3.2), index remap, "
-        "the lightning indexer's FP8 logits"
-    )
-    archs = ("sm90", "sm100", "sm120")
-    ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split")
-    layouts = ("v32", "v4")
-
-    def provider(self) -> Provider:
-        t = triton_jit.load()
-        return Provider("triton", t.__version__, __name__)
-
-    def supports(self, case: Case, arch: str) -> str | None:
-        reason = super().supports(case, arch) or _case_reason(case)
-        if reason or case.op not in ("decode", "prefill"):
-            return reason
-        return triton_attention.case_reason(case)
-
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        """Checks and allocates here; run() only launches. poison() returns what it filled."""
-        self.provider()  # Unsupported without Triton
-        if case.op == "indexer":
-            return triton_indexer.prepare(case, inputs, device)
-        if case.op in ("decode", "prefill"):
-            return triton_attention.prepare(case, inputs, device)
-        reason = _case_reason(case) if case.op in self.ops else f"no {case.op} kernel"
-        if reason:
-            raise Unsupported(reason)
-        if case.op == "dequant":
-            cache = inputs["k_cache"]
-            check_cache_width(case, "k_cache", cache)
-            launch, out = dequant_launcher(cache, case.layout)
-            poison = lambda: out.fill_(float("nan"))
-            kernel = f"dequant_{case.layout}"
-            info = {"kernel": kernel, "block_tokens": DEQUANT_BLOCK_T, "num_warps": DEQUANT_WARPS}
-        elif case.op == "page_split":
-            cache = inputs["k_cache"]
-            check_cache_width(case, "k_cache", cache)
-            launch, out = page_split_launcher(cache, SPLIT_PAGE)
-            poison = lambda: out.fill_(0xA5)  # not a byte a correct split leaves everywhere
-            info = {"kernel": "page_split_v4", "block_words": SPLIT_BLOCK, "num_warps": SPLIT_WARPS}
-        else:
-            launch, out = remap_launcher(
-                inputs["local_indices"], inputs["block_table"], case.page_size
-            )
-            poison = lambda: out.fill_(REMAP_POISON)
-            info = {"kernel": "remap", "block": REMAP_BLOCK, "num_warps": REMAP_WARPS}
-        return Prepared(run=launch, finish=lambda raw: Output(raw), poison=poison, info=info)

@@ -60,9 +60,9 @@ import math
 import time
 from dataclasses import dataclass
 
+from dsv4bench.backends import paged_rows
 from dsv4bench.backends.base import (
     HeadRule,
-    Output,
     Prepared,
     Unsupported,
     pad_heads,
@@ -70,6 +70,7 @@ from dsv4bench.backends.base import (
     resolve_heads,
 )
 from dsv4bench.cases.case import Case
+from dsv4bench.cases.output import Output
 
 D_CKV = 512
 KPE_DIM = {576: 64, 512: 0}  # d_qk -> head_dim_kpe
@@ -90,7 +91,6 @@ V32_E4M3_READS = {
 }
 E4M3_MAX = 448.0
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommendation and vLLM's _WORKSPACE_BYTES
-CONVERT_CHUNK = 1 << 16  # cache tokens converted at once
 KV_DTYPES = ("bf16", "e4m3")
 # FlashInfer's MLA planner reserves this many work items (scheduler.cuh, max_total_num_works,
 # "adjust it later") and does not check it: with one work per query row, a plan of more rows
@@ -149,39 +149,6 @@ def padded_heads(case: Case) -> int:
     return resolve_heads(case, head_rule(case))[0]
 
 
-# ---- index lists ------------------------------------------------------------------------
-
-
-def row_lists(idx, length=None, limit: int | None = None):
-    """Per row of idx (T, k): a mask of the entries in its list, in order: != -1 (and < limit,
-    prefill's rule: invalid if < 0 or >= s_kv) and before the row's length."""
-    import torch
-
-    ok = idx >= 0 if limit is not None else idx != -1
-    if limit is not None:
-        ok &= idx < limit
-    if length is not None:
-        cols = torch.arange(idx.shape[-1], device=idx.device)
-        ok &= cols < length.to(idx.device).view(-1, 1)
-    return ok
-
-
-def plan_arrays(idx, ok):
-    """kv_indices (flat valid slots, row-major), and host qo_indptr, kv_indptr, kv_len_arr."""
-    import torch
-
-    lens = ok.sum(-1).to(torch.int32)
-    flat = idx[ok].to(torch.int32)
-    if flat.numel() == 0:  # the wrapper copies kv_indices; keep it non-empty
-        flat = torch.zeros(1, dtype=torch.int32, device=idx.device)
-    lens_h = lens.cpu()
-    t = lens_h.shape[0]
-    kv_indptr = torch.zeros(t + 1, dtype=torch.int32)
-    kv_indptr[1:] = torch.cumsum(lens_h, 0)
-    qo_indptr = torch.arange(t + 1, dtype=torch.int32)
-    return flat, qo_indptr, kv_indptr, lens_h
-
-
 # ---- conversions --------------------------------------------------------------------------
 
 
@@ -220,36 +187,10 @@ def pow2_scale(amax: float) -> float:
     return 2.0 ** math.ceil(math.log2(amax / E4M3_MAX)) if amax > 0 else 1.0
 
 
-def _gather_chunks(caches, layout: str | None = None, chunk: int = CONVERT_CHUNK):
-    """(start slot in the pool, fp32 values [n, d_qk]) over every slot of each cache in order."""
-    import torch
-
-    from reference import layouts
-
-    base = 0
-    for cache in caches:
-        n = cache.shape[0] * cache.shape[1]
-        for s in range(0, n, chunk):
-            slots = torch.arange(s, min(s + chunk, n), device=cache.device)
-            yield base + s, layouts.gather_tokens(cache, slots, layout=layout)
-        base += n
-
-
-def pool_slots(caches) -> int:
-    return sum(c.shape[0] * c.shape[1] for c in caches)
-
-
 def bf16_pool_from_caches(caches, d_qk: int, layout: str | None = None) -> Pool:
     """The FP8 caches dequantized into one bf16 pool [slots, 1, d_qk] (ckv/kpe: views)."""
-    import torch
-
-    n = pool_slots(caches)
-    rows = torch.empty(n, 1, d_qk, dtype=torch.bfloat16, device=caches[0].device)
-    exact = True
-    for s, x in _gather_chunks(caches, layout):
-        y = x.to(torch.bfloat16)
-        exact &= bool(((y.float() == x) | ~torch.isfinite(x)).all())
-        rows[s : s + x.shape[0], 0] = y
+    rows, exact = paged_rows.bf16_pool(caches, d_qk, layout, check_exact=True)
+    rows = rows.view(rows.shape[0], 1, d_qk)
     return Pool(rows[..., :D_CKV], rows[..., D_CKV:], {}, exact=exact)
 
 
@@ -273,17 +214,17 @@ def e4m3_pool_from_caches(caches, d_qk: int, layout: str | None = None) -> Pool:
     """Every slot of the FP8 caches requantized (one pool, one kpe scale for all)."""
     import torch
 
-    n, dev = pool_slots(caches), caches[0].device
+    n, dev = paged_rows.pool_slots(caches), caches[0].device
     kpe_dim = d_qk - D_CKV
     kpe_scale = 1.0
     if kpe_dim:
-        amax = max(finite_amax(x[:, D_CKV:]) for _, x in _gather_chunks(caches, layout))
+        amax = max(finite_amax(x[:, D_CKV:]) for _, x in paged_rows.gather_chunks(caches, layout))
         kpe_scale = pow2_scale(amax)
     ckv = torch.empty(n, 1, D_CKV, dtype=torch.float8_e4m3fn, device=dev)
     kpe = torch.empty(n, 1, kpe_dim, dtype=torch.float8_e4m3fn, device=dev)
     scales = torch.empty(n, 1, D_CKV // SCALE_GROUP, dtype=torch.float32, device=dev)
     reads = torch.empty(n, d_qk, dtype=torch.float32, device=dev)
-    for s, x in _gather_chunks(caches, layout):
+    for s, x in paged_rows.gather_chunks(caches, layout):
         p = e4m3_pool(x, d_qk, kpe_scale)
         e = s + x.shape[0]
         ckv[s:e], kpe[s:e], reads[s:e] = p.ckv, p.kpe, p.reads
@@ -375,7 +316,7 @@ def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str) -
     else:
         q = inputs["q"]
         pool, idx, ok, reads = _prefill_pool(case, inputs, kv_dtype)
-    flat, qo_indptr, kv_indptr, lens = plan_arrays(idx, ok)
+    flat, qo_indptr, kv_indptr, lens = paged_rows.flat_lists(idx, ok)
     sync()
     info["convert_ms"] = (time.perf_counter() - t0) * 1e3
 
@@ -411,12 +352,12 @@ def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str) -
     def run():
         wrapper.run(q_nope, q_pe, ckv, kpe, **kw)
         if sink is not None:
-            out.mul_(torch.sigmoid(lse - sink).unsqueeze(-1))
+            paged_rows.scale_by_sink(out, lse, sink)
         return out, lse
 
     def finish(raw) -> Output:
         o, l_ = raw[0][:, :h], raw[1][:, :h]
-        l_ = l_.masked_fill(torch.isneginf(l_), math.inf)  # no key: the oracle's +inf
+        l_ = paged_rows.no_key_lse(l_)
         if case.op == "decode":
             b, s_q = inputs["q"].shape[:2]
             return Output(o.view(b, s_q, h, -1), l_.view(b, s_q, h).transpose(1, 2))
@@ -448,30 +389,10 @@ def _planned(wrapper_cls, plan_args: tuple, variant: tuple, kv_type, device, syn
     return wrapper
 
 
-def decode_lists(x: dict):
-    """(caches, idx (T, k + k_extra), ok mask) of decode-form inputs: one list per query token,
-    the extra cache's slots shifted past the main cache's (one pool)."""
-    import torch
-
-    caches = [x["k_cache"]] + ([x["extra_k_cache"]] if x.get("extra_k_cache") is not None else [])
-    b, s_q = x["q"].shape[:2]
-    t = b * s_q
-    per_token = lambda n: None if n is None else n.repeat_interleave(s_q)  # noqa: E731
-    idx = x["indices"].reshape(t, -1)
-    ok = row_lists(idx, per_token(x.get("topk_length")))
-    if len(caches) == 2:
-        main_slots = caches[0].shape[0] * caches[0].shape[1]
-        extra = x["extra_indices"].reshape(t, -1)
-        ok_e = row_lists(extra, per_token(x.get("extra_topk_length")))
-        idx = torch.cat([idx, torch.where(extra >= 0, extra + main_slots, extra)], -1)
-        ok = torch.cat([ok, ok_e], -1)
-    return caches, idx, ok
-
-
 def _decode_pool(case: Case, x: dict, kv_dtype: str, info: dict):
     """The pool, joined index table (T, k + k_extra) and its list mask, and `reads`."""
 
-    caches, idx, ok = decode_lists(x)
+    caches, idx, ok = paged_rows.decode_lists(x)
     if kv_dtype == "bf16":
         pool = bf16_pool_from_caches(caches, case.d_qk, case.layout)
         info["reads_exact"] = pool.exact
@@ -503,7 +424,7 @@ def _prefill_pool(case: Case, x: dict, kv_dtype: str):
     kv = x["kv"]
     kv = kv if kv.dim() == 3 else kv[:, None]
     idx = x["indices"].reshape(x["indices"].shape[0], -1)
-    ok = row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
+    ok = paged_rows.row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
     if kv_dtype == "bf16":
         kvb = kv.to(torch.bfloat16)
         return Pool(kvb[..., :D_CKV], kvb[..., D_CKV:], {}), idx, ok, None

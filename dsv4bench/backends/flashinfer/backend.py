@@ -1,5 +1,5 @@
 """FlashInfer sparse MLA decode: trtllm-gen kernels on sm100, the sm120 kernels on sm120; on
-sm90 the FA3 MLA kernel as sparse attention, decode and prefill (flashinfer_fa3.py).
+sm90 the FA3 MLA kernel as sparse attention, decode and prefill (sm90.py).
 
 The four entry points, by arch and cache layout (flashinfer-ai/flashinfer; names and argument
 names as in flashinfer/mla/_core.py, flashinfer/mla/_sparse_mla_sm120.py (older builds:
@@ -59,7 +59,7 @@ tests, the 37440 engines allocate (64 * 584 rounded up to 576: vLLM's SWA cache 
 alignment=576) and this adapter passes, or 37888. Only the 2-D form [pages, page_bytes]
 derives the page size from the width and needs exactly 37376.
 
-NOT run here: any sm100/sm120 FlashInfer kernel (the sm90 FA3 path in flashinfer_fa3.py ran on an
+NOT run here: any sm100/sm120 FlashInfer kernel (the sm90 FA3 path in sm90.py ran on an
 H100). No sm100/sm120 GPU exists here, so those adapters were built against the public source above
 and tested on the CPU with fake kernels that compute the answer from the converted inputs. Read in
 FlashInfer's source (not run): the head sets per build and the sm120 page stride (above).
@@ -75,43 +75,22 @@ against the oracle is about 1e-3, above the default tolerance, as expected of fp
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dsv4bench.backends import flashinfer_fa3
 from dsv4bench.backends.base import (
     Backend,
     HeadRule,
     LazyOps,
-    Output,
     Prepared,
     Provider,
     Unsupported,
     check_cache_width,
     fp8_cache_reason,
-    pad_heads,
-    pad_sink,
     resolve_heads,
 )
-from dsv4bench.backends.flashinfer_convert import (  # noqa: F401 (fi.X for the tests)
-    CONVERT_CHUNK,
-    INDEX_ALIGN,
-    KV_DTYPES,
-    SM120_PAGE,
-    SWA_WIDTH,
-    apply_length,
-    cache_scale,
-    pad_indices,
-    plain_rows,
-    repage_v4,
-    repage_v32,
-    round_up,
-    sm120_lse_to_natural,
-    sm120_page_layout,
-    trtllm_dsv4_indices,
-    valid_first,
-)
+from dsv4bench.backends.flashinfer import sm90, sm100, sm120
+from dsv4bench.backends.flashinfer.convert import KV_DTYPES, apply_length
 from dsv4bench.cases.case import Case
 from dsv4bench.measure import hardware
 
@@ -120,13 +99,7 @@ ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and 
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
 DSV4_OLD_HEADS = (64, 128)  # trtllm-gen DSv4 before 0.6.14 (flashinfer-ai/flashinfer#3545)
 DSV4_SMALL_HEADS_SINCE = (0, 6, 14)
-TRTLLM_MIN_TOPK = 128
-SM120_STRIDE_ALIGN = 16  # page starts must be 16-byte aligned: the kernel's cp.async.bulk
-SM120_MAX_TOKENS = 64  # above this FlashInfer routes to its sm120 prefill kernel
-SM120_SPLIT = 64  # candidates per split-K chunk (mid_out / mid_lse)
-SM120_TOPKS = {"v4": (128, 512, 1024), "v32": (128, 512, 1024, 2048)}
 WORKSPACE_BYTES = 128 << 20  # what FlashInfer's tests and vLLM allocate (zeroed)
-E4M3_MAX = 448.0
 
 # (module, function) candidates per kernel, newest location first
 CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -195,7 +168,7 @@ def discover() -> KernelOps:
     return ops
 
 
-# ---- query heads per build (the conversions: flashinfer_convert.py) ------------------
+# ---- query heads per build (the conversions: convert.py) ------------------
 
 
 def version_tuple(version: str) -> tuple[int, ...] | None:
@@ -243,7 +216,7 @@ class FlashInfer(Backend):
         kv_dtype: trtllm-gen plain-row dtype, "bf16" or "e4m3" (per-tensor scale).
         arch: the kernel family to prepare for ("sm100"/"sm120"); default: the device's.
         past_planner_limit: on sm90, run cases past the FA3 MLA planner's 16384 work items
-        (unsupported by default: their rows are wrong, see flashinfer_fa3.PLANNER_WORKS)."""
+        (unsupported by default: their rows are wrong, see sm90.PLANNER_WORKS)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
         self._found = LazyOps(ops, discover)
@@ -264,7 +237,7 @@ class FlashInfer(Backend):
         # "arbitrary_fp32" format), read here as an exponent: unverified on hardware.
         # sm90 (FA3 MLA): bf16(e4m3 * fp32 scale), the product rounded once; e4m3 in place
         # (mla_hopper.cuh repack_fp8_kv_to_bf16), bf16 by this backend's conversion
-        return {"sm90": flashinfer_fa3.V32_SCALE_READING, "sm120": "e8m0"}.get(arch)
+        return {"sm90": sm90.V32_SCALE_READING, "sm120": "e8m0"}.get(arch)
 
     def supports(self, case: Case, arch: str) -> str | None:
         if arch not in self.archs:
@@ -273,7 +246,7 @@ class FlashInfer(Backend):
         if reason:
             return reason
         if arch == "sm90":
-            return flashinfer_fa3.supports(case, self.past_planner_limit)
+            return sm90.supports(case, self.past_planner_limit)
         if case.op != "decode":
             return f"FlashInfer's sparse MLA kernels on {arch} are decode kernels (no {case.op})"
         reason = fp8_cache_reason(case, "FlashInfer's sparse MLA kernels")
@@ -288,41 +261,7 @@ class FlashInfer(Backend):
         reason = padded_heads(case)[1]
         if reason:
             return reason
-        if arch == "sm100":
-            return self._supports_trtllm(case)
-        return self._supports_sm120(case)
-
-    @staticmethod
-    def _supports_trtllm(case: Case) -> str | None:
-        if case.layout == "v32" and case.topk < TRTLLM_MIN_TOPK:
-            return (
-                f"FlashInfer trtllm-gen sparse MLA needs topk >= {TRTLLM_MIN_TOPK}, got {case.topk}"
-            )
-        if case.layout == "v4" and case.topk > SWA_WIDTH:
-            return (
-                f"FlashInfer trtllm-gen DSv4 takes a {SWA_WIDTH}-slot window as the main cache; "
-                f"topk {case.topk} > {SWA_WIDTH}"
-            )
-        return None
-
-    @staticmethod
-    def _supports_sm120(case: Case) -> str | None:
-        tokens = case.batch_size * case.s_q
-        if tokens > SM120_MAX_TOKENS:
-            return (
-                f"FlashInfer's sm120 sparse MLA decode kernels take at most {SM120_MAX_TOKENS} "
-                f"query tokens (b*s_q), got {tokens}"
-            )
-        topks = SM120_TOPKS[case.layout]
-        if case.topk > topks[-1]:
-            allowed = ", ".join(map(str, topks))
-            return f"FlashInfer's sm120 {case.layout} decode takes topk {allowed}; got {case.topk}"
-        if case.layout == "v4" and case.page_size % SM120_PAGE:
-            return (
-                f"FlashInfer's sm120 DSv4 decode reads {SM120_PAGE}-token pages; page_size "
-                f"{case.page_size} does not split into them"
-            )
-        return None
+        return (sm100 if arch == "sm100" else sm120).supports(case)
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         ops = self.kernel_ops()
@@ -335,7 +274,7 @@ class FlashInfer(Backend):
                 raise Unsupported(
                     f"flashinfer {ops.provider.version} has no BatchMLAPagedAttentionWrapper"
                 )
-            return flashinfer_fa3.prepare(case, inputs, device, ops.fa3_mla, self.kv_dtype)
+            return sm90.prepare(case, inputs, device, ops.fa3_mla, self.kv_dtype)
         key = FAMILY[(arch, case.layout)]
         fn = getattr(ops, key)
         if fn is None:
@@ -356,179 +295,7 @@ class FlashInfer(Backend):
             raise Unsupported(f"flashinfer {ops.provider.version}: {reason}")
         info = {"padded_heads": heads, "kernel": ops.names.get(key, key), "family": key}
         if key == "trtllm_mla":
-            return self._prepare_trtllm_v32(case, x, fn, heads, info)
+            return sm100.prepare_v32(case, x, fn, heads, info, self.kv_dtype, self.workspace_bytes)
         if key == "trtllm_dsv4":
-            return self._prepare_trtllm_v4(case, x, fn, heads, info)
-        return self._prepare_sm120(case, x, fn, heads, info)
-
-    # ---- sm100: trtllm-gen over plain rows ----------------------------------------------
-
-    def _query(self, q, heads: int, kscale):
-        """Query rows (T, 1, heads, d) in the kv dtype, and (bmm1 factor, bmm2 scale)."""
-        import torch
-
-        from reference import layouts
-
-        b, s_q, h, d = q.shape
-        qp = pad_heads(q.reshape(b * s_q, 1, h, d), heads, 2)
-        if self.kv_dtype == "bf16":
-            return qp.to(torch.bfloat16), 1.0, 1.0
-        qf = qp.float()
-        qscale = layouts.e4m3_scale(qf.abs().amax())
-        q8 = (qf / qscale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        return q8, float(qscale) * float(kscale), float(kscale)
-
-    def _workspace(self, device):
-        import torch
-
-        return torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=device)
-
-    @staticmethod
-    def _finish_rows(case: Case, b: int, s_q: int):
-        h = case.num_heads
-
-        def finish(raw) -> Output:  # raw: out (b*s_q, 1, heads, 512)
-            return Output(raw.reshape(b, s_q, raw.shape[-2], raw.shape[-1])[:, :, :h], None)
-
-        return finish
-
-    def _prepare_trtllm_v32(self, case: Case, x: dict, fn, heads: int, info: dict):
-        import torch
-
-        q = x["q"]
-        b, s_q = q.shape[:2]
-        t = b * s_q
-        idx, lengths = valid_first(x["indices"].reshape(t, -1))
-        width = round_up(max(idx.shape[-1], TRTLLM_MIN_TOPK), INDEX_ALIGN)
-        table = pad_indices(idx, width).view(t, 1, width)
-        rows, kscale = plain_rows(x["k_cache"], dtype=self.kv_dtype, layout=case.layout)
-        query, qk, bmm2 = self._query(q, heads, kscale)
-        out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
-        sink = pad_sink(x.get("attn_sink"), heads)
-        kwargs = dict(
-            query=query,
-            kv_cache=rows,
-            workspace_buffer=self._workspace(q.device),
-            qk_nope_head_dim=128,
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
-            block_tables=table,
-            seq_lens=lengths,
-            max_seq_len=width,
-            sparse_mla_top_k=width,
-            out=out,
-            bmm1_scale=case.scale * qk,
-            bmm2_scale=bmm2,
-            sinks=None if sink is None else [sink],
-            backend="trtllm-gen",
-        )
-        info.update(index_width=width, kv_dtype=self.kv_dtype, lse="not returned by trtllm-gen")
-        run = lambda: fn(**kwargs)
-        return Prepared(run, self._finish_rows(case, b, s_q), lambda: out.fill_(math.nan), info)
-
-    def _prepare_trtllm_v4(self, case: Case, x: dict, fn, heads: int, info: dict):
-        import torch
-
-        q = x["q"]
-        b, s_q = q.shape[:2]
-        t = b * s_q
-        extra = x.get("extra_indices")
-        table, topk_lens, seq_lens = trtllm_dsv4_indices(
-            x["indices"].reshape(t, -1), None if extra is None else extra.reshape(t, -1)
-        )
-        if t and int(seq_lens.min()) < 1:
-            raise Unsupported(
-                "FlashInfer trtllm-gen DSv4 derives the window from seq_lens >= 1; "
-                "a query with an empty window cannot be expressed"
-            )
-        caches = [x["k_cache"]] + ([x["extra_k_cache"]] if extra is not None else [])
-        scale = None
-        if self.kv_dtype == "e4m3":  # one bmm scale for both pools: one shared kv scale
-            scale = max((cache_scale(c, layout=case.layout) for c in caches), key=float)
-        pools = [
-            plain_rows(c, dtype=self.kv_dtype, scale=scale, layout=case.layout)[0] for c in caches
-        ]
-        query, qk, bmm2 = self._query(q, heads, scale if scale is not None else 1.0)
-        out = torch.empty((t, 1, heads, case.d_v), dtype=torch.bfloat16, device=q.device)
-        kwargs = dict(
-            query=query,
-            swa_kv_cache=pools[0],
-            workspace_buffer=self._workspace(q.device),
-            sparse_indices=table,
-            compressed_kv_cache=pools[-1],  # without an extra cache: any valid pool
-            sparse_topk_lens=topk_lens,
-            seq_lens=seq_lens,
-            out=out,
-            bmm1_scale=case.scale * qk,
-            bmm2_scale=bmm2,
-            sinks=pad_sink(x.get("attn_sink"), heads),
-            kv_layout="HND",
-        )
-        info.update(
-            index_width=table.shape[-1],
-            kv_dtype=self.kv_dtype,
-            lse="not returned by trtllm-gen",
-        )
-        run = lambda: fn(**kwargs)
-        return Prepared(run, self._finish_rows(case, b, s_q), lambda: out.fill_(math.nan), info)
-
-    # ---- sm120: the packed FP8 cache in 64-token pages ----------------------------------
-
-    def _prepare_sm120(self, case: Case, x: dict, fn, heads: int, info: dict):
-        import torch
-
-        q = x["q"]
-        b, s_q, h, d = q.shape
-        t = b * s_q
-        v4 = case.layout == "v4"
-        repage = repage_v4 if v4 else repage_v32
-        qf = pad_heads(q.reshape(t, h, d), heads, 1).to(torch.bfloat16)
-        idx = x["indices"].reshape(t, -1)
-        width = next(w for w in SM120_TOPKS[case.layout] if w >= idx.shape[-1])
-        kv = repage(x["k_cache"])
-        page, stride = sm120_page_layout(kv)
-        if page != SM120_PAGE or stride % SM120_STRIDE_ALIGN or stride < page * kv.shape[-1]:
-            raise Unsupported(
-                f"the sm120 kernel reads {SM120_PAGE}-token pages at a 16-byte aligned stride of "
-                f"at least {SM120_PAGE * kv.shape[-1]} B; got {page} tokens, {stride} B"
-            )
-        sink = pad_sink(x.get("attn_sink"), heads)
-        kwargs = {"topk_length": None, "attn_sink": sink}
-        splits = width // SM120_SPLIT
-        extra = x.get("extra_indices")
-        if v4 and extra is not None:
-            extra = extra.reshape(t, -1)
-            extra_width = round_up(max(extra.shape[-1], 1), SM120_SPLIT)
-            kwargs.update(
-                extra_kv_cache=repage(x["extra_k_cache"]),
-                extra_indices=pad_indices(extra, extra_width),
-                extra_topk_length=None,
-            )
-            splits += extra_width // SM120_SPLIT
-            info["extra_width"] = extra_width
-        indices = pad_indices(idx, width)
-        dev = q.device
-        mid_out = torch.empty((t, heads, splits, case.d_v), dtype=torch.bfloat16, device=dev)
-        mid_lse = torch.empty((t, heads, splits), dtype=torch.float32, device=dev)
-        output = torch.empty((t, heads, case.d_v), dtype=torch.bfloat16, device=dev)
-        out_lse = torch.empty((t, heads), dtype=torch.float32, device=dev)
-        args = (qf, kv, indices, mid_out, mid_lse, output, out_lse, case.scale)
-        info.update(
-            index_width=width,
-            page_size=SM120_PAGE,
-            page_stride_bytes=stride,
-            num_splits=splits,
-            lse="base 2 with the sink merged; converted",
-        )
-        user_sink = x.get("attn_sink")
-
-        def finish(raw) -> Output:
-            o = output.view(b, s_q, heads, case.d_v)[:, :, :h]
-            lse = sm120_lse_to_natural(out_lse[:, :h], user_sink)
-            return Output(o, lse.view(b, s_q, h).transpose(1, 2))
-
-        def poison():
-            output.fill_(math.nan)
-            out_lse.fill_(math.nan)
-
-        return Prepared(lambda: fn(*args, **kwargs), finish, poison, info)
+            return sm100.prepare_v4(case, x, fn, heads, info, self.kv_dtype, self.workspace_bytes)
+        return sm120.prepare(case, x, fn, heads, info)

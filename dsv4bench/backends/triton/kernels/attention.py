@@ -1,9 +1,9 @@
-"""The sparse MLA attention kernels (host side, contract and docs: triton_attention.py).
+"""The sparse MLA attention kernels (host side, contract and docs: ../attention.py).
 
 Arguments come grouped: a query descriptor (ptr, token stride, head stride), one cache
-descriptor per cache (triton_attention.CacheDesc: its base pointers, index list, lengths and
+descriptor per cache (attention.CacheDesc: its base pointers, index list, lengths and
 strides), an output descriptor and the split-KV partials. The LAYOUT constexpr says which key
-source the cache descriptors describe (triton_src/layout.py LAYOUT_IDS); byte offsets within a
+source the cache descriptors describe (kernels/layout.py LAYOUT_IDS); byte offsets within a
 token are the named constants below.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from dsv4bench.backends.triton_src import device_fn
-from dsv4bench.backends.triton_src import layout as L
+from dsv4bench.backends.triton.kernels import device_fn
+from dsv4bench.backends.triton.kernels import layout as L
 
 BF16 = tl.constexpr(L.LAYOUT_IDS["bf16"])
 V32 = tl.constexpr(L.LAYOUT_IDS["v32"])

@@ -12,7 +12,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
 )
 
-from dsv4bench.backends.triton_src.gluon_parts import (
+from dsv4bench.backends.triton.kernels.gluon_parts import (
     D_V,
     Q_ROWS4,
     ROPE,
@@ -23,7 +23,7 @@ from dsv4bench.backends.triton_src.gluon_parts import (
     key_list,
     store_lse,
 )
-from dsv4bench.backends.triton_src.gluon_producer import (
+from dsv4bench.backends.triton.kernels.gluon_producer import (
     BLOCK_N,
     bf16_copy,
     bf16_slots,

@@ -1,10 +1,10 @@
 """Triton, imported when first needed, and the project's Triton kernels built from their
-sources in triton_src/: compiled (JITFunction) for CUDA tensors, interpreted for CPU tensors
+sources in kernels/: compiled (JITFunction) for CUDA tensors, interpreted for CPU tensors
 (tests, tiny shapes; Triton's interpreter copies the tensors' whole storages per launch).
 
-The import graph of the Triton backend is a tree: triton_kernels -> triton_attention,
-triton_indexer -> triton_jit -> triton_src.* (importlib, once Triton is found); nothing imports
-upwards (triton_src's device_fn lives in triton_src itself).
+The import graph of the Triton backend is a tree: backend -> attention, indexer, cache_ops ->
+jit -> kernels.* (importlib, once Triton is found); nothing imports upwards (the kernels'
+device_fn lives in kernels/ itself).
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def has_gluon() -> bool:
 
 
 def kernel(module: str, name: str, device) -> Any:
-    """triton_src.<module>.KERNELS[name], compiled for a GPU tensor's device or interpreted for
+    """kernels.<module>.KERNELS[name], compiled for a GPU tensor's device or interpreted for
     a CPU tensor's; built once."""
     interpret = device.type == "cpu"
     key = (module, name, interpret)
     if key not in _BUILT:
         load()
-        fn = importlib.import_module(f"dsv4bench.backends.triton_src.{module}").KERNELS[name]
+        fn = importlib.import_module(f"dsv4bench.backends.triton.kernels.{module}").KERNELS[name]
         if hasattr(fn, "is_gluon"):  # already a GluonJITFunction: compiled only
             if interpret:
                 raise Unsupported(f"{module}.{name} is a Gluon kernel: it needs an sm90 GPU")

@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from dsv4bench.backends.triton_src.gluon_parts import (
+from dsv4bench.backends.triton.kernels.gluon_parts import (
     D_V,
     MERGE_SL,
     Q_ROWS4,
@@ -42,8 +42,8 @@ from dsv4bench.backends.triton_src.gluon_parts import (
     key_list,
     store_lse,
 )
-from dsv4bench.backends.triton_src.gluon_producer import BLOCK_N, produce
-from dsv4bench.backends.triton_src.gluon_resident import persistent
+from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, produce
+from dsv4bench.backends.triton.kernels.gluon_resident import persistent
 
 BLOCK_H = gl.constexpr(64)
 
@@ -69,7 +69,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0):  # fmt: skip
-    """Arguments as triton_src/attention.py's attn_kernel (BLOCK_N = 64). A program takes
+    """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
     warps a partition) the two consumer warpgroups are separate partitions that take

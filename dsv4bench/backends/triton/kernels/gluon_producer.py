@@ -13,7 +13,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
 )
 
-from dsv4bench.backends.triton_src import layout as L
+from dsv4bench.backends.triton.kernels import layout as L
 
 BF16 = gl.constexpr(L.LAYOUT_IDS["bf16"])
 V32 = gl.constexpr(L.LAYOUT_IDS["v32"])

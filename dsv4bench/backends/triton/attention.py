@@ -1,6 +1,6 @@
 """The project's Triton sparse MLA attention: decode straight from the FP8 caches (V3.2 656 B
 records, V4 584 B pages) and sparse prefill over a flat bf16 kv, with FlashMLA's contract
-(KERNEL_FACTS §3; oracle: reference/attention.py).
+(docs/kernel-facts.md, FlashMLA sparse kernels; oracle: reference/attention.py).
 
 One kernel serves all three KV sources (LAYOUT: bf16 rows, V3.2 records, V4 pages). A program
 takes BLOCK_H heads of one query token and a range of its key blocks (BLOCK_N keys each),
@@ -16,16 +16,16 @@ writes its normalized partial output and base-2 lse, and a combine kernel merges
 the sink and writes bf16 out and natural-log lse. With one split the attention kernel writes
 the final output itself.
 
-On a GPU whose Triton has Gluon, config_for picks a second kernel with the same arguments for
-the FP8 caches and for sparse prefill above 16 (d_qk 576) or 32 (512) heads:
-triton_src/gluon_attention.py, FlashMLA's producer/consumer schedule (one warpgroup
+On a GPU whose Triton has Gluon, config_for (tuning.py: measured rules) picks a second kernel
+with the same arguments for the FP8 caches and for sparse prefill above 16 (d_qk 576) or 32
+(512) heads: kernels/gluon_attention.py, FlashMLA's producer/consumer schedule (one warpgroup
 dequantizes the next key block into shared memory while two run the dots; at 16-32 heads the
 heads are the wgmma's N). Rows say which ran (info.gluon, info.narrow).
 
 Host side (this module): plan_attention() checks the inputs, builds one descriptor per cache
 (CacheDesc: base pointers, index list, lengths, strides; the layout is the caller's value,
 case.layout, checked against the cache, never inferred from its width), allocates the outputs
-and picks the launch shape; launch() only launches. Kernels: triton_src/attention.py.
+and picks the launch shape; launch() only launches. Kernels: kernels/attention.py.
 
 On CPU tensors the kernels run in Triton's interpreter (tests), which multiplies bf16 tiles
 wrongly and rounds fp32 -> bf16 by truncation: there (EXACT=True) the tiles stay fp32 and the
@@ -38,10 +38,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from dsv4bench.backends import triton_jit
-from dsv4bench.backends.base import Output, Prepared, Unsupported, prefill_output
-from dsv4bench.backends.triton_src.layout import D_V, FP8_LAYOUTS, LAYOUT_IDS
+from dsv4bench.backends.base import Prepared, Unsupported
+from dsv4bench.backends.triton import jit
+from dsv4bench.backends.triton.kernels.layout import D_V, FP8_LAYOUTS, LAYOUT_IDS
+from dsv4bench.backends.triton.tuning import Config, config_for, gluon_meta, gluon_options
 from dsv4bench.cases.case import Case
+from dsv4bench.cases.output import Output, prefill_output
 from reference.layout_table import LAYOUTS
 
 LOG2E = 1.4426950408889634
@@ -50,88 +52,6 @@ MAX_SPLITS = 64
 CTAS_SMALL = 3  # CTAs per SM the split planner counts on below BLOCK_H 64
 MIN_SPLIT_BLOCKS = 4  # a split's key blocks (the partial output costs a write and a read)
 INT32_SPAN = 2**31 - 1  # caches from this many bytes need 64-bit offsets (WIDE)
-GLUON_PRODUCER_WARPS = 4  # 8 would leave the consumers' wgmma too few registers (ptxas refuses)
-
-
-@dataclass(frozen=True)
-class Config:
-    """Launch shape of the attention kernel (the combine kernel has its own fixed shape)."""
-
-    block_h: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    idx_ahead: bool = False  # the next key block's indices load during this block
-    gluon: bool = False  # the Gluon producer/consumer kernel (sm90; 64-key blocks)
-    chunk: int = 16  # gluon: keys the producer gathers at a time
-    producer_regs: int = 96  # gluon: a producer thread's registers (setmaxnreg; alternate:
-    # the consumers get half of the rest each, the producer what they leave)
-    narrow: bool = False  # gluon: block_h (16/32) heads as the wgmma's N, keys as its M
-    alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
-    async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
-    pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
-    persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
-
-
-def config_for(heads: int, layout: str, gluon: bool = False, d_qk: int = 576) -> Config:
-    """The launch shape, from the H100 sweeps (tools/triton_attention_sweep.py; sweep*.txt in
-    results/sm90/triton-*, sweeps/ in results/sm90/triton-gluon-h100).
-
-    With `gluon` (a GPU whose Triton has Gluon) the producer/consumer kernel takes the FP8
-    caches at every head count (1.3-1.5x the Triton kernel's speed) and the bf16 rows of
-    sparse prefill above 32 heads (1.2-1.6x); its producer gathers 64 V3.2 or 32 V4 keys at a
-    time (more loads in flight; V4's larger footprint spills at 64) and, except on V3.2's
-    cache (6% slower there), loads the next block's indices during this block (idx_ahead:
-    V4 decode 8-10% faster). Up to 16 heads on V4's cache, up to 32 on V3.2's and of bf16
-    rows it runs narrow: the heads are the wgmma's N, so none is padded to 64 (FP8 decode
-    1.02-1.05x the 64-head tile). There its consumer warpgroups take alternate key blocks
-    (alternate; bf16 rows also async_fill), except on V4's cache, where it measured the
-    same: V3.2 decode at 16 heads 4% faster, V3.2 prefill at 8/16/32 heads 8%/4%/6%, V4
-    prefill at 8 heads 7% (sweeps/breakdown-*.txt in results/sm90/triton-gluon2-h100); with
-    the narrow consumers' leaner softmax also V4 prefill at 16/32 heads, 7%/3% ahead of the
-    Triton kernel (sweeps/ab-lean-*.txt in results/sm90/triton-gluon3-h100), and V3.2 decode
-    at 17-32 heads in a 32-head program, 3% ahead of the 64-head tile. V3.2 decode up to 16
-    heads gathers as a pipeline, two 16-key chunks in flight (pipe 2; 152 producer
-    registers, where it does not spill): 4-6% faster (sweeps/ab-pipe-*.txt in
-    results/sm90/triton-gluon4-h100; at 32 heads and on the 64-head tile it lost 1-3%).
-    Sparse prefill up to 32 heads runs resident (persist: a program an SM, each consumer
-    warpgroup whole tokens of its own; 80 producer registers, where ptxas spills least in
-    the consumers): 4-6% faster at V3.2's 8-32 heads, 9-17% at V4-Flash's (sweeps/
-    ab-persist-*.txt there); plan_attention drops it when the (token, head block) items fit
-    in one wave, where a program an item takes 11-21% less time; above, resident took 8-22%
-    less, except 2-4% more at d_qk 512 and 2.5-3 items an SM (sweeps/ab-items.txt).
-
-    Elsewhere the Triton kernel: BLOCK_H 64 runs the dots on wgmma, which beats mma.sync
-    (BLOCK_H 16/32) by enough that padding a few heads to 64 pays off where the keys cost most
-    to read (the V3.2 cache at any head count, the V4 cache above 16 heads); prefill's bf16
-    rows take BLOCK_H 16/32 up to 32 heads (fewer heads are padded in memory:
-    _pad_prefill_heads). Its idx_ahead wins on the V4 cache at BLOCK_H 64 (5-9%) and on the
-    bf16 rows (up to 12%; 8 heads in unpadded rows lost 20% with it); it loses on V3.2's
-    cache (5%). Pipelining its key loop (tl.range(num_stages=2..4)) measured slower
-    everywhere (results/sm90/triton-speed-h100/NOTES.md)."""
-    small = max(16, 1 << (heads - 1).bit_length())
-    if gluon and layout == "v32" and heads <= 16:
-        return Config(16, 64, 8, 1, gluon=True, chunk=16, producer_regs=152, narrow=True,
-                      alternate=True, pipe=2)  # fmt: skip
-    if gluon and layout == "v32" and heads <= 32:
-        return Config(32, 64, 8, 1, gluon=True, chunk=64, producer_regs=120, narrow=True,
-                      alternate=True)  # fmt: skip
-    if gluon and layout in ("v32", "v4"):
-        chunk, regs = (64, 120) if layout == "v32" else (32, 96)
-        return Config(16 if heads <= 16 else 64, 64, 8, 1, idx_ahead=layout == "v4",
-                      gluon=True, chunk=chunk, producer_regs=regs, narrow=heads <= 16)  # fmt: skip
-    if gluon and heads > 32:  # bf16 rows, copied by cp.async: the chunk sets only the grouping
-        return Config(64, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64 if d_qk == 576 else 16,
-                      producer_regs=56 if d_qk == 576 else 96)  # fmt: skip
-    if gluon:  # bf16 rows, up to 32 heads
-        return Config(16 if heads <= 16 else 32, 64, 8, 1, idx_ahead=True, gluon=True, chunk=64,
-                      producer_regs=80, narrow=True, alternate=True, async_fill=True,
-                      persist=True)  # fmt: skip
-    if layout == "v32":
-        return Config(64, 64, 8, 1)
-    if heads > 32 or (layout == "v4" and heads > 16):
-        return Config(64, 64, 8, 2, idx_ahead=True)
-    return Config(small, 64, 4, 2, idx_ahead=layout == "bf16")
 
 
 # ---- the kernels' grouped arguments ----------------------------------------------------------
@@ -424,7 +344,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         raise TypeError(f"unknown arguments {sorted(set(kw) - known)}")
     dev = q.device
     exact = dev.type == "cpu"
-    cfg = config or config_for(q.shape[-2], layout, not exact and triton_jit.has_gluon(),
+    cfg = config or config_for(q.shape[-2], layout, not exact and jit.has_gluon(),
                                q.shape[-1])  # fmt: skip
     q, kw, stage, heads = _pad_prefill_heads(q, kw, op, cfg)
     x = _inputs(q, kv, indices, layout, op, kw)
@@ -454,7 +374,7 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
     meta = _meta(x, cfg, splits, exact)
     opts = {} if exact else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if cfg.gluon:
-        meta, opts = _gluon_meta(meta, cfg), gluon_options(cfg)
+        meta, opts = gluon_meta(meta, cfg), gluon_options(cfg)
     combine = None
     if splits > 1:
         c_args = (parts, sink_arg, outs, h, x.s_q, splits)
@@ -531,56 +451,6 @@ def _meta(x: Inputs, cfg: Config, splits: int, exact: bool) -> dict:
     )
 
 
-def gluon_maxnreg() -> int:
-    """The Gluon kernel's registers a thread at launch: 8 consumer + 4 producer warps share the
-    register file (setmaxnreg then moves them: producer_regs, consumers the rest)."""
-    return 65536 // (32 * (8 + GLUON_PRODUCER_WARPS)) // 8 * 8
-
-
-def gluon_options(cfg: Config) -> dict:
-    """The Gluon kernel's launch options: the warps of its default partition (both consumer
-    warpgroups, or with `alternate` the producer), registers a thread at launch."""
-    return {"num_warps": 4 if cfg.alternate else 8, "maxnreg": gluon_maxnreg()}
-
-
-def _consumer_regs(producer_regs: int) -> int:
-    """Registers a thread of each consumer partition with `alternate`: half of what
-    producer_regs leave (the producer, the default partition, gets what they leave)."""
-    return (65536 // 128 - producer_regs) // 2 // 8 * 8
-
-
-def _gluon_meta(meta: dict, cfg: Config) -> dict:
-    """The Gluon kernel's constexprs: the Triton kernel's less its fixed or absent ones."""
-    heads_ok = cfg.block_h in ((16, 32) if cfg.narrow else (64,))
-    bf16 = meta["LAYOUT"] == LAYOUT_IDS["bf16"]
-    bad = (cfg.alternate and not cfg.narrow) or (cfg.async_fill and not bf16)
-    v32 = meta["LAYOUT"] == LAYOUT_IDS["v32"]
-    bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
-    bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
-    if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
-        raise ValueError(
-            "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
-            "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
-            "records without idx_ahead, persist only alternate and async_fill with one split), "
-            f"not {cfg}"
-        )
-    drop = ("BLOCK_H", "BLOCK_N", "EXACT")
-    kept = {k: v for k, v in meta.items() if k not in drop}
-    return kept | {
-        "CHUNK": cfg.chunk,
-        "PRODUCER_WARPS": GLUON_PRODUCER_WARPS,
-        "PRODUCER_REGS": cfg.producer_regs,
-        "NARROW": cfg.narrow,
-        "IDX_AHEAD": cfg.idx_ahead,
-        "NH": cfg.block_h if cfg.narrow else 16,
-        "ALTERNATE": cfg.alternate,
-        "ASYNC_FILL": cfg.async_fill,
-        "PIPE": cfg.pipe,
-        "PERSIST": cfg.persist,
-        "CONSUMER_REGS": _consumer_regs(cfg.producer_regs),
-    }
-
-
 def launch(plan: AttentionPlan):
     """Launch the planned kernels; (out, lse, max_logits)."""
     if plan.tokens == 0:
@@ -589,12 +459,12 @@ def launch(plan: AttentionPlan):
     interpret = dev.type == "cpu"
     if plan.stage is not None:
         plan.stage()
-    attn = triton_jit.kernel("gluon_attention" if plan.info["gluon"] else "attention", "attn", dev)
-    with triton_jit.interpreting(interpret):
+    attn = jit.kernel("gluon_attention" if plan.info["gluon"] else "attention", "attn", dev)
+    with jit.interpreting(interpret):
         attn[plan.grid](*plan.args, **plan.meta, **plan.opts)
         if plan.combine is not None:
             grid, args, meta, opts = plan.combine
-            triton_jit.kernel("attention", "combine", dev)[grid](*args, **meta, **opts)
+            jit.kernel("attention", "combine", dev)[grid](*args, **meta, **opts)
     return plan.out, plan.lse, plan.max_logits
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bench.backends import triton_jit
 from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.triton import jit
 
 PAGED_WARPS = 4
 PAGED_KEYS_M = True  # keys as the dot's M: 1.4-1.9x the heads-as-M form on an H100
@@ -41,7 +41,7 @@ RAGGED_SIGN_FOLD = True  # one max + one fma per (key, head): 1.07-1.1x
 
 
 def _kernel(name: str, device) -> Any:
-    return triton_jit.kernel("indexer", name, device)
+    return jit.kernel("indexer", name, device)
 
 
 def _opts(device, **opts) -> dict:
@@ -200,10 +200,11 @@ def prepare(case, inputs: dict, device: str):
     """The suite's Prepared for an indexer case: run() = logits kernel + torch top-k."""
     import torch
 
-    from dsv4bench.backends.base import Output, Prepared
+    from dsv4bench.backends.base import Prepared
+    from dsv4bench.cases.output import Output
     from reference.indexer import topk_indices
 
-    triton_jit.load()
+    jit.load()
     dot = default_dot(torch.device(device))
     info: dict = {}
     launch, out = _launcher(case, inputs, dot)
