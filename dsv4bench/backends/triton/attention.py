@@ -377,26 +377,10 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         meta, opts = gluon_meta(meta, cfg), gluon_options(cfg)
     combine = None
     if splits > 1:
-        c_args = (parts, sink_arg, outs, h, x.s_q, splits)
-        c_meta = dict(HAS_SINK=x.sink is not None, SPLITS_P2=1 << (splits - 1).bit_length(),
-                      EXACT=exact, PDL=cfg.gluon, HAS_MAXL=x.op == "prefill")  # fmt: skip
-        # programmatic dependent launch after the Gluon kernel, which lets it start at once:
-        # no launch gap between the two (split-KV decode 2-10% faster on the H100)
-        c_opts = {"num_warps": 4, "launch_pdl": cfg.gluon}
-        combine = ((h, tokens), c_args, c_meta, {} if exact else c_opts)
+        combine = _combine(x, cfg, (parts, sink_arg, outs, h, x.s_q, splits), tokens, exact)
     info = {
         "kernel": f"triton_sparse_{op}_{layout}",
-        "block_h": cfg.block_h,
-        "block_n": cfg.block_n,
-        "num_warps": cfg.num_warps,
-        "num_stages": cfg.num_stages,
-        "idx_ahead": cfg.idx_ahead,
-        "gluon": cfg.gluon,
-        "narrow": cfg.narrow,
-        "alternate": cfg.alternate,
-        "async_fill": cfg.async_fill,
-        "pipe": cfg.pipe,
-        "persist": cfg.persist,
+        **_config_info(cfg),
         "head_blocks": head_blocks,
         "splits": splits,
         "key_blocks_per_split": per_split,
@@ -411,6 +395,24 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
         info["heads_padded_to"] = h
     return AttentionPlan(tokens, grid, args, meta, opts, combine, out, lse, max_logits, info,
                          stage)  # fmt: skip
+
+
+def _combine(x: Inputs, cfg: Config, c_args: tuple, tokens: int, exact: bool) -> tuple:
+    """(grid, args, meta, options) of the combine kernel that merges the splits."""
+    h, splits = c_args[3], c_args[5]
+    c_meta = dict(HAS_SINK=x.sink is not None, SPLITS_P2=1 << (splits - 1).bit_length(),
+                  EXACT=exact, PDL=cfg.gluon, HAS_MAXL=x.op == "prefill")  # fmt: skip
+    # programmatic dependent launch after the Gluon kernel, which lets it start at once:
+    # no launch gap between the two (split-KV decode 2-10% faster on the H100)
+    c_opts = {"num_warps": 4, "launch_pdl": cfg.gluon}
+    return ((h, tokens), c_args, c_meta, {} if exact else c_opts)
+
+
+def _config_info(cfg: Config) -> dict:
+    """The launch shape as a row records it."""
+    keys = ("block_h", "block_n", "num_warps", "num_stages", "idx_ahead", "gluon", "narrow",
+            "alternate", "async_fill", "pipe", "persist")  # fmt: skip
+    return {k: getattr(cfg, k) for k in keys}
 
 
 def _pad_prefill_heads(q, kw: dict, op: str, cfg: Config):
