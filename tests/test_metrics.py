@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4bench.backends.base import Output
 from dsv4bench.cases.case import Case, Tolerance
+from dsv4bench.cases.output import Output
 from dsv4bench.measure import hardware, metrics
 
 INF = math.inf

@@ -7,7 +7,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt" 2>&1
 timeout 10 python3 -c "import deep_gemm" >> "$OUT/gpu.txt" 2>&1 || echo "deep_gemm: import failed" >> "$OUT/gpu.txt"
 S=$(date +%s)
-timeout 35 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_indexer_gpu.py \
+timeout 35 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/backends/test_indexer_gpu.py \
   > "$OUT/gpu-tests.txt" 2>&1
 echo "gpu tests rc=$? in $(( $(date +%s) - S )) s" >> "$OUT/gpu-tests.txt"
 S=$(date +%s)

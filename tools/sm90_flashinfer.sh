@@ -21,5 +21,5 @@ log "scenario"
 python3 -m dsv4bench.cli run scenarios/compare/backends_sm90.yaml --arch sm90 --flashmla-lib "$lib" \
   --out "$dest/run" 2>&1 | tee "$dest/run.log"
 log "gpu tests"
-python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_flashinfer_fa3.py 2>&1 | tee "$dest/gpu-tests.txt"
+python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/backends/test_flashinfer_fa3.py 2>&1 | tee "$dest/gpu-tests.txt"
 log "done"

@@ -27,7 +27,7 @@ bench)
   ;;
 kernels)
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_timing.py \
-    tests/test_triton_backend.py 2>&1 | tee "$out/gpu-tests.txt"
+    tests/backends/test_triton_backend.py 2>&1 | tee "$out/gpu-tests.txt"
   timeout 120 python3 -m dsv4bench.cli run scenarios/measure/sm90.yaml --out "$out/measure" \
     2>&1 | tee "$out/measure.log"
   python3 -m dsv4bench.cli report "$out/measure" >/dev/null

@@ -16,7 +16,7 @@ log() { echo "== $(date +%T) $*"; }
 echo "DSV4BENCH_FLASHMLA_LIB=$DSV4BENCH_FLASHMLA_LIB tools/triton_gpu_run.sh  (DEST=$dest)" > "$dest/command.txt"
 log "gpu tests"
 timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
-  tests/test_triton_attention.py tests/test_triton_backend.py 2>&1 | tail -n 40 > "$dest/gpu-tests.txt"
+  tests/backends/test_triton_attention.py tests/backends/test_triton_backend.py 2>&1 | tail -n 40 > "$dest/gpu-tests.txt"
 cat "$dest/gpu-tests.txt" | tail -n 12
 if [ -z "${NO_SWEEP:-}" ]; then
   log "sweep"

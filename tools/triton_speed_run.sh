@@ -19,9 +19,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$dest/gpu.txt"
 log "gpu tests"
 [ -n "${NO_TESTS:-}" ] || timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
-  tests/test_triton_attention.py tests/test_gluon_attention.py tests/test_triton_backend.py \
-  tests/test_indexer_gpu.py \
-  tests/test_page_split.py 2>&1 | tail -n 40 > "$dest/gpu-tests.txt"
+  tests/backends/test_triton_attention.py tests/backends/test_gluon_attention.py tests/backends/test_triton_backend.py \
+  tests/backends/test_indexer_gpu.py \
+  tests/backends/test_page_split.py 2>&1 | tail -n 40 > "$dest/gpu-tests.txt"
 tail -n 3 "$dest/gpu-tests.txt"
 log "attention rows"
 timeout "${RUN_S:-300}" python3 -m dsv4bench.cli run scenarios/sm90/triton_vs_flashmla.yaml \

@@ -21,8 +21,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$W/gpu.txt"
 python -c "import torch; print('torch', torch.__version__)" >>"$W/gpu.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: the runs alone
 step backends 40 python -m dsv4bench.cli backends
-step gpu-tests 70 python -m pytest -q -rs -s -m gpu tests/test_fa3_backend.py \
-  tests/test_deepgemm_backend.py -p no:cacheprovider
+step gpu-tests 70 python -m pytest -q -rs -s -m gpu tests/backends/test_fa3_backend.py \
+  tests/backends/test_deepgemm_backend.py -p no:cacheprovider
 fi
 step compare 90 python -m dsv4bench.cli run scenarios/compare/backends_sm90.yaml --backend fa3 --backend flashmla \
   --out "$W/compare"

@@ -17,12 +17,14 @@ import torch
 
 triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
 
-from dsv4bench.backends import triton_attention as ta  # noqa: E402
-from dsv4bench.backends import triton_kernels as tk  # noqa: E402
-from dsv4bench.backends.base import Output, Unsupported  # noqa: E402
+from dsv4bench.backends.base import Unsupported  # noqa: E402
 from dsv4bench.backends.torch_ref import oracle_call  # noqa: E402
+from dsv4bench.backends.triton import attention as ta  # noqa: E402
+from dsv4bench.backends.triton import backend as tk  # noqa: E402
+from dsv4bench.backends.triton import tuning  # noqa: E402
 from dsv4bench.cases import inputs as case_inputs  # noqa: E402
 from dsv4bench.cases.case import Case, Tolerance  # noqa: E402
+from dsv4bench.cases.output import Output  # noqa: E402
 from dsv4bench.measure import metrics  # noqa: E402
 from reference import attention, layouts  # noqa: E402
 
@@ -71,7 +73,7 @@ def _poison_unused(cache: torch.Tensor, *index_sets: torch.Tensor) -> None:
 # ---- decode -------------------------------------------------------------------------------
 
 
-SMALL_32 = ta.Config(16, 32, 4, 2, idx_ahead=True)  # 16 heads, 32-key blocks, indices ahead
+SMALL_32 = tuning.Config(16, 32, 4, 2, idx_ahead=True)  # 16 heads, 32-key blocks, indices ahead
 
 
 @pytest.mark.parametrize(
@@ -220,7 +222,7 @@ def test_prefill_on_cuda_resident_or_a_program_a_token(d_qk, heads, persist):
     """The Gluon kernel's sparse prefill, resident (config_for's pick: a program an SM, its
     consumers whole tokens) and a program a token; 301 tokens: several a program and an odd
     last pair."""
-    cfg = dataclasses.replace(ta.config_for(heads, "bf16", True, d_qk), persist=persist)
+    cfg = dataclasses.replace(tuning.config_for(heads, "bf16", True, d_qk), persist=persist)
     assert cfg.gluon and cfg.alternate
     plan = _prefill_on_cuda(301, heads, d_qk, cfg, heads)
     assert plan.info["persist"] == persist and plan.info["splits"] == 1
@@ -232,12 +234,12 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
     """Up to one wave of (token, head block) items a resident program would have one consumer
     warpgroup busy: the plan takes a program an item, and with 5 tokens splits each token's
     keys (then the combine kernel); one more item than SMs runs resident."""
-    plan = _prefill_on_cuda(5, 24, 576, ta.config_for(24, "bf16", True, 576), 5)
+    plan = _prefill_on_cuda(5, 24, 576, tuning.config_for(24, "bf16", True, 576), 5)
     assert not plan.info["persist"] and plan.info["splits"] > 1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = _prefill_on_cuda(sms, 24, 576, ta.config_for(24, "bf16", True, 576), 6)
+    plan = _prefill_on_cuda(sms, 24, 576, tuning.config_for(24, "bf16", True, 576), 6)
     assert not plan.info["persist"] and plan.info["splits"] == 1
-    plan = _prefill_on_cuda(sms + 1, 24, 576, ta.config_for(24, "bf16", True, 576), 7)
+    plan = _prefill_on_cuda(sms + 1, 24, 576, tuning.config_for(24, "bf16", True, 576), 7)
     assert plan.info["persist"] and plan.info["splits"] == 1
 
 
@@ -372,7 +374,7 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
     key blocks between its consumers) and the Triton kernel, compiled, at the CPU test's
     contract (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
     gluon = kernel != "triton"
-    config = ta.config_for(heads, layout, gluon=gluon)
+    config = tuning.config_for(heads, layout, gluon=gluon)
     if gluon and not config.gluon:
         pytest.skip(f"config_for picks no Gluon kernel for {layout}")
     if kernel == "alternate":

@@ -1,8 +1,9 @@
-"""The Gluon producer/consumer attention kernel (triton_src/gluon_attention.py) without a GPU:
-Triton compiles it for sm90 here (ptxas included), so the launch contract the host builds
-(descriptors, constexprs, register split, shared memory) is checked on every layout; its
-numerics run only on a GPU (tests/test_triton_attention.py::test_decode_on_cuda_both_kernels
-and the gpu-marked suite tests, which take it by default there)."""
+"""The Gluon producer/consumer attention kernel (backends/triton/kernels/gluon_attention.py)
+without a GPU: Triton compiles it for sm90 here (ptxas included), so the launch contract the
+host builds (descriptors, constexprs, register split, shared memory) is checked on every
+layout; its numerics run only on a GPU
+(tests/backends/test_triton_attention.py::test_decode_on_cuda_both_kernels and the gpu-marked
+suite tests, which take it by default there)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import torch
 
 triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
 
-from dsv4bench.backends import triton_attention as ta  # noqa: E402
-from dsv4bench.backends import triton_jit  # noqa: E402
 from dsv4bench.backends.base import Unsupported  # noqa: E402
+from dsv4bench.backends.triton import attention as ta  # noqa: E402
+from dsv4bench.backends.triton import jit as triton_jit  # noqa: E402
+from dsv4bench.backends.triton import tuning  # noqa: E402
 from tools import triton_compile_probe as probe  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not triton_jit.has_gluon(), reason="this Triton has no Gluon")
@@ -51,19 +53,19 @@ SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
 )
 def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     d_qk = 512 if layout in ("v4", "bf16") else 576
-    cfg = ta.config_for(heads, "bf16" if op == "prefill" else layout, True, d_qk)
+    cfg = tuning.config_for(heads, "bf16" if op == "prefill" else layout, True, d_qk)
     assert cfg.gluon
-    plan = probe._plan(layout, heads, ta.Config(64, 64, 8, 1), op, extra)
+    plan = probe._plan(layout, heads, tuning.Config(64, 64, 8, 1), op, extra)
     k = probe.compile_sm90(plan, cfg)
     ptx = k.asm["ptx"]
     assert k.metadata.shared <= SM90_SMEM
     assert ptx.count("wgmma.mma_async") == wgmma
     assert cfg.narrow == (heads <= 32 and cfg.block_h < 64)
     regs = probe.partition_regs(ptx)
-    threads = 32 * (8 + ta.GLUON_PRODUCER_WARPS)
-    assert threads * ta.gluon_maxnreg() <= 65536
+    threads = 32 * (8 + tuning.GLUON_PRODUCER_WARPS)
+    assert threads * tuning.gluon_maxnreg() <= 65536
     if cfg.alternate:  # two consumer partitions of 4 warps; the producer (default) the rest
-        consumers = ta._consumer_regs(cfg.producer_regs)
+        consumers = tuning.consumer_regs(cfg.producer_regs)
         producer = 512 - 2 * consumers
         assert consumers in regs and consumers >= 4 * cfg.block_h + 64  # a 512 x NH fp32 acc
         assert min(regs) <= producer  # the default partition's share, set by the compiler
@@ -80,46 +82,56 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
 
 
 def test_config_picks_gluon_only_where_measured_faster():
-    assert ta.config_for(8, "v32", True).gluon and ta.config_for(8, "v4", True).gluon
-    assert ta.config_for(128, "bf16", True).gluon and not ta.config_for(128, "bf16", True).narrow
+    assert tuning.config_for(8, "v32", True).gluon and tuning.config_for(8, "v4", True).gluon
+    assert (
+        tuning.config_for(128, "bf16", True).gluon
+        and not tuning.config_for(128, "bf16", True).narrow
+    )
     for h in (3, 8, 16, 24, 32):  # bf16 rows up to 32 heads: alternate, 16 or 32 heads a program
         for d_qk in (512, 576):
-            c = ta.config_for(h, "bf16", True, d_qk)
+            c = tuning.config_for(h, "bf16", True, d_qk)
             assert c.alternate and c.block_h == (16 if h <= 16 else 32)
     for h in (3, 8, 16, 24, 32):  # V3.2 decode: alternate; up to 16 heads the pipelined gather
-        c = ta.config_for(h, "v32", True)
+        c = tuning.config_for(h, "v32", True)
         assert c.alternate and c.block_h == (16 if h <= 16 else 32)
         assert (c.pipe, c.chunk) == ((2, 16) if h <= 16 else (0, 64))
-    assert not ta.config_for(33, "v32", True).narrow and not ta.config_for(32, "v4", True).narrow
-    assert ta.config_for(16, "v4", True).narrow and not ta.config_for(16, "v4", True).alternate
-    assert not any(ta.config_for(h, lay, True, d).pipe for h in (8, 16, 32, 64)
+    assert (
+        not tuning.config_for(33, "v32", True).narrow
+        and not tuning.config_for(32, "v4", True).narrow
+    )
+    assert (
+        tuning.config_for(16, "v4", True).narrow and not tuning.config_for(16, "v4", True).alternate
+    )
+    assert not any(tuning.config_for(h, lay, True, d).pipe for h in (8, 16, 32, 64)
                    for lay in ("v4", "bf16") for d in (512, 576))  # fmt: skip
-    picks = [ta.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
+    picks = [tuning.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
              for lay in ("v32", "v4", "bf16") for d in (512, 576)]  # fmt: skip
     assert all(c.async_fill == c.persist == (c.alternate and c.chunk == 64 and c.idx_ahead)
                for c in picks)  # fmt: skip
-    assert not any(ta.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16"))
+    assert not any(
+        tuning.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16")
+    )
 
 
 @pytest.mark.parametrize("layout,pipe", [("v4", 1), ("v32", 3)])
 def test_gluon_meta_refuses_a_pipe_it_cannot_run(layout, pipe):
     """pipe is the V3.2 gather's (1 or 2 chunks in flight); anything else is refused."""
-    plan = probe._plan(layout, 8, ta.Config(64, 64, 8, 1), "decode")
-    cfg = dataclasses.replace(ta.config_for(8, layout, True), pipe=pipe, idx_ahead=False)
+    plan = probe._plan(layout, 8, tuning.Config(64, 64, 8, 1), "decode")
+    cfg = dataclasses.replace(tuning.config_for(8, layout, True), pipe=pipe, idx_ahead=False)
     with pytest.raises(ValueError, match="pipe 1 or 2 only on V3.2"):
-        ta._gluon_meta(dict(plan.meta, EXACT=False), cfg)
+        tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
 
 
 @pytest.mark.parametrize("change", [dict(alternate=False, narrow=False, block_h=64),
                                     dict(async_fill=False), dict(split=True)])  # fmt: skip
 def test_gluon_meta_refuses_a_resident_kernel_it_cannot_run(change):
     """persist takes whole tokens on the alternate consumers over bf16 rows, one split."""
-    plan = probe._plan("bf16", 8, ta.Config(64, 64, 8, 1), "prefill")
+    plan = probe._plan("bf16", 8, tuning.Config(64, 64, 8, 1), "prefill")
     meta = dict(plan.meta, EXACT=False, SPLIT=change.pop("split", False))
-    cfg = dataclasses.replace(ta.config_for(8, "bf16", True, 512), **change)
+    cfg = dataclasses.replace(tuning.config_for(8, "bf16", True, 512), **change)
     assert cfg.persist
     with pytest.raises(ValueError, match="persist only alternate and async_fill"):
-        ta._gluon_meta(meta, cfg)
+        tuning.gluon_meta(meta, cfg)
 
 
 @pytest.mark.gpu
@@ -129,7 +141,7 @@ def test_resident_grid_is_one_program_an_sm():
     kv = torch.randn(300, 1, 576, device="cuda").to(torch.bfloat16)
     idx = torch.randint(0, 300, (500, 1, 128), dtype=torch.int32, device="cuda")
     plan = ta.plan_attention(q, kv, idx, 0.04, layout="bf16", op="prefill",
-                             config=ta.config_for(24, "bf16", True, 576))  # fmt: skip
+                             config=tuning.config_for(24, "bf16", True, 576))  # fmt: skip
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert plan.grid == (min(sms, 500), 1, 1) and plan.args[-1] == 500
 
@@ -143,7 +155,9 @@ def test_cpu_never_takes_the_gluon_kernel():
     plan = ta.plan_attention(q, cache, idx, 0.04, layout="v32")
     assert plan.info["gluon"] is False
     with pytest.raises(ValueError, match="Gluon kernel runs on a GPU"):
-        ta.plan_attention(q, cache, idx, 0.04, layout="v32", config=ta.config_for(4, "v32", True))
+        ta.plan_attention(
+            q, cache, idx, 0.04, layout="v32", config=tuning.config_for(4, "v32", True)
+        )
     if triton_jit.has_gluon():
         with pytest.raises(Unsupported, match="needs an sm90 GPU"):
             triton_jit.kernel("gluon_attention", "attn", torch.device("cpu"))

@@ -24,9 +24,10 @@ import types
 import pytest
 import torch
 
-from dsv4bench.backends import flashinfer as fi
 from dsv4bench.backends.base import Provider, Unsupported
-from dsv4bench.backends.flashinfer import FlashInfer, KernelOps
+from dsv4bench.backends.flashinfer import backend as fi
+from dsv4bench.backends.flashinfer import convert, sm120
+from dsv4bench.backends.flashinfer.backend import FlashInfer, KernelOps
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.measure import metrics
@@ -188,7 +189,7 @@ class FakeFlashInfer:
         assert t <= 64 and h in fi.HEADS and q.dtype == torch.bfloat16
         assert kv_cache.dim() == 4 and kv_cache.shape[1] == 64 and kv_cache.dtype == torch.uint8
         assert indices.shape == (t, k) and indices.dtype == torch.int32
-        assert k in fi.SM120_TOPKS["v4" if d == 512 else "v32"]
+        assert k in sm120.SM120_TOPKS["v4" if d == 512 else "v32"]
         ekv, eidx = kw.get("extra_kv_cache"), kw.get("extra_indices")
         ke = 0 if eidx is None else eidx.shape[-1]
         if ekv is not None:
@@ -376,7 +377,7 @@ def test_provider_from_injected_ops(fake):
 def test_split_pages_keep_every_tokens_bytes_and_slot():
     kv = torch.randn(600, 512).to(torch.bfloat16)
     cache = layouts.quantize_v4(kv, 256)  # 3 pages of 256 (the last one part empty)
-    split = fi.repage_v4(cache)
+    split = convert.repage_v4(cache)
     assert split.shape == (12, 64, 1, 584) and split.stride(0) == layouts.v4_page_stride(64)
     slots = torch.arange(3 * 256)
     assert torch.equal(layouts.gather_tokens(split, slots), layouts.gather_tokens(cache, slots))
@@ -393,24 +394,24 @@ def test_split_pages_keep_every_tokens_bytes_and_slot():
         assert torch.equal(
             old[p * 149760 + 256 * 576 + o * 8 :][:8], new[q * 37440 + 64 * 576 + r * 8 :][:8]
         )
-    assert fi.repage_v4(split) is split  # already 64-token pages
+    assert convert.repage_v4(split) is split  # already 64-token pages
 
 
 def test_v32_repage_is_a_view_with_the_same_slots():
     kv = torch.randn(96, 576).to(torch.bfloat16)
     cache = layouts.quantize_v32(kv, 32)  # 3 pages of 32
-    pages = fi.repage_v32(cache)
+    pages = convert.repage_v32(cache)
     assert pages.shape == (2, 64, 1, 656)  # padded with zero records to whole pages
     slots = torch.arange(96)
     assert torch.equal(layouts.gather_tokens(pages, slots), layouts.gather_tokens(cache, slots))
     assert not pages.view(-1, 656)[96:].any()
     big = layouts.quantize_v32(kv[:64], 16)
-    assert fi.repage_v32(big).data_ptr() == big.data_ptr()  # whole pages: a view, no copy
+    assert convert.repage_v32(big).data_ptr() == big.data_ptr()  # whole pages: a view, no copy
 
 
 def test_plain_rows_v4_bf16_are_the_cache_values_exactly():
     cache = layouts.quantize_v4(torch.randn(300, 512).to(torch.bfloat16), 64)
-    rows, scale = fi.plain_rows(cache, chunk=100)
+    rows, scale = convert.plain_rows(cache, chunk=100)
     assert scale is None and rows.shape == (5, 1, 64, 512) and rows.dtype == torch.bfloat16
     assert torch.equal(rows.float().reshape(-1, 512), layouts.dequantize_v4(cache))
     ref, _ = layouts.to_plain_rows(cache)
@@ -419,7 +420,7 @@ def test_plain_rows_v4_bf16_are_the_cache_values_exactly():
 
 def test_plain_rows_v4_e4m3_within_its_error():
     cache = layouts.quantize_v4(torch.randn(200, 512).to(torch.bfloat16), 64)
-    rows, scale = fi.plain_rows(cache, dtype="e4m3", chunk=77)
+    rows, scale = convert.plain_rows(cache, dtype="e4m3", chunk=77)
     ref_rows, ref_scale = layouts.to_plain_rows(cache, dtype="e4m3")
     assert rows.dtype == torch.float8_e4m3fn and torch.equal(scale, ref_scale)
     assert torch.equal(rows.view(torch.uint8), ref_rows.view(torch.uint8))
@@ -433,7 +434,7 @@ def test_plain_rows_v4_e4m3_within_its_error():
 def test_plain_rows_v32_keep_all_576_columns():
     kv = torch.randn(128, 576).to(torch.bfloat16)
     cache = layouts.quantize_v32(kv, 64)  # pow2 scales: exact in bf16
-    rows, _ = fi.plain_rows(cache)
+    rows, _ = convert.plain_rows(cache)
     assert rows.shape == (2, 1, 64, 576)
     assert torch.equal(rows.float().reshape(-1, 576), layouts.dequantize_v32(cache))
     # the shared helper keeps the 512 latent columns only: V4's width, not V3.2's K
@@ -442,25 +443,25 @@ def test_plain_rows_v32_keep_all_576_columns():
 
 def test_index_padding_to_a_multiple_of_4_keeps_minus_one():
     idx = torch.tensor([[5, -1, 7, 9, -1], [-1, -1, -1, -1, -1]], dtype=torch.int32)
-    out = fi.pad_indices(idx, fi.round_up(idx.shape[-1], 4))
+    out = convert.pad_indices(idx, convert.round_up(idx.shape[-1], 4))
     assert out.shape == (2, 8) and out.dtype == torch.int32
     assert torch.equal(out[:, :5], idx) and (out[:, 5:] == -1).all()
-    first, count = fi.valid_first(idx)
+    first, count = convert.valid_first(idx)
     assert first.tolist() == [[5, 7, 9, -1, -1], [-1] * 5] and count.tolist() == [3, 0]
     with pytest.raises(ValueError):
-        fi.pad_indices(idx, 4)
+        convert.pad_indices(idx, 4)
 
 
 def test_trtllm_dsv4_index_table():
     window = torch.tensor([[3, 4, -1], [8, -1, -1]], dtype=torch.int32)
     extra = torch.tensor([[-1, 11, 12, 13, 14], [20, 21, -1, -1, -1]], dtype=torch.int32)
-    table, topk_lens, seq_lens = fi.trtllm_dsv4_indices(window, extra)
+    table, topk_lens, seq_lens = convert.trtllm_dsv4_indices(window, extra)
     assert table.shape == (2, 136)  # 128 window columns + 5 extra, padded to 4
     assert table[0, :3].tolist() == [3, 4, -1] and (table[:, 2:128] == -1).all()
     assert table[0, 128:133].tolist() == [11, 12, 13, 14, -1]
     assert table[1, 128:130].tolist() == [20, 21] and (table[:, 133:] == -1).all()
     assert topk_lens.tolist() == [132, 130] and seq_lens.tolist() == [2, 1]
-    only, lens, _ = fi.trtllm_dsv4_indices(window)
+    only, lens, _ = convert.trtllm_dsv4_indices(window)
     assert only.shape == (2, 128) and lens.tolist() == [128, 128]
 
 
@@ -468,10 +469,10 @@ def test_sm120_lse_conversion():
     lse = torch.tensor([[2.0, -1.0, math.inf]])  # natural, keys only (+inf: no key)
     sink = torch.tensor([0.5, 3.0, 1.0])
     merged = torch.logaddexp(torch.where(torch.isinf(lse), -math.inf, lse), sink)
-    back = fi.sm120_lse_to_natural(merged / math.log(2.0), sink)
+    back = convert.sm120_lse_to_natural(merged / math.log(2.0), sink)
     torch.testing.assert_close(back[0, :2], lse[0, :2], atol=1e-5, rtol=0)
     assert back[0, 2] == math.inf
-    plain = fi.sm120_lse_to_natural(torch.tensor([[1.0, -math.inf]]), None)
+    plain = convert.sm120_lse_to_natural(torch.tensor([[1.0, -math.inf]]), None)
     assert plain[0, 0] == pytest.approx(math.log(2.0)) and plain[0, 1] == math.inf
 
 
@@ -704,7 +705,7 @@ def _read_as_sm120(kv: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Tokens as FlashInfer's sm120 kernel addresses them (kv_cache_io.cuh): page stride from
     the binding (stride(0) * element size), data at page * stride + t * 576, the 7 ue8m0
     scales at page * stride + 64 * 576 + t * 8."""
-    page, stride = fi.sm120_page_layout(kv)
+    page, stride = convert.sm120_page_layout(kv)
     u8 = kv.view(torch.uint8)
     flat = u8.as_strided((u8.shape[0] * stride,), (1,), u8.storage_offset())
     rows = []
@@ -724,13 +725,13 @@ def test_sm120_reads_the_page_stride_from_the_tensor():
     cache = layouts.quantize_v4(kv, 256)
     want = layouts.dequantize_v4(cache)
     slots = torch.tensor([0, 1, 63, 64, 200, 255, 256, 299, 511])
-    split = fi.repage_v4(cache)  # what the adapter hands the kernel
-    assert fi.sm120_page_layout(split) == (64, 37440)  # engines' padded page
+    split = convert.repage_v4(cache)  # what the adapter hands the kernel
+    assert convert.sm120_page_layout(split) == (64, 37440)  # engines' padded page
     # FlashInfer's tests pack pages unpadded (64 * 584 = 37376); the seed's 37888 also keeps
     # the 16-byte alignment: the kernel reads every one of them through stride(0)
     for stride in (37440, 37376, 37888):
         paged = split if stride == 37440 else _restride(split, stride)
-        assert fi.sm120_page_layout(paged) == (64, stride)
+        assert convert.sm120_page_layout(paged) == (64, stride)
         assert torch.equal(_read_as_sm120(paged, slots), want[slots])
     # a page read at the wrong stride (page_size * 584 on a padded cache) gives other bytes
     wrong = split.view(torch.uint8).as_strided(split.shape, (37376, 584, 584, 1))
@@ -742,6 +743,8 @@ def test_sm120_prepare_reports_and_checks_the_stride(fake, monkeypatch):
     p, _ = check(case, "sm120", fake)
     assert p.info["page_stride_bytes"] == 37440
     # a page stride the kernel cannot read with cp.async.bulk (not 16-byte aligned) is refused
-    monkeypatch.setattr(fi, "repage_v4", lambda c: _restride(layouts.split_pages_v4(c, 64), 37380))
+    monkeypatch.setattr(
+        sm120, "repage_v4", lambda c: _restride(layouts.split_pages_v4(c, 64), 37380)
+    )
     with pytest.raises(Unsupported, match="16-byte aligned stride of at least 37376 B; got 64"):
         backend(fake, "sm120").prepare(case, make_inputs(case, "cpu"), "cpu")

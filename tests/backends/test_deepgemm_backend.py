@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from dsv4bench.backends import Unsupported
+from dsv4bench.backends import Unsupported, library
 from dsv4bench.backends import deepgemm as dgb
 from dsv4bench.backends.deepgemm import DeepGEMM
 from dsv4bench.backends.torch_ref import oracle_call
@@ -165,7 +165,7 @@ def test_a_missing_deepgemm_names_every_place_looked(monkeypatch, tmp_path) -> N
         raise ModuleNotFoundError(f"No module named {name!r}")
 
     monkeypatch.setattr(dgb.importlib, "import_module", absent)
-    monkeypatch.setattr(dgb, "CHECKOUT", tmp_path)  # no .kernels tarball either
+    monkeypatch.setattr(library, "CHECKOUT", tmp_path)  # no .kernels tarball either
     with pytest.raises(Unsupported, match=r"deep_gemm.*vllm\.third_party\.deep_gemm"):
         DeepGEMM().provider()
 

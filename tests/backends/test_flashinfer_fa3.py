@@ -17,9 +17,9 @@ import math
 import pytest
 import torch
 
-from dsv4bench.backends import flashinfer_fa3 as fa3
 from dsv4bench.backends.base import Provider
-from dsv4bench.backends.flashinfer import FlashInfer, KernelOps
+from dsv4bench.backends.flashinfer import sm90 as fa3
+from dsv4bench.backends.flashinfer.backend import FlashInfer, KernelOps
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.inputs import make_inputs

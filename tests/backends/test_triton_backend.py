@@ -16,11 +16,13 @@ import torch
 
 triton = pytest.importorskip("triton", reason="needs triton (pip install triton)")
 
-from dsv4bench.backends import triton_kernels as tk  # noqa: E402
-from dsv4bench.backends.base import Output, Provider, Unsupported  # noqa: E402
+from dsv4bench.backends.base import Provider, Unsupported  # noqa: E402
 from dsv4bench.backends.torch_ref import oracle_call  # noqa: E402
+from dsv4bench.backends.triton import backend as tk  # noqa: E402
+from dsv4bench.backends.triton import cache_ops  # noqa: E402
 from dsv4bench.cases import inputs as case_inputs  # noqa: E402
 from dsv4bench.cases.case import Case  # noqa: E402
+from dsv4bench.cases.output import Output  # noqa: E402
 from dsv4bench.measure import metrics  # noqa: E402
 from reference import indices, layouts  # noqa: E402
 
@@ -78,7 +80,7 @@ def _v32_cache(num_tokens: int, block_size: int, scale: str, device="cpu", seed:
 def test_dequant_v4_bit_exact(page_size, num_tokens):
     cache = _v4_cache(num_tokens, page_size)
     assert cache.stride(0) == layouts.v4_page_stride(page_size) != page_size * 584
-    out = tk.dequant_v4(cache)
+    out = cache_ops.dequant_v4(cache)
     assert out.shape == (cache.shape[0] * page_size, 512)
     _assert_bits_equal(out, _reference(cache))
 
@@ -89,7 +91,7 @@ def test_dequant_v4_padded_stride_and_offset(page_size):
     for extra, offset in ((576, 1152), (1000, 3), (0, 17)):
         view = _restride_v4(cache, extra, offset)
         assert view.storage_offset() == offset
-        _assert_bits_equal(tk.dequant_v4(view), _reference(cache))
+        _assert_bits_equal(cache_ops.dequant_v4(view), _reference(cache))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -104,29 +106,29 @@ def test_dequant_v4_every_byte():
     data[0, 0, :256] = torch.arange(256, dtype=torch.uint8)
     scales[..., :7] = torch.randint(0, 256, scales[..., :7].shape, generator=g, dtype=torch.uint8)
     scales[0, 0, :7] = torch.tensor([0, 1, 2, 127, 200, 254, 255], dtype=torch.uint8)
-    _assert_bits_equal(tk.dequant_v4(cache), _reference(cache))
+    _assert_bits_equal(cache_ops.dequant_v4(cache), _reference(cache))
 
 
 def test_dequant_v4_e4m3_dtype_and_slots():
     cache = _v4_cache(2 * 64, 64).view(torch.float8_e4m3fn)  # FlashMLA's test writer's dtype
     slots = torch.tensor([127, 0, 64, 5, 5, 100], dtype=torch.int32)
-    _assert_bits_equal(tk.dequant_v4(cache, slots), _reference(cache, slots))
-    _assert_bits_equal(tk.dequant(cache, "v4"), _reference(cache))
-    assert tk.dequant_v4(cache, slots[:0]).shape == (0, 512)
+    _assert_bits_equal(cache_ops.dequant_v4(cache, slots), _reference(cache, slots))
+    _assert_bits_equal(cache_ops.dequant(cache, "v4"), _reference(cache))
+    assert cache_ops.dequant_v4(cache, slots[:0]).shape == (0, 512)
     with pytest.raises(ValueError, match="slots must lie"):
-        tk.dequant_v4(cache, torch.tensor([128]))
+        cache_ops.dequant_v4(cache, torch.tensor([128]))
 
 
 def test_dequant_rejects_bad_caches():
     cache = _v4_cache(4, 2)
     with pytest.raises(ValueError, match="stride\\(1\\) == 584"):
-        tk.dequant_v4(torch.as_strided(cache, cache.shape, (2000, 600, 600, 1)))
+        cache_ops.dequant_v4(torch.as_strided(cache, cache.shape, (2000, 600, 600, 1)))
     with pytest.raises(ValueError, match="v32 cache"):
-        tk.dequant_v32(cache)
+        cache_ops.dequant_v32(cache)
     with pytest.raises(ValueError, match="v4 cache must be"):  # the layout is named, not inferred
-        tk.dequant(torch.zeros(1, 2, 1, 100, dtype=torch.uint8), "v4")
+        cache_ops.dequant(torch.zeros(1, 2, 1, 100, dtype=torch.uint8), "v4")
     with pytest.raises(ValueError, match="v4 or v32"):
-        tk.dequant(cache, "bf16")
+        cache_ops.dequant(cache, "bf16")
 
 
 # ---- V3.2 dequant -------------------------------------------------------------------------
@@ -135,7 +137,7 @@ def test_dequant_rejects_bad_caches():
 @pytest.mark.parametrize("scale", ["pow2", "raw"])
 def test_dequant_v32_bit_exact(scale):
     cache = _v32_cache(100, 64, scale)
-    out = tk.dequant_v32(cache)
+    out = cache_ops.dequant_v32(cache)
     assert out.shape == (128, 576)
     _assert_bits_equal(out, _reference(cache))
 
@@ -156,9 +158,9 @@ def test_dequant_v32_rounding_every_byte_and_strides():
     buf = torch.randint(0, 256, (7 + 4 * 3000,), generator=g, dtype=torch.uint8)
     view = torch.as_strided(buf, cache.shape, (3000, 700, 700, 1), 7)
     view.copy_(cache)
-    _assert_bits_equal(tk.dequant_v32(view), _reference(cache))
+    _assert_bits_equal(cache_ops.dequant_v32(view), _reference(cache))
     slots = torch.tensor([15, 2, 2, 0], dtype=torch.int64)
-    _assert_bits_equal(tk.dequant_v32(view, slots), _reference(cache, slots))
+    _assert_bits_equal(cache_ops.dequant_v32(view, slots), _reference(cache, slots))
 
 
 # ---- remap --------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def test_remap_matches_reference(dtype, page_size):
     table = wide[:, ::2]  # a non-contiguous block table, with -1 entries
     table[1, 0] = -7
     local = local.to(dtype)
-    out = tk.remap(local, table, page_size)
+    out = cache_ops.remap(local, table, page_size)
     expected = indices.to_global_slots(local, table, page_size)
     assert out.dtype == dtype and out.shape == local.shape
     assert torch.equal(out, expected)
@@ -186,11 +188,11 @@ def test_remap_matches_reference(dtype, page_size):
 def test_remap_two_dims_and_empty():
     local = torch.tensor([[0, 5, -1, 9], [3, -1, -1, 8]], dtype=torch.int32)
     table = torch.tensor([[4, 2], [-1, 7]], dtype=torch.int32)
-    assert tk.remap(local, table, 4).tolist() == [[16, 9, -1, -1], [-1, -1, -1, -1]]
+    assert cache_ops.remap(local, table, 4).tolist() == [[16, 9, -1, -1], [-1, -1, -1, -1]]
     empty = torch.zeros(2, 0, dtype=torch.int32)
-    assert tk.remap(empty, table, 4).shape == (2, 0)
+    assert cache_ops.remap(empty, table, 4).shape == (2, 0)
     with pytest.raises(ValueError, match="block_table"):
-        tk.remap(local, table[:1], 4)
+        cache_ops.remap(local, table[:1], 4)
 
 
 # ---- the backend --------------------------------------------------------------------------
@@ -212,7 +214,9 @@ def test_provider_and_supports():
     b = tk.TritonKernels()
     ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split")
     assert (b.name, b.archs, b.ops) == ("triton", ("sm90", "sm100", "sm120"), ops)
-    assert b.provider() == Provider("triton", triton.__version__, tk.__name__)
+    assert b.provider() == Provider(
+        "triton", triton.__version__, "dsv4bench.backends.triton_kernels"
+    )
     assert b.supports(V4_DEQUANT, "sm90") is None
     assert b.supports(V32_DEQUANT, "sm100") is None
     assert b.supports(REMAP, "sm120") is None
@@ -269,21 +273,21 @@ def test_compiled_kernels_on_cuda():
     for page_size in (64, 256):
         cache = _v4_cache(65536, page_size, device=dev)
         expected = _reference(cache.cpu())
-        _assert_bits_equal(tk.dequant_v4(cache).cpu(), expected)
+        _assert_bits_equal(cache_ops.dequant_v4(cache).cpu(), expected)
         view = _restride_v4(cache, 576, 576 * 3)
-        _assert_bits_equal(tk.dequant_v4(view).cpu(), expected)
+        _assert_bits_equal(cache_ops.dequant_v4(view).cpu(), expected)
         odd = _restride_v4(cache, 8, 1)  # unaligned: no 16-byte vector loads possible
-        _assert_bits_equal(tk.dequant_v4(odd).cpu(), expected)
+        _assert_bits_equal(cache_ops.dequant_v4(odd).cpu(), expected)
         slots = torch.randperm(cache.shape[0] * page_size, device=dev)[:20000]
-        _assert_bits_equal(tk.dequant_v4(cache, slots).cpu(), expected[slots.cpu()])
+        _assert_bits_equal(cache_ops.dequant_v4(cache, slots).cpu(), expected[slots.cpu()])
     for scale in ("pow2", "raw"):
         cache = _v32_cache(65536, 64, scale, device=dev)
-        _assert_bits_equal(tk.dequant_v32(cache).cpu(), _reference(cache.cpu()))
+        _assert_bits_equal(cache_ops.dequant_v32(cache).cpu(), _reference(cache.cpu()))
 
     g = torch.Generator(device=dev).manual_seed(0)
     local = torch.randint(-2, 70000, (4, 1024, 2176), generator=g, device=dev, dtype=torch.int32)
     table = torch.randint(-1, 4096, (4, 1024), generator=g, device=dev, dtype=torch.int32)
-    out = tk.remap(local, table, 64)
+    out = cache_ops.remap(local, table, 64)
     assert torch.equal(out.cpu(), indices.to_global_slots(local.cpu(), table.cpu(), 64))
 
     backend = tk.TritonKernels()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dsv4bench import backends
-from dsv4bench.backends import fa3
+from dsv4bench.backends import fa3, library
 from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases.case import Case
@@ -268,19 +268,19 @@ def test_a_wrong_library_path_is_one_line(tmp_path, monkeypatch, capsys):
 def test_the_checkout_default_is_found_and_unpacked_outside_the_checkout(tmp_path, monkeypatch):
     import lzma
 
-    from dsv4bench.backends import kernel_files
-
-    monkeypatch.setattr(kernel_files, "UNPACK_DIR", tmp_path / "unpacked")
+    monkeypatch.setattr(library, "UNPACK_DIR", tmp_path / "unpacked")
     d = tmp_path / ".kernels" / "fa3-vllm-9.9.9"
     d.mkdir(parents=True)
     with lzma.open(d / (fa3.LIB_FILE + ".xz"), "wb") as f:
         f.write(b"\x7fELF fake")
-    found = fa3.default_lib(tmp_path)
+    found = library.kernel_builds(fa3.LIBRARY, tmp_path)[0].path
     assert found.endswith(".so.xz")
-    so = kernel_files.unpack_xz(type(d)(found))
+    so = library.unpack_xz(type(d)(found))
     assert so.read_bytes() == b"\x7fELF fake"
     assert so.parent == tmp_path / "unpacked" / "fa3-vllm-9.9.9"  # never into .kernels/
-    assert fa3.default_lib(tmp_path) == found and list(d.iterdir()) == [type(d)(found)]
+    assert library.kernel_builds(fa3.LIBRARY, tmp_path)[0].path == found and list(d.iterdir()) == [
+        type(d)(found)
+    ]
 
 
 # ---- GPU: the real kernel ------------------------------------------------------------------

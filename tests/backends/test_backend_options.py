@@ -17,7 +17,7 @@ from dsv4bench.run.worker import Cache, check
 from dsv4bench.scenarios import ScenarioError, load_text
 
 PLUGIN = "tests.plugins.misbehaving"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

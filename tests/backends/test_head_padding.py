@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
-from dsv4bench.backends import flashinfer, flashinfer_fa3, flashmla
+from dsv4bench.backends import flashmla
 from dsv4bench.backends.base import HeadRule, resolve_heads
+from dsv4bench.backends.flashinfer import backend as flashinfer
+from dsv4bench.backends.flashinfer import sm90 as flashinfer_fa3
 from dsv4bench.cases.case import Case, padding_count
 
 RULE = HeadRule("K", (64, 128), engine=64)

@@ -9,10 +9,10 @@ import pytest
 
 from dsv4bench import backends, scenarios
 from dsv4bench.backends import Output
-from dsv4bench.backends.reference_f64 import ReferenceF64
+from dsv4bench.backends.f64.backend import ReferenceF64
 from dsv4bench.run import worker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
