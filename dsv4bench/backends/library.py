@@ -91,10 +91,6 @@ class LibrarySpec:
     strict: bool = False
 
 
-def clip(text: str, chars: int) -> str:
-    return text[:chars]
-
-
 def discover(spec: LibrarySpec, lib: str | None = None) -> Any:
     """The ops of the first build the chain finds: `lib` (or $env_var), else the first package
     or engine source that loads, else the kernels folder; Unsupported naming what failed."""
@@ -111,8 +107,8 @@ def discover(spec: LibrarySpec, lib: str | None = None) -> Any:
             problems += [str(e)] if str(e) else []
         except Exception as e:  # installed but unusable: say why, try the next
             if spec.strict:
-                raise Unsupported(clip(f"{spec.not_found}: {_why(e)}", REASON_CHARS)) from e
-            problems.append(clip(f"{source.label}: {_why(e)}", PROBLEM_CHARS))
+                raise Unsupported(f"{spec.not_found}: {_why(e)}"[:REASON_CHARS]) from e
+            problems.append(f"{source.label}: {_why(e)}"[:PROBLEM_CHARS])
     builds = kernel_builds(spec)
     if builds:
         return _load_kernels(spec, builds[0])
@@ -234,7 +230,7 @@ def load_op_library(path: str, name: str, file_name: str, option: str, env_var: 
     try:
         torch.ops.load_library(str(so))
     except Exception as e:  # built for another torch/CUDA, or a CPU-only torch
-        raise Unsupported(clip(f"cannot load {name} library {so}: {_why(e)}", REASON_CHARS)) from e
+        raise Unsupported(f"cannot load {name} library {so}: {_why(e)}"[:REASON_CHARS]) from e
     return so.resolve(), file_provider(so)
 
 
