@@ -18,8 +18,9 @@ not-found reason, and the chain goes on (a LibrarySpec with `strict` stops there
 A backend describes its library once, as a LibrarySpec (its sources and how each loads), and
 its ops come from `discover(spec, lib)`; the Provider its loader returns is what
 `dsv4bench backends` prints and every row records. `find_builds(spec)` lists every build the
-sources hold, in the chain's order of preference (newest first within the kernels folder), for
-instances that pin one build each.
+sources hold, in the chain's order of preference (newest first within the kernels folder), and
+`load_build(spec, build)` loads one of them: what instances that pin one build each (several
+builds of one library side by side) use instead of `discover`.
 """
 
 from __future__ import annotations
@@ -126,9 +127,22 @@ def find_builds(spec: LibrarySpec, root: Path | None = None) -> list[Build]:
     for source in spec.sources:
         try:
             found += source.locate()
-        except Exception:  # noqa: S112 - absent or unusable: discover() reports it
+        except Exception:  # absent or unusable: discover() says why
             continue
     return found + kernel_builds(spec, root)
+
+
+def load_build(spec: LibrarySpec, build: Build) -> Any:
+    """The ops of one build of find_builds(spec): what an instance pinned to a build (one
+    engine's copy, one folder of the kernels folder) loads instead of searching."""
+    if build.source == "file" and spec.load_file is not None:
+        return spec.load_file(build.path)
+    if build.source == "kernels":
+        return _load_kernels(spec, build)
+    for source in spec.sources:
+        if source.label == build.label:
+            return source.load(build)
+    raise Unsupported(f"{spec.name}: no source {build.label!r} (a build of another library?)")
 
 
 def kernel_builds(spec: LibrarySpec, root: Path | None = None) -> list[Build]:

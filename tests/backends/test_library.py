@@ -129,6 +129,14 @@ def test_find_builds_lists_every_build_in_the_chains_order(kernels, monkeypatch)
         ("kernels", "fake-a"),
     ]
     assert builds[0].path == "/env/lib.so"
+    # each build loads on its own: what an instance pinned to one build does
+    assert [library.load_build(spec, b) for b in builds[1:4]] == [
+        ("loaded", "pkg", "/site/pkg"),
+        ("loaded", "engine", "/site/engine/lib.so"),
+        ("file", str(kernels / "fake-b" / "lib.so")),
+    ]
+    with pytest.raises(Unsupported, match="no source 'other'"):
+        library.load_build(spec, Build("package", "other", "/x"))
 
 
 def test_package_and_engine_sources_locate_without_importing(tmp_path, monkeypatch):
