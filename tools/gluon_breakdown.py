@@ -34,7 +34,7 @@ def _case(prefix: str):
 
 
 def _config(case, spec: str):
-    from dsv4bench.backends import triton_attention as ta
+    from dsv4bench.backends.triton import attention as ta
 
     if spec == "default":
         layout = case.layout if ta.uses_decode_kernel(case) else "bf16"
@@ -44,7 +44,7 @@ def _config(case, spec: str):
 
 def _launch(case, x, cfg):
     """The Triton/Gluon attention launch of the case's inputs x with Config cfg, planned."""
-    from dsv4bench.backends import triton_attention as ta
+    from dsv4bench.backends.triton import attention as ta
 
     decode = ta.uses_decode_kernel(case)
     extra = {}

@@ -87,6 +87,18 @@ Modelling decisions:
     prompts, the same window dequant in every chunk of a length and every layer kind.
 """
 
+from dsv4bench.scenarios.serving_spec import (
+    BASE_ROUTES,
+    C128_INDEX_MODES,
+    DEFAULT_ROUTES,
+    DEQUANT_MODES,
+    KEYS,
+    LABEL,
+    ServingSpec,
+    chunk_route,
+    parse_route,
+    spec_from_dict,
+)
 from dsv4bench.serving.aggregate import ENVELOPE, aggregate
 from dsv4bench.serving.planning import (
     Chunk,
@@ -101,18 +113,6 @@ from dsv4bench.serving.planning import (
     safe_limit_from_rows,
     visible_entries,
     window_span,
-)
-from dsv4bench.serving.spec import (
-    BASE_ROUTES,
-    C128_INDEX_MODES,
-    DEFAULT_ROUTES,
-    DEQUANT_MODES,
-    KEYS,
-    LABEL,
-    ServingSpec,
-    chunk_route,
-    parse_route,
-    spec_from_dict,
 )
 
 __all__ = [

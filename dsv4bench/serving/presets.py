@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsv4bench.scenarios.serving_spec import DECODE_ROUTES
 from dsv4bench.serving.aggregate import ENVELOPE
-from dsv4bench.serving.spec import DECODE_ROUTES
 
 BF16_KV = ("fa3", "flashinfer")  # backends whose kernels read a bf16 cache only
 KV_DTYPES = ("bf16", "fp8")

@@ -158,7 +158,7 @@ triton = pytest.importorskip("triton", reason="needs triton (pip install triton)
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_kernels_match_the_oracle_in_the_interpreter(name: str) -> None:
-    from dsv4bench.backends import triton_indexer
+    from dsv4bench.backends.triton import indexer as triton_indexer
     from dsv4bench.measure.metrics import accuracy
     from dsv4bench.measure.topk import compare_topk
 
@@ -178,7 +178,7 @@ def test_triton_kernels_match_the_oracle_in_the_interpreter(name: str) -> None:
 def test_triton_ragged_tiles_no_row_sees_are_written_minus_inf() -> None:
     """16 x 16 tiles: the programs past the causal diagonal of the last rows skip the dot and
     write -inf; every logit still equals the oracle's."""
-    from dsv4bench.backends import triton_indexer
+    from dsv4bench.backends.triton import indexer as triton_indexer
 
     case = _tiny(model="v3.2", extra="tokens: 40")
     x = inputs.make_inputs(case, "cpu")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench.backends import triton_kernels as tk
 from dsv4bench.backends.torch_ref import TorchReference
+from dsv4bench.backends.triton import backend as tk
+from dsv4bench.backends.triton import cache_ops
 from dsv4bench.cases.case import Tolerance
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.cases.oracle import oracle_call
@@ -61,11 +62,11 @@ def test_triton_split_is_the_oracles_bit_for_bit(page_size, pages):
         torch.randn(page_size * pages - 7, 512).to(torch.bfloat16), page_size
     )
     want = layouts.split_pages_v4(cache, 64)
-    got = tk.page_split(cache)
+    got = cache_ops.page_split(cache)
     assert got.stride() == want.stride() and torch.equal(got, want)
     # a view into a larger cache (storage offset, padded stride) reads its own pages only
     view = cache[1:]
-    assert torch.equal(tk.page_split(view), layouts.split_pages_v4(view, 64))
+    assert torch.equal(cache_ops.page_split(view), layouts.split_pages_v4(view, 64))
 
 
 def test_triton_split_reads_an_unpadded_source_stride():
@@ -78,20 +79,20 @@ def test_triton_split_reads_an_unpadded_source_stride():
     cache.copy_(padded)
     want = layouts.split_pages_v4(cache, 64)
     assert torch.equal(layouts.dequantize_v4(want), layouts.dequantize_v4(padded))
-    assert torch.equal(tk.page_split(cache), want)
+    assert torch.equal(cache_ops.page_split(cache), want)
 
 
 def test_triton_split_rejects_what_it_cannot_read():
     cache = layouts.quantize_v4(torch.randn(256, 512).to(torch.bfloat16), 256)
     with pytest.raises(ValueError, match="64-token pages, got page_size 32"):
-        tk.page_split(cache, 32)
+        cache_ops.page_split(cache, 32)
     with pytest.raises(ValueError, match="do not split"):
-        tk.page_split(layouts.quantize_v4(torch.randn(96, 512).to(torch.bfloat16), 96))
+        cache_ops.page_split(layouts.quantize_v4(torch.randn(96, 512).to(torch.bfloat16), 96))
     odd = torch.zeros(2 * 149762, dtype=torch.uint8).as_strided(
         (2, 256, 1, 584), (149762, 584, 584, 1)
     )
     with pytest.raises(ValueError, match="multiples of 4"):
-        tk.page_split(odd)
+        cache_ops.page_split(odd)
 
 
 def test_backend_rows_are_judged_exactly():

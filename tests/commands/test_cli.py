@@ -292,7 +292,7 @@ def test_bench_for_a_gpu_this_machine_lacks_is_refused(tmp_path, run_cli):
 def test_bench_without_a_gpu_runs_the_smoke_scenario(tmp_path, run_cli):
     import torch
 
-    from dsv4bench.backends.reference_f64 import ReferenceF64
+    from dsv4bench.backends.f64.backend import ReferenceF64
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a CUDA GPU")

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4bench.backends.base import Output
 from dsv4bench.cases.case import Tolerance
+from dsv4bench.cases.output import Output
 from dsv4bench.measure import hardware, metrics
 from tests.factories import V4, V32, make_case
 
