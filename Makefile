@@ -42,8 +42,10 @@ gpu-test: ensure
 bench: ensure
 	$(KERNELS) $(PYPATH) $(PYTHON) -m dsv4bench.cli bench $(if $(ARCH),--arch $(ARCH)) $(if $(OUT),--out $(OUT)) $(if $(GPUS),--gpus $(GPUS)) $(if $(SHARD),--shard $(SHARD)) --runs $(RUNS)
 
+# the run `make bench` made (OUT, else the newest of runs/) reported beside its rows; a committed
+# run is reported elsewhere: `python -m dsv4bench.cli report RUN_DIR` writes reports/<name>/
 report: ensure
-	$(PYPATH) $(PYTHON) -m dsv4bench.cli report $(if $(OUT),$(OUT),$$(ls -d $(RUNS)/*/ | tail -n 1))
+	$(PYPATH) $(PYTHON) -m dsv4bench.cli report --in-place $(if $(OUT),$(OUT),$$(ls -d $(RUNS)/*/ | tail -n 1))
 
 lint:
 	$(PYTHON) -m ruff check .

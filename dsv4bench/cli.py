@@ -192,12 +192,21 @@ def _add_result_jobs(sub) -> None:
     p.set_defaults(func=cmd_backends)
     p = sub.add_parser("report", help="report.md, report.html and plots from run directories")
     p.add_argument("run_dir", nargs="+", help="run directories, results.jsonl or benchmark JSON")
-    p.add_argument(
-        "--out", metavar="DIR", help="where to write (default: the first RUN_DIR, or its folder)"
-    )
+    _add_output(p, "the first RUN_DIR (or its folder)")
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_report)
     _add_comparing_jobs(sub)
+
+
+def _add_output(p, run_folder: str) -> None:
+    """--out DIR or --in-place: a run is only read unless its own folder is asked for."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", metavar="DIR", help="where to write (default: reports/<run name>/ here)"
+    )
+    where.add_argument(
+        "--in-place", action="store_true", help=f"write into {run_folder}, beside the rows"
+    )
 
 
 def _add_comparing_jobs(sub) -> None:
@@ -216,7 +225,7 @@ def _add_comparing_jobs(sub) -> None:
         metavar=("A", "B"),
         help="compare backend instance A (of BASE) with instance B (of NEW), e.g. two builds",
     )
-    p.add_argument("--out", metavar="DIR", help="where to write (default: NEW's directory)")
+    _add_output(p, "NEW's directory")
     p.add_argument(
         "--time-threshold",
         type=float,

@@ -37,6 +37,14 @@ def _git_commit() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def uuid_text(uuid) -> str | None:
+    """torch's device uuid as nvidia-smi writes it (GPU-xxxxxxxx-...)."""
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
 def _version(module: str) -> str | None:
     try:
         mod = __import__(module)
@@ -63,11 +71,10 @@ def collect() -> dict:
     }
     if torch.cuda.is_available():
         from dsv4bench.measure import hardware
-        from dsv4bench.run import devices
 
         props = torch.cuda.get_device_properties(0)
         env["gpu"] = props.name
-        env["gpu_uuid"] = devices.uuid_text(getattr(props, "uuid", None))
+        env["gpu_uuid"] = uuid_text(getattr(props, "uuid", None))
         env["arch"] = hardware.arch_of(0)
         env["sm_count"] = props.multi_processor_count
         env["smem_per_block_optin"] = getattr(props, "shared_memory_per_block_optin", None)

@@ -1,6 +1,6 @@
 """Index remapping between the index sets engines build and the ones kernels read.
 
-Conventions (KERNEL_FACTS §4):
+Conventions (docs/kernel-facts.md, index remap):
 - A negative index is invalid; every function here writes invalid entries as -1.
 - A "local" index is a request-local token position (0 = the request's first token).
 - A "slot" is a global cache position ``page * page_size + offset``.

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from in_process import main_in_process
+
+from tests.in_process import main_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 

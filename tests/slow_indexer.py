@@ -11,7 +11,8 @@ import math
 import struct
 
 import torch
-from slow_reference import e4m3_value
+
+from tests.slow_reference import e4m3_value
 
 NEG_INF = -math.inf
 

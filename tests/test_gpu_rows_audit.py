@@ -1,5 +1,5 @@
 """The committed H100 rows of issue 22's GPU items say what the fixes claim
-(results/sm90/audit-h100/NOTES.md)."""
+(results/sm90/studies/measurement/audit/NOTES.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dsv4bench.report.load import load_rows
 
-RUNS = Path(__file__).resolve().parent.parent / "results" / "sm90" / "audit-h100"
+RUNS = Path(__file__).resolve().parent.parent / "results/sm90/studies/measurement/audit"
 
 
 def test_flashmla_runs_v4_flash_c128_at_a_500k_context_padded_as_engines_pad():

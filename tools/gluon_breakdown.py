@@ -20,19 +20,49 @@ import argparse
 import ast
 import sys
 
-sys.path.insert(0, "tools")
-
+SCENARIO = "scenarios/sm90/triton_vs_flashmla.yaml"
 SKIPS = {"whole": 0, "no gather": 1, "no dots": 2}
 
 
-def _config(case, spec: str):
-    from triton_attention_sweep import _layout
+def _case(prefix: str):
+    """The first case of SCENARIO whose id starts with prefix."""
+    from dsv4bench import backends
+    from dsv4bench.scenarios import load
 
-    from dsv4bench.backends import triton_attention as ta
+    scenario = load(SCENARIO, known_backends=backends.names())
+    return next(c for c in scenario.cases if c.case_id.startswith(prefix))
+
+
+def _config(case, spec: str):
+    from dsv4bench.backends.triton import attention as ta
 
     if spec == "default":
-        return ta.config_for(case.num_heads, _layout(case), True, case.d_qk)
+        layout = case.layout if ta.uses_decode_kernel(case) else "bf16"
+        return ta.config_for(case.num_heads, layout, True, case.d_qk)
     return ta.Config(*ast.literal_eval(spec))
+
+
+def _launch(case, x, cfg):
+    """The Triton/Gluon attention launch of the case's inputs x with Config cfg, planned."""
+    from dsv4bench.backends.triton import attention as ta
+
+    decode = ta.uses_decode_kernel(case)
+    extra = {}
+    if decode:
+        extra = {"extra_kv": x.get("extra_k_cache"), "extra_indices": x.get("extra_indices"),
+                 "extra_topk_length": x.get("extra_topk_length")}  # fmt: skip
+    return ta.plan_attention(
+        x["q"],
+        x["k_cache"] if decode else x["kv"],
+        x["indices"],
+        case.scale,
+        layout=case.layout if decode else "bf16",
+        op="decode" if decode else "prefill",
+        topk_length=x.get("topk_length"),
+        attn_sink=x.get("attn_sink"),
+        config=cfg,
+        **extra,
+    )
 
 
 def _runner(case, x, spec: str, skip: int):
@@ -41,8 +71,6 @@ def _runner(case, x, spec: str, skip: int):
         from dsv4bench import backends
 
         return backends.get("flashmla").prepare(case, x, "cuda").run
-    from triton_attention_sweep import _launch
-
     plan = _launch(case, x, _config(case, spec))
     if skip:
         if not plan.info["gluon"]:
@@ -57,7 +85,6 @@ def main() -> int:
     ap.add_argument("--ncu", action="store_true", help="one launch of each, inside probe/")
     a = ap.parse_args()
     import torch
-    from triton_attention_sweep import _cases
 
     from dsv4bench import backends
     from dsv4bench.cases import inputs
@@ -67,7 +94,7 @@ def main() -> int:
     kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
     for run in a.runs:
         prefix, spec = run.split("=", 1)
-        case = _cases([prefix])[0]
+        case = _case(prefix)
         x = inputs.make_inputs(case, "cuda")
         if a.ncu:
             fn = _runner(case, x, spec, 0)

@@ -8,7 +8,7 @@ sparse prefill; decode reads a V4 FP8 cache with an extra cache of TOPK/2 and si
 runs in its own process: build the inputs, warm up, reset the peak counter, run one call and
 report `extra` (peak memory beyond what was allocated before the call: outputs included),
 `out_bytes`, and `seconds`. On the GPU the peak is torch's allocator peak; on the CPU it is
-VmHWM after /proc/self/clear_refs (Linux). tests/test_memory.py asserts on these numbers.
+VmHWM after /proc/self/clear_refs (Linux). tests/reference/test_memory.py asserts on these numbers.
 """
 
 from __future__ import annotations

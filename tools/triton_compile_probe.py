@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from dsv4bench.backends import triton_attention as ta
+from dsv4bench.backends.triton import attention as ta
 from reference import layouts
 
 PTR = {torch.bfloat16: "*bf16", torch.uint8: "*u8", torch.int16: "*i16", torch.float32: "*fp32",
@@ -91,13 +91,13 @@ def compile_sm90(plan, gluon=None):
     if gluon is not None:
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from dsv4bench.backends.triton_src import gluon_attention
+        from dsv4bench.backends.triton.kernels import gluon_attention
 
         fn, make = gluon_attention.KERNELS["attn"], GluonASTSource
-        meta = ta._gluon_meta(meta, gluon)
+        meta = ta.gluon_meta(meta, gluon)
         opts = ta.gluon_options(gluon)
     else:
-        from dsv4bench.backends.triton_src import attention
+        from dsv4bench.backends.triton.kernels import attention
 
         fn, make = JITFunction(attention.KERNELS["attn"]), ASTSource
     args = plan.args

@@ -19,7 +19,7 @@ q, kv e4m3; kv_cache the (blocks, block_size, 1, D + 4) uint8 cache; weights fp3
 in their metadata builder. Top-k is torch.topk, as for the Triton backend. DeepGEMM is the
 `deep_gemm` module (DeepGEMM itself, sgl-deep-gemm, or vLLM's bundled copy found as
 `vllm.third_party.deep_gemm`), else the checkout's .kernels/deepgemm-vllm-*.tar.xz (unpacked
-once into .kernels/, as tools/gpu/setup.sh does).
+once outside the checkout, as tools/gpu/setup.sh does): library.py's chain.
 
 DeepGEMM 2.8.1 (the vLLM 0.33.0 wheel's copy) renamed both forms and changed them, read from its
 `_C.py` and the op schemas in its `_C_extension.abi3.so`:
@@ -41,7 +41,6 @@ next_n 4 schedules one task per 2-CTA cluster: the metadata gets half the SMs as
 
 from __future__ import annotations
 
-import glob
 import importlib
 import inspect
 import re
@@ -49,12 +48,12 @@ import sys
 import tarfile
 from pathlib import Path
 
-from dsv4bench.backends import kernel_files
-from dsv4bench.backends.base import Backend, LazyOps, Output, Prepared, Provider, Unsupported
+from dsv4bench.backends import library
+from dsv4bench.backends.base import Backend, LazyOps, Prepared, Provider, Unsupported
 from dsv4bench.cases.case import Case
+from dsv4bench.cases.output import Output
 
 NOT_FOUND = "DeepGEMM not importable (deep_gemm)"
-CHECKOUT = Path(__file__).resolve().parents[2]
 PACKED_GLOB = ".kernels/deepgemm-vllm-*.tar.xz"  # tools/gpu/pack.sh's copy
 API_V25 = "context_lens, block_kv, num_sms"  # 2.5.0: 2-D lengths, the cache's block size
 API_OLD = "context_lens, num_sms"
@@ -114,34 +113,48 @@ def metadata_api(dg) -> str:
     )
 
 
-def _unpacked(root: Path | None = None) -> Path | None:
-    """The folder holding deep_gemm/ from the checkout's .kernels tarball (unpacked once)."""
-    packed = sorted(glob.glob(str((root or CHECKOUT) / PACKED_GLOB)))
-    if not packed:
-        return None
-    return kernel_files.unpack_tar(Path(packed[-1]), "deep_gemm/__init__.py")
+def _module_source(name: str) -> library.Source:
+    """`deep_gemm` importable as `name` (a missing module is absent, with its note)."""
+    kind = "engine" if name.startswith("vllm.") else "package"
 
-
-def discover():
-    problems = []
-    for name in ("deep_gemm", "vllm.third_party.deep_gemm"):
+    def locate() -> list[library.Build]:
         try:
-            return importlib.import_module(name)
+            module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            problems.append(f"{name}: {e}")
-        except Exception as e:  # an ABI mismatch raises ImportError or OSError: the reason matters
-            raise Unsupported(f"{NOT_FOUND}: {type(e).__name__}: {e}"[:300]) from e
+            raise library.Absent(f"{name}: {e}") from e
+        where, version = getattr(module, "__file__", ""), getattr(module, "__version__", "")
+        return [library.Build(kind, name, where or "", version)]
+
+    return library.Source(kind, name, locate, lambda build: importlib.import_module(name))
+
+
+def _from_kernels(build: library.Build):
+    """deep_gemm from the kernels folder's tarball, unpacked once, put first on sys.path."""
     try:
-        folder = _unpacked()
+        folder = library.unpack_tar(Path(build.path), "deep_gemm/__init__.py")
     except (OSError, tarfile.TarError) as e:
         raise Unsupported(f"{NOT_FOUND}: cannot unpack {PACKED_GLOB}: {e}"[:300]) from e
-    if folder is None:
-        raise Unsupported(f"{NOT_FOUND} ({'; '.join(problems)})"[:300])
     sys.path.insert(0, str(folder))
     try:
         return importlib.import_module("deep_gemm")
     except Exception as e:
         raise Unsupported(f"{NOT_FOUND} from {folder}: {type(e).__name__}: {e}"[:300]) from e
+
+
+LIBRARY = library.LibrarySpec(
+    name="DeepGEMM",
+    not_found=NOT_FOUND,
+    sources=(_module_source("deep_gemm"), _module_source("vllm.third_party.deep_gemm")),
+    kernels=(PACKED_GLOB,),
+    load_kernels=_from_kernels,
+    strict=True,  # installed but failing to import (an ABI mismatch): that reason is the answer
+)
+
+
+def discover():
+    """The deep_gemm module: DeepGEMM itself (or sgl-deep-gemm), vLLM's bundled copy, or the
+    checkout's kernels folder (library.discover)."""
+    return library.discover(LIBRARY)
 
 
 class DeepGEMM(Backend):

@@ -1,7 +1,8 @@
 """FlashAttention-3 (vLLM's `_vllm_fa3_C` build, or sgl-kernel's) as sparse MLA, decode and
 prefill, fed as vLLM's FLASH_ATTN_MLA_SPARSE (vllm/v1/attention/backends/mla/
 flashattn_mla_sparse.py) and sglang's `fa3` NSA backend feed it: the sglang default for decode
-on H200 and vLLM's first sparse MLA choice on Hopper with a bf16 cache (KERNEL_FACTS §9).
+on H200 and vLLM's first sparse MLA choice on Hopper with a bf16 cache (docs/kernel-facts.md,
+FA3 as sparse MLA).
 
 The op (schema of torch.ops._vllm_fa3_C.fwd in the vLLM 0.26.0 wheel, printed on the H100):
   fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k_new,
@@ -21,7 +22,8 @@ score is softmax_scale * (q.k + q_v.v):
       vs v = the latent cache (what both engines pass).
   V4 (d_qk 512, rope inside the latent, d_v 512): q = 64 latent columns vs k = the same 64
       cache columns, q_v = q with those 64 columns zeroed vs v = the whole latent cache, so
-      q.k + q_v.v = q.kv over all 512 columns and out = softmax . kv (KERNEL_FACTS §9).
+      q.k + q_v.v = q.kv over all 512 columns and out = softmax . kv (docs/kernel-facts.md,
+      FA3 as sparse MLA).
 Outside the timed call, as engines do outside attention: the FP8 cache dequantized into one
 bf16 pool [main slots; extra slots] (engines keep a bf16 cache for this backend), each row's
 index list = valid main slots then valid extra slots (shifted by the main slot count), valid
@@ -41,38 +43,29 @@ V3.2 and V4 at 1..128 heads, lse within 2e-6.
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import importlib
-import importlib.util
-import lzma
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from dsv4bench.backends import flashinfer_fa3, kernel_files
+from dsv4bench.backends import library, paged_rows
 from dsv4bench.backends.base import (
     HeadRule,
     LibraryBackend,
-    Output,
     Prepared,
     Provider,
     Unsupported,
     fp8_cache_reason,
     pad_heads,
     pad_sink,
-    prefill_output,
     resolve_heads,
 )
-from dsv4bench.backends.kernel_files import dist_version as _version
 from dsv4bench.cases.case import Case
+from dsv4bench.cases.output import Output, prefill_output
 
 ENV_LIB = "DSV4BENCH_FA3_LIB"
 LIB_FILE = "_vllm_fa3_C.abi3.so"
-CHECKOUT = Path(__file__).resolve().parents[2]
 DEFAULT_GLOB = ".kernels/fa3-vllm-*/" + LIB_FILE  # tools/gpu/pack.sh's copy (maybe .xz)
 NOT_FOUND = (
     "FA3 not found: install vllm or sgl-kernel, or pass --backend-opt fa3.lib=PATH "
@@ -85,7 +78,6 @@ FP8_REASON = (
     "FA3 refuses an FP8 cache for head_dim_v 512 ('HeaddimV > 256 requires fp16 and bf16'); "
     "engines run it on a bf16 cache: kv_dtype bf16"
 )
-CONVERT_CHUNK = 1 << 16
 
 # our name -> the names an op's schema may use for it; values every call passes
 ALIASES = {
@@ -189,81 +181,47 @@ def ops_from_namespace(namespace: str, provider: Provider) -> FA3Ops:
     return FA3Ops(provider, bind(args, ns.fwd.default), tuple(a.name for a in args))
 
 
-def _from_vllm() -> FA3Ops | None:
-    lib = kernel_files.vllm_op_library("vllm_flash_attn", "_vllm_fa3_C*.so")
-    if lib is None:
-        return None
-    prov = Provider("vllm.vllm_flash_attn", f"vllm {_version('vllm')}", str(lib))
+def _vllm_ops(build: library.Build) -> FA3Ops:
+    library.load_engine_library(build)
+    prov = Provider("vllm.vllm_flash_attn", build.version, build.path)
     return ops_from_namespace("_vllm_fa3_C", prov)
 
 
-def _from_sgl_kernel() -> FA3Ops | None:
-    if importlib.util.find_spec("sgl_kernel") is None:
-        return None
+def _sgl_kernel_ops(build: library.Build) -> FA3Ops:
     mod = importlib.import_module("sgl_kernel.flash_attn")  # registers torch.ops.sgl_kernel
-    prov = Provider("sgl_kernel.flash_attn", f"sgl-kernel {_version('sgl-kernel')}", mod.__file__)
+    prov = Provider("sgl_kernel.flash_attn", f"sgl-kernel {build.version}", mod.__file__)
     return ops_from_namespace("sgl_kernel", prov)
 
 
-def default_lib(root: Path | None = None) -> str | None:
-    """The checkout's .kernels copy of vLLM's FA3 (unpacked if only the .xz is there)."""
-    root = root or CHECKOUT
-    found = sorted(glob.glob(str(root / DEFAULT_GLOB)))
-    if found:
-        return found[-1]
-    packed = sorted(glob.glob(str(root / (DEFAULT_GLOB + ".xz"))))
-    return str(packed[-1]) if packed else None
-
-
-def _from_file(path: str) -> FA3Ops:
+def load_file(path: str) -> FA3Ops:
+    """The op of an FA3 library file (its folder, or a packed .xz): whichever namespace it
+    registers."""
     import torch
 
-    p = Path(path).expanduser()
-    so = p / LIB_FILE if p.is_dir() else p
-    if so.suffix == ".xz" and so.is_file():
-        if not torch.cuda.is_available():  # unpacking 146 MiB for a library that cannot load
-            raise Unsupported(f"FA3 library {so}: no CUDA device to load it on")
-        try:
-            so = kernel_files.unpack_xz(so)
-        except (OSError, lzma.LZMAError) as e:
-            raise Unsupported(f"cannot unpack FA3 library {p}: {e}") from e
-    if not so.is_file():
-        raise Unsupported(f"FA3 library not found: {so} (from fa3.lib or {ENV_LIB})")
-    try:
-        torch.ops.load_library(str(so))
-    except Exception as e:  # built for another torch/CUDA, or a CPU-only torch
-        raise Unsupported(f"cannot load FA3 library {so}: {type(e).__name__}: {e}"[:300]) from e
-    digest = hashlib.sha256()
-    with open(so, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    so = so.resolve()
-    prov = Provider("library file", f"{so.parent.name} sha256:{digest.hexdigest()[:12]}", str(so))
+    so, prov = library.load_op_library(path, "FA3", LIB_FILE, "fa3.lib", ENV_LIB)
     for namespace in ("_vllm_fa3_C", "sgl_kernel"):
         if hasattr(getattr(torch.ops, namespace), "fwd"):
             return ops_from_namespace(namespace, prov)
     raise Unsupported(f"{so} registers no FA3 fwd op (looked in _vllm_fa3_C, sgl_kernel)")
 
 
+LIBRARY = library.LibrarySpec(
+    name="FA3",
+    not_found=NOT_FOUND,
+    sources=(
+        library.engine_source("vllm", "vllm", "vllm_flash_attn", "_vllm_fa3_C*.so", _vllm_ops),
+        library.package_source("sgl-kernel", "sgl_kernel", _sgl_kernel_ops),
+    ),
+    load_file=load_file,
+    env_var=ENV_LIB,
+    kernels=(DEFAULT_GLOB, DEFAULT_GLOB + ".xz"),  # a packed copy is unpacked once
+)
+
+
 def discover(lib_path: str | None = None) -> FA3Ops:
     """An explicit library (argument or $DSV4BENCH_FA3_LIB) wins; else an installed package;
-    else the checkout's .kernels copy."""
-    lib_path = lib_path or os.environ.get(ENV_LIB)
-    if lib_path:
-        return _from_file(lib_path)
-    problems = []
-    for name, find in (("vllm", _from_vllm), ("sgl-kernel", _from_sgl_kernel)):
-        try:
-            ops = find()
-        except Exception as e:  # installed but unusable: say why, try the next
-            problems.append(f"{name}: {type(e).__name__}: {e}"[:200])
-            continue
-        if ops is not None:
-            return ops
-    packed = default_lib()
-    if packed:
-        return _from_file(packed)
-    raise Unsupported(NOT_FOUND + (f" ({'; '.join(problems)})" if problems else ""))
+    else the checkout's kernels folder (library.discover)."""
+    return library.discover(LIBRARY, lib_path)
 
 
 # ---- the call's arguments -------------------------------------------------------------------
@@ -289,37 +247,6 @@ def split_pool(rows, d_qk: int):
     paged = rows.view(rows.shape[0], 1, 1, d_qk)
     k = paged[..., D_V:] if d_qk == 576 else paged[..., :QK_COLS]
     return k, paged[..., :D_V]
-
-
-def page_table(idx, ok):
-    """(table int32 (T, width), lens int32 (T,)): each row's listed slots first, 0 after."""
-    import torch
-
-    order = torch.argsort((~ok).to(torch.int8), dim=-1, stable=True)
-    table = idx.gather(-1, order)
-    lens = ok.sum(-1).to(torch.int32)
-    cols = torch.arange(idx.shape[-1], device=idx.device)
-    table = torch.where(cols < lens[:, None], table, torch.zeros_like(table))
-    return table.to(torch.int32).contiguous(), lens.contiguous()
-
-
-def bf16_pool(caches, d_qk: int, layout: str):
-    """Every slot of the FP8 caches (main, then extra) dequantized: bf16 [slots, d_qk]."""
-    import torch
-
-    from reference import layouts
-
-    n = sum(c.shape[0] * c.shape[1] for c in caches)
-    rows = torch.empty(n, d_qk, dtype=torch.bfloat16, device=caches[0].device)
-    base = 0
-    for cache in caches:
-        m = cache.shape[0] * cache.shape[1]
-        for s in range(0, m, CONVERT_CHUNK):
-            slots = torch.arange(s, min(s + CONVERT_CHUNK, m), device=cache.device)
-            got = layouts.gather_tokens(cache, slots, layout=layout)
-            rows[base + s : base + s + len(slots)] = got
-        base += m
-    return rows
 
 
 # ---- the backend ----------------------------------------------------------------------------
@@ -378,16 +305,16 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
     if case.decode_shape is not None:
         b, s_q, h, d = x["q"].shape
         q = x["q"].reshape(b * s_q, h, d)
-        caches, idx, ok = flashinfer_fa3.decode_lists(x)
-        rows = bf16_pool(caches, case.d_qk, case.layout)
+        caches, idx, ok = paged_rows.decode_lists(x)
+        rows = paged_rows.bf16_pool(caches, case.d_qk, case.layout)[0]
     else:
         q = x["q"]
         kv = x["kv"].reshape(x["kv"].shape[0], -1)
         idx = x["indices"].reshape(x["indices"].shape[0], -1)
-        ok = flashinfer_fa3.row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
+        ok = paged_rows.row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
         rows = kv.to(torch.bfloat16).contiguous()
     t, h, _ = q.shape
-    table, lens = page_table(idx, ok)
+    table, lens = paged_rows.page_table(idx, ok)
     qk, qv = split_query(pad_heads(q, heads, 1).to(torch.bfloat16), case.d_qk)
     k, v = split_pool(rows, case.d_qk)
     sync()
@@ -417,19 +344,19 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
     )
     sink = pad_sink(x.get("attn_sink"), heads)
     if sink is not None:
-        sink = sink.to(q.device)[:, None]
+        sink = sink.to(q.device)
         info["sink"] = "out *= sigmoid(lse - sink), inside the timed call"
 
     def run():
         res = ops.fwd(**call)
         o, lse = res[0], res[1]
         if sink is not None:
-            o.mul_(torch.sigmoid(lse - sink).transpose(0, 1).unsqueeze(-1))
+            paged_rows.scale_by_sink(o, lse.transpose(0, 1), sink)  # lse (h, T)
         return o, lse
 
     def finish(raw) -> Output:
         o, lse = raw[0][:, :h], raw[1][:h].transpose(0, 1)  # lse (h, T) -> (T, h)
-        lse = lse.masked_fill(torch.isneginf(lse), math.inf)  # no key: the oracle's +inf
+        lse = paged_rows.no_key_lse(lse)
         if case.decode_shape is None:
             return Output(o, lse)
         b, s_q = case.decode_shape

@@ -17,19 +17,14 @@ query heads only: fewer heads are zero-padded here and dropped in finish().
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from dsv4bench.backends import kernel_files
+from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     HeadRule,
     LibraryBackend,
-    Output,
     Prepared,
     Provider,
     Unsupported,
@@ -37,17 +32,14 @@ from dsv4bench.backends.base import (
     fp8_cache_reason,
     pad_heads,
     pad_sink,
-    prefill_output,
     resolve_heads,
 )
-from dsv4bench.backends.kernel_files import dist_version as _version
 from dsv4bench.cases.case import ROUTES, Case
+from dsv4bench.cases.output import Output, prefill_output
 from dsv4bench.measure import hardware
 
 ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
 LIB_FILE = "_flashmla_C.abi3.so"
-CHECKOUT = Path(__file__).resolve().parents[2]
-DEFAULT_GLOB = ".kernels/flashmla-vllm-*/" + LIB_FILE  # the checkout's copy: the last resort
 NOT_FOUND = (
     "FlashMLA not found: install flash_mla, vllm or sgl-kernel, "
     "or pass --backend-opt flashmla.lib=PATH"
@@ -104,14 +96,12 @@ def ops_from_namespace(namespace: str, provider: Provider) -> KernelOps:
     return KernelOps(provider, decode, prefill, decode_out, prefill_out)
 
 
-def _from_flash_mla() -> KernelOps | None:
-    if importlib.util.find_spec("flash_mla") is None:
-        return None
+def _flash_mla_ops(build: library.Build) -> KernelOps:
     iface = importlib.import_module("flash_mla.flash_mla_interface")
     cuda = importlib.import_module("flash_mla.cuda")  # what the interface itself calls
     if not hasattr(cuda, "sparse_decode_fwd"):
-        raise Unsupported(f"flash_mla {_version('flash_mla')} predates the sparse kernels")
-    prov = Provider("flash_mla", _version("flash_mla"), str(getattr(cuda, "__file__", "")))
+        raise Unsupported(f"flash_mla {build.version} predates the sparse kernels")
+    prov = Provider("flash_mla", build.version, str(getattr(cuda, "__file__", "")))
     # pybind ops: 12 positional arguments and no out_; prefill through the interface, whose
     # later parameters (indexer_topk in newer builds) have defaults
     return KernelOps(
@@ -123,67 +113,47 @@ def _from_flash_mla() -> KernelOps | None:
     )
 
 
-def _from_vllm() -> KernelOps | None:
-    lib = kernel_files.vllm_op_library("", "_flashmla_C*.so")
-    if lib is None:
-        return None
-    prov = Provider("vllm._flashmla_C", f"vllm {_version('vllm')}", str(lib))
+def _vllm_ops(build: library.Build) -> KernelOps:
+    library.load_engine_library(build)
+    prov = Provider("vllm._flashmla_C", build.version, build.path)
     return ops_from_namespace("_flashmla_C", prov)
 
 
-def _from_sgl_kernel() -> KernelOps | None:
-    if importlib.util.find_spec("sgl_kernel") is None:
-        return None
+def _sgl_kernel_ops(build: library.Build) -> KernelOps:
     mod = importlib.import_module("sgl_kernel.flashmla_ops")  # registers torch.ops.sgl_kernel
-    prov = Provider("sgl_kernel.flashmla_ops", f"sgl-kernel {_version('sgl-kernel')}", mod.__file__)
+    prov = Provider("sgl_kernel.flashmla_ops", f"sgl-kernel {build.version}", mod.__file__)
     return ops_from_namespace("sgl_kernel", prov)
 
 
-def _from_file(path: str) -> KernelOps:
+def load_file(path: str) -> KernelOps:
+    """The ops of a FlashMLA library file (or its folder): whichever namespace it registers."""
     import torch
 
-    p = Path(path).expanduser()
-    so = p / LIB_FILE if p.is_dir() else p
-    if not so.is_file():
-        raise Unsupported(f"FlashMLA library not found: {so} (from flashmla.lib or {ENV_LIB})")
-    try:
-        torch.ops.load_library(str(so))
-    except Exception as e:  # built for another torch/CUDA, or a CPU-only torch
-        raise Unsupported(f"cannot load FlashMLA library {so}: {type(e).__name__}: {e}") from e
-    digest = hashlib.sha256()
-    with open(so, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    so = so.resolve()
-    prov = Provider("library file", f"{so.parent.name} sha256:{digest.hexdigest()[:12]}", str(so))
+    so, prov = library.load_op_library(path, "FlashMLA", LIB_FILE, "flashmla.lib", ENV_LIB)
     for namespace in ("_flashmla_C", "sgl_kernel"):
         if hasattr(getattr(torch.ops, namespace), "sparse_decode_fwd"):
             return ops_from_namespace(namespace, prov)
     raise Unsupported(f"{so} registers no FlashMLA sparse ops (looked in _flashmla_C, sgl_kernel)")
 
 
+LIBRARY = library.LibrarySpec(
+    name="FlashMLA",
+    not_found=NOT_FOUND,
+    sources=(
+        library.package_source("flash_mla", "flash_mla", _flash_mla_ops),
+        library.engine_source("vllm", "vllm", "", "_flashmla_C*.so", _vllm_ops),
+        library.package_source("sgl-kernel", "sgl_kernel", _sgl_kernel_ops),
+    ),
+    load_file=load_file,
+    env_var=ENV_LIB,
+    kernels=(".kernels/flashmla-vllm-*/" + LIB_FILE,),
+)
+
+
 def discover(lib_path: str | None = None) -> KernelOps:
-    """An explicit library (argument or $DSV4BENCH_FLASHMLA_LIB) wins; else the first package."""
-    lib_path = lib_path or os.environ.get(ENV_LIB)
-    if lib_path:
-        return _from_file(lib_path)
-    problems = []
-    for name, find in (
-        ("flash_mla", _from_flash_mla),
-        ("vllm", _from_vllm),
-        ("sgl-kernel", _from_sgl_kernel),
-    ):
-        try:
-            ops = find()
-        except Exception as e:  # installed but unusable: say why, try the next
-            problems.append(f"{name}: {type(e).__name__}: {e}")
-            continue
-        if ops is not None:
-            return ops
-    packed = sorted(CHECKOUT.glob(DEFAULT_GLOB))
-    if packed:  # the checkout's .kernels copy (tools/gpu/pack.sh)
-        return _from_file(str(packed[-1]))
-    raise Unsupported(NOT_FOUND + (f" ({'; '.join(problems)})" if problems else ""))
+    """An explicit library (argument or $DSV4BENCH_FLASHMLA_LIB) wins; else the first package;
+    else the checkout's kernels folder (library.discover)."""
+    return library.discover(LIBRARY, lib_path)
 
 
 def uses_decode_kernel(case: Case) -> bool:

@@ -45,7 +45,8 @@ class Timing:
     batch_invariance: bool = False  # run a few requests alone and compare with the batch
 
 
-# FlashMLA's own test tolerances (KERNEL_FACTS §7): decode 5e-6, prefill 7e-6.
+# FlashMLA's own test tolerances: decode 5e-6, prefill 7e-6 (docs/kernel-facts.md, FlashMLA
+# sparse attention contract).
 DEFAULT_COS_DIFF = {"prefill": 7e-6, "page_split": 0.0}  # a re-paging copies bytes: exact
 DEFAULT_COS_DIFF_OTHER = 5e-6
 

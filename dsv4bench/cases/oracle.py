@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dsv4bench.backends.base import Output, prefill_output
 from dsv4bench.cases.case import SPLIT_PAGE, Case
+from dsv4bench.cases.output import Output, prefill_output
 from reference import attention, indices, layouts
 
 

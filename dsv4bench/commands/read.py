@@ -7,6 +7,10 @@ from pathlib import Path
 
 from dsv4bench.commands.common import UsageError, setup_backends
 
+# where report and compare write unless told: a folder of the current directory, never the run
+# they read (a committed run stays as it was committed); --in-place writes beside the rows
+REPORTS = Path("reports")
+
 
 def cmd_backends(args) -> int:
     from dsv4bench import backends
@@ -52,9 +56,13 @@ def cmd_recommend(args) -> int:
 
 def cmd_report(args) -> int:
     from dsv4bench.report import ReportInputError, build_report
+    from dsv4bench.report.load import run_label
 
     first = Path(args.run_dir[0])
-    out = Path(args.out) if args.out else (first.parent if first.is_file() else first)
+    if args.in_place:
+        out = first.parent if first.is_file() else first
+    else:
+        out = Path(args.out) if args.out else REPORTS / run_label(first)
     try:
         files = build_report([Path(p) for p in args.run_dir], out)
     except ReportInputError as e:
@@ -74,8 +82,13 @@ def cmd_compare(args) -> int:
     if args.backends and args.backends[0] == args.backends[1]:
         raise UsageError(f"--backends: expected two different instances, got {args.backends[0]}")
     new = Path(args.new or args.base)
-    out = Path(args.out) if args.out else new
-    out = out if out.is_dir() or not out.suffix else out.parent
+    if args.in_place:
+        out = new if new.is_dir() or not new.suffix else new.parent
+    elif args.out:
+        out = Path(args.out)
+        out = out if out.is_dir() or not out.suffix else out.parent
+    else:
+        out = REPORTS / compare_name(Path(args.base), new, args.backends)
     try:
         code, files = compare(
             Path(args.base),
@@ -89,6 +102,16 @@ def cmd_compare(args) -> int:
         raise UsageError(str(e)) from None
     print(f"regression report: {next((f for f in files if f.suffix == '.md'), out)}")
     return code
+
+
+def compare_name(base: Path, new: Path, backends: list[str] | None) -> str:
+    """compare-BASE-vs-NEW (one run: compare-RUN), then -A-vs-B for two instances."""
+    from dsv4bench.report.load import run_label
+
+    runs = [run_label(base)] if base == new else [run_label(base), run_label(new)]
+    return "compare-" + "-".join(
+        ["-vs-".join(runs), *(["-vs-".join(backends)] if backends else [])]
+    )
 
 
 def cmd_env(args) -> int:

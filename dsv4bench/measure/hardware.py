@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, replace
 
 # sglang's DSv4 backend routes `q.shape[0] > 11673` away from the decode kernel. 11673 is
 # floor((228 KiB / 4 - 1) / 5) with 228 KiB = 233472 B, the per-SM shared memory of sm90/sm100,
-# not the per-block opt-in (227 KiB = 232448 B) that bounds one kernel (KERNEL_FACTS §5).
+# not the per-block opt-in (227 KiB = 232448 B) that bounds one kernel (docs/kernel-facts.md,
+# FlashMLA decode scheduler limit).
 SGLANG_DSV4_THRESHOLD = 11673
 
 SMEM_OPTIN_SM90 = 232448  # 227 KiB: sm90 and sm100 (CUDA Hopper/Blackwell tuning guides)
@@ -213,7 +214,8 @@ def detect(device=None) -> GpuSpec:
 
 def flashmla_sched_batch_limit(smem_optin: int) -> int:
     """Largest batch FlashMLA's decode scheduler can take: it needs 4*(5b+1) bytes of dynamic
-    shared memory for batch b (KERNEL_FACTS §5), within the per-block opt-in limit."""
+    shared memory for batch b, within the per-block opt-in limit (docs/kernel-facts.md, FlashMLA
+    decode scheduler limit)."""
     return (smem_optin // 4 - 1) // 5
 
 

@@ -187,7 +187,8 @@ def kv_token_bytes(case: Case) -> int:
     the cache itself."""
     if case.op == "prefill" and case.route == "sparse-prefill":
         return BF16 * case.d_qk
-    return LAYOUTS[case.layout].bytes_per_token(case.d_qk)  # KERNEL_FACTS §2
+    # docs/kernel-facts.md, V3.2 656-byte record and V4 584-byte page layout
+    return LAYOUTS[case.layout].bytes_per_token(case.d_qk)
 
 
 def attention_bytes(case: Case, *, unique: bool = False) -> int:

@@ -110,7 +110,7 @@ def warm_up(
     """Call fn `calls` times and, when calls > 0, on (synchronized, at most WARM_MAX_CALLS
     more) until min_s has passed since the first: measured on an H100, a 0.56 ms kernel ran
     0.69-1.74 ms for its first 11 timed calls after 3 warm-up calls (results/sm90/
-    triton-gluon-h100/NOTES.md). Returns the calls made."""
+    studies/own-kernels/indexer/NOTES.md). Returns the calls made."""
     t0 = clock()
     for _ in range(calls):
         fn()

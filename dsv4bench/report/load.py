@@ -15,7 +15,7 @@ from dsv4bench import rows
 from dsv4bench.cases.case import Tolerance
 from dsv4bench.measure import judge
 from dsv4bench.measure.timing import percentile
-from dsv4bench.rows.results import RESULTS_FILE, read_checked
+from dsv4bench.rows.results import PACKED_FILE, RESULTS_FILE, read_checked, rows_file
 
 CASE_FIELDS = [f.name for f in fields(rows.CaseRow) if f.name != "extra"]
 
@@ -34,11 +34,12 @@ def load_rows(path: str | Path, run: str | None = None) -> list[dict]:
     if not path.exists():
         raise ReportInputError(f"{path}: no such file or directory")
     if path.is_dir():
-        raw = _checked(path / RESULTS_FILE) + _checked(path / SERVING_FILE)
-        if not (path / RESULTS_FILE).exists():
+        results = rows_file(path)
+        raw = _checked(results) + _checked(path / SERVING_FILE)
+        if not results.exists():
             for f in sorted(path.glob("*.json")):
                 raw += _benchmark_rows(f, strict=False)
-        if not raw and not (path / RESULTS_FILE).exists():
+        if not raw and not results.exists():
             raise ReportInputError(f"{path}: holds no {RESULTS_FILE} nor pytest-benchmark JSON")
     elif path.suffix == ".json":
         raw = _benchmark_rows(path, strict=True)
@@ -77,7 +78,7 @@ def load_runs(paths: list[str | Path]) -> list[dict]:
 def run_label(path: Path) -> str:
     """A short name for a run: its dir name (the parent's for RUN_DIR/results.jsonl)."""
     path = Path(path)
-    if path.is_file() and path.name in (RESULTS_FILE, SERVING_FILE):
+    if path.is_file() and path.name in (RESULTS_FILE, PACKED_FILE, SERVING_FILE):
         return path.resolve().parent.name
     return path.stem if path.is_file() else path.resolve().name
 

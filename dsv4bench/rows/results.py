@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from dsv4bench import rows
 
 RESULTS_FILE = "results.jsonl"
+PACKED_FILE = RESULTS_FILE + ".gz"  # a committed run's rows, compressed: read, never written
 RETRIED = ("incorrect", "crash", "timeout", "oom", "error")  # what --retry-failed runs again
 
 
@@ -86,12 +88,19 @@ class Rows(list):
     torn_tail: bool = False
 
 
+def rows_file(run_dir: str | Path) -> Path:
+    """RUN_DIR's rows: results.jsonl, else a committed results.jsonl.gz (else the path
+    results.jsonl would have)."""
+    plain, packed = Path(run_dir) / RESULTS_FILE, Path(run_dir) / PACKED_FILE
+    return packed if packed.exists() and not plain.exists() else plain
+
+
 def read_checked(path: str | Path, *, torn_tail_ok: bool = False) -> Rows:
     """read_rows, refusing (RowError, one line) what is not this suite's rows: an unreadable
     line (but a torn last line when `torn_tail_ok`) or a row that breaks
     `rows.stored_problems`."""
     found = read_rows(path, quiet=True)
-    where = Path(path) / RESULTS_FILE if Path(path).is_dir() else Path(path)
+    where = rows_file(path) if Path(path).is_dir() else Path(path)
     bad = list(found.unreadable)
     torn = torn_tail_ok and found.torn_tail and bad and bad[-1] > max(found.lines, default=0)
     if torn:
@@ -114,12 +123,15 @@ def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
     unless `quiet`."""
     path = Path(path)
     if path.is_dir():
-        path = path / RESULTS_FILE
+        path = rows_file(path)
     rows = Rows()
     if not path.exists():
         return rows
     bad, numbers = [], []
-    text = path.read_text(errors="replace")
+    if path.name.endswith(".gz"):
+        text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+    else:
+        text = path.read_text(errors="replace")
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from dsv4bench.env import uuid_text
+
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -41,14 +43,6 @@ class Device:
     @property
     def label(self) -> str:
         return "cpu" if self.index is None else f"gpu{self.index}"
-
-
-def uuid_text(uuid) -> str | None:
-    """torch's device uuid as nvidia-smi writes it (GPU-xxxxxxxx-...)."""
-    if uuid is None:
-        return None
-    text = str(uuid)
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
 def visible_gpus() -> list[Device]:

@@ -51,7 +51,7 @@ def case_cost_ms(case: Case, *, oracle_backend: bool = False) -> int:
     expected answer once, from the case's FLOPs and bytes (metrics.attention_flops and
     attention_bytes) and a fixed host cost per call; when the backend is the oracle itself, its
     warm-up and timed calls are oracle calls too. A kernel's own calls are left out: kernels
-    are 20x and more faster than the oracle. On results/sm90/h100-bench (264 jobs) it predicts
+    are 20x and more faster than the oracle. On results/sm90/baseline-h100 (264 jobs) it predicts
     a total within 10% of the measured one; a Triton kernel's first-call compile is not in it."""
     flops = metrics.attention_flops(case)
     moved = metrics.attention_bytes(case)

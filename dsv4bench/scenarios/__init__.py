@@ -4,9 +4,9 @@ The schema is in docs/scenarios.md. The only package that touches YAML.
 Everything is checked before anything runs; the first problem is raised as a ScenarioError
 whose text is one line, `FILE:LINE: key.path: what was expected`. One module per step: read
 (YAML tree with lines), rules (value checks, also validate_case), expand (kernel cases),
-serving_entry (serving files), entries (one file -> what it holds); scenario holds the
-loaded Scenario and its LimitSearches. May import cases/, serving/spec and reference/; nothing
-that runs or reports.
+serving_entry (serving files, whose spec is serving_spec), entries (one file -> what it
+holds); scenario holds the loaded Scenario and its LimitSearches. May import cases/ and
+reference/; nothing that runs, models serving or reports.
 """
 
 from dsv4bench.scenarios.entries import (

@@ -11,7 +11,7 @@ from dsv4bench.scenarios.expand import ScenarioLoader
 from dsv4bench.scenarios.read import ScenarioError, parse, read_text
 from dsv4bench.scenarios.scenario import Scenario
 from dsv4bench.scenarios.serving_entry import is_serving, serving_spec
-from dsv4bench.serving.spec import ServingSpec
+from dsv4bench.scenarios.serving_spec import ServingSpec
 
 
 def load_any(path: str | Path, *, known_backends: Collection[str]) -> Scenario | ServingSpec:

@@ -2,7 +2,7 @@
 
 Read by the same reader as kernel scenarios (read.parse: lines, no duplicate keys, safe tags)
 and checked with the same value parsers (rules.Parser: timing, tolerance, head_padding); the
-serving keys' own rules live with ServingSpec (serving/spec.py, which never sees YAML). Every
+serving keys' own rules live with ServingSpec (serving_spec.py, which never sees YAML). Every
 error is one line, `FILE:LINE: key: what was expected`.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from dsv4bench.scenarios.read import Node, ScenarioError
 from dsv4bench.scenarios.rules import Parser
+from dsv4bench.scenarios.serving_spec import KEYS, ServingSpec, spec_from_dict
 from dsv4bench.scenarios.workloads import context_lens
-from dsv4bench.serving.spec import KEYS, ServingSpec, spec_from_dict
 
 FILE_KEYS = ("name", "description", *KEYS)  # `name` is ServingSpec.scenario
 

@@ -10,7 +10,8 @@ dsv4bench.scenarios reads) -> `plan` (the distinct Cases to
 measure, and curves whose points list their parts as (case_id, multiplicity)) -> the runner
 measures every case -> `aggregate` (serving rows, one per curve point and backend).
 
-What a point sums (multiplicity = number of layers of the kind, KERNEL_FACTS §1):
+What a point sums (multiplicity = number of layers of the kind; docs/kernel-facts.md, Models and
+layer kinds):
 
 TTFT(model, L, C, route): the prompt is split into chunks of C tokens (the last one shorter);
 chunk i covers positions [start, start + tokens) and is the Case `tokens` = chunk length,
@@ -37,8 +38,9 @@ remap), once per step or once per C128 layer.
 
 Modelling decisions:
   - Visible entries: a query at position pos sees min(pos+1, window) window tokens and
-    (pos+1) // ratio compressed entries (KERNEL_FACTS §1); a chunk's widths are sized for its
-    last query (pos = context_len - 1), earlier queries pad with -1.
+    (pos+1) // ratio compressed entries (docs/kernel-facts.md, Models and layer kinds); a
+    chunk's widths are sized for its last query (pos = context_len - 1), earlier queries pad
+    with -1.
   - Index widths (topk, extra_topk) are what each kernel takes. On the decode kernel
     (decode-kernel route, TPOT) they are multiples of 64 (FlashMLA asserts topk % 64 and
     extra_topk % 64): the visible count rounded up to 64, -1 padded, as an engine pads. On the
@@ -67,8 +69,8 @@ Modelling decisions:
       remap: one "remap" Case of tokens x width indices, width = topk + extra_topk padded to
       128 (the merged width the prefill kernel reads); op remap (request-local to global slots)
       is the proxy for building the chunk's workspace indices and merging window and extra
-      indices (KERNEL_FACTS §4). Its cost depends on the index count, not on positions, so it
-      is one Case per (tokens, width), with context_len = max(tokens, width).
+      indices (docs/kernel-facts.md, Index remapping). Its cost depends on the index count, not
+      on positions, so it is one Case per (tokens, width), with context_len = max(tokens, width).
     The decode routes and TPOT read the FP8 cache directly (no dequant) and take global
     slots from the indexer's fused top-k transform: no remap part. Remap parts count once per
     layer: an upper bound for window/c128 layers, whose indices depend on positions only.
@@ -85,6 +87,18 @@ Modelling decisions:
     prompts, the same window dequant in every chunk of a length and every layer kind.
 """
 
+from dsv4bench.scenarios.serving_spec import (
+    BASE_ROUTES,
+    C128_INDEX_MODES,
+    DEFAULT_ROUTES,
+    DEQUANT_MODES,
+    KEYS,
+    LABEL,
+    ServingSpec,
+    chunk_route,
+    parse_route,
+    spec_from_dict,
+)
 from dsv4bench.serving.aggregate import ENVELOPE, aggregate
 from dsv4bench.serving.planning import (
     Chunk,
@@ -99,18 +113,6 @@ from dsv4bench.serving.planning import (
     safe_limit_from_rows,
     visible_entries,
     window_span,
-)
-from dsv4bench.serving.spec import (
-    BASE_ROUTES,
-    C128_INDEX_MODES,
-    DEFAULT_ROUTES,
-    DEQUANT_MODES,
-    KEYS,
-    LABEL,
-    ServingSpec,
-    chunk_route,
-    parse_route,
-    spec_from_dict,
 )
 
 __all__ = [

@@ -6,8 +6,8 @@ reach by picking the best kernel per call."""
 from __future__ import annotations
 
 from dsv4bench.rows import ServingRow
+from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
-from dsv4bench.serving.spec import LABEL, LABEL_INDEXER, ROLES
 
 ENVELOPE = "envelope"  # the backend name of the fastest-per-part rows
 

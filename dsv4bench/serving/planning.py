@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dsv4bench.cases.case import Case
-from dsv4bench.serving.spec import (
+from dsv4bench.scenarios.rules import ModelSpec
+from dsv4bench.scenarios.serving_spec import (
     ALIGN,
     DECODE_ROUTES,
     DEFAULT_ROUTES,
@@ -277,8 +278,6 @@ class _Builder:
     @property
     def cfg_model(self):
         """The scenario-side model view indexer_case.defaults reads (heads, ratio, top-k)."""
-        from dsv4bench.scenarios.rules import ModelSpec
-
         return ModelSpec.builtin(self.cfg)
 
     def chunk_parts(

@@ -12,15 +12,15 @@ path) are bf16 candidates only; FlashMLA's and Triton's decode kernels and the d
 read the FP8 cache. One engine keeps one KV dtype for both phases: `best_pair` picks the fastest
 TTFT + TPOT pair that shares one.
 
-Sources (file and version; KERNEL_FACTS §9): see each preset's `source`.
+Sources (file and version; docs/kernel-facts.md, Engine presets): see each preset's `source`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsv4bench.scenarios.serving_spec import DECODE_ROUTES
 from dsv4bench.serving.aggregate import ENVELOPE
-from dsv4bench.serving.spec import DECODE_ROUTES
 
 BF16_KV = ("fa3", "flashinfer")  # backends whose kernels read a bf16 cache only
 KV_DTYPES = ("bf16", "fp8")
@@ -93,7 +93,7 @@ PRESETS: tuple[Preset, ...] = (
         "(--attention-backend FLASH_ATTN_MLA_SPARSE)",
         "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py; vllm/platforms/cuda.py "
         "_get_backend_priorities, sparse MLA on sm90: FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE, "
-        "FLASHINFER_MLA_SPARSE_SM90 (vLLM 0.26.0, KERNEL_FACTS §9)",
+        "FLASHINFER_MLA_SPARSE_SM90 (vLLM 0.26.0, docs/kernel-facts.md, Engine presets)",
     ),
     Preset(
         "vllm-hopper-fp8",

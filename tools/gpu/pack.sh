@@ -9,9 +9,14 @@
 # Then carry `.kernels` and begin the GPU command with `source tools/gpu/setup.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-../shared/tools/vllm-kernels.sh .kernels >/dev/null
+tools/gpu/extract-vllm-kernels.sh .kernels >/dev/null
 if [ ! -f .kernels/site.tar.xz ]; then
-  ../shared/tools/flashinfer-wheels.sh .whl >/dev/null
+  # FlashInfer's MLA paths need only these two wheels (its other declared dependencies are
+  # optional there); the GPU machine JIT-compiles its kernels with its own nvcc
+  pick=(--quiet --no-deps --only-binary=:all: --implementation cp --python-version 3.12
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any --dest .whl)
+  python3 -m pip download "${pick[@]}" flashinfer-python==0.6.18 >&2
+  python3 -m pip download "${pick[@]}" "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" >&2
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   for w in .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl; do unzip -q -o "$w" -d "$tmp"; done

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from dsv4bench.report import plots
 from dsv4bench.report.fmt import (
@@ -18,6 +19,15 @@ from dsv4bench.report.load import (
 )
 
 
+def shown(path) -> str:
+    """A run's path as the report shows it: relative to the current directory when inside it,
+    so one run renders the same report whichever way its path was written."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def intro(rep) -> None:
     d = rep.doc
     kinds_by_run = {
@@ -26,7 +36,7 @@ def intro(rep) -> None:
     d.table(
         ["run", "path", "case rows", "limit rows", "serving rows"],
         [
-            [run, code_span(str(path)), c.get("case", 0), c.get("limit", 0), c.get("serving", 0)]
+            [run, code_span(shown(path)), c.get("case", 0), c.get("limit", 0), c.get("serving", 0)]
             for (run, c), path in zip(kinds_by_run.items(), rep.paths, strict=True)
         ],
     )

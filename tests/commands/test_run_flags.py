@@ -1,0 +1,123 @@
+"""Run flags that used to be taken silently: a scenario named twice, --backend that no job
+runs, --resume with --force, an empty --out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+QUICK = """
+name: flags-test
+op: decode
+backends: [torch]
+timing: {warmup: 0, iters: 2, flush_l2: false}
+defaults: {context_len: 128, batch_size: 1, model: v3.2, topk: 64}
+cases:
+  - num_heads: [4, 8]
+"""
+
+
+@pytest.fixture
+def quick(tmp_path) -> Path:
+    path = tmp_path / "quick.yaml"
+    path.write_text(QUICK)
+    return path
+
+
+def test_a_scenario_given_twice_runs_each_job_once(tmp_path, quick, run_cli):
+    out = tmp_path / "r"
+    code, _, err = run_cli("run", quick, quick, "--out", out, "--quiet")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    keys = [(r["case_id"], r["backend"]) for r in rows]
+    assert len(keys) == 2 and len(set(keys)) == 2
+
+
+@pytest.mark.parametrize(
+    "flags, why",
+    [
+        (("--backend", "flashmla"), "--backend flashmla: no job of these scenarios runs on it"),
+        (("--resume", "--force"), "--resume goes on in RUN_DIR, --force starts over"),
+        (("--out", ""), "--out '': expected a run directory"),
+    ],
+)
+def test_contradictory_or_empty_flags_are_one_line_exit_2(tmp_path, quick, run_cli, flags, why):
+    args = ["run", quick, *flags]
+    if "--out" not in flags:
+        args += ["--out", tmp_path / "r"]
+    code, out, err = run_cli(*args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, out + err
+    assert err.startswith(f"dsv4bench: {why}")
+    assert not (tmp_path / "r").exists()
+    assert "nothing to do" not in out
+
+
+def test_unreadable_scenario_paths_are_one_line_exit_2(tmp_path, quick, run_cli):
+    import os
+
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(quick.read_bytes().replace(b"flags-test", b"flags-t\xe9st"))
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    cases = [
+        (latin, f"{latin}:2: (file): not UTF-8 text (byte 0xe9 at offset"),
+        (tmp_path, f"{tmp_path}: is a directory, not a scenario file"),
+        (fifo, f"{fifo}: not a regular file"),
+        (tmp_path / "none.yaml", f"{tmp_path / 'none.yaml'}: no such scenario file"),
+    ]
+    for path, why in cases:
+        for args in (("plan", path), ("run", path, "--out", tmp_path / "r")):
+            code, _, err = run_cli(*args)
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert err.startswith(f"dsv4bench: {why}"), err
+    assert not (tmp_path / "r").exists()
+
+
+# The next two tests run in this order in one process (pytest keeps a file's order): the
+# first leaves a plugin instance built, as tests/run/test_runner.py does; the second is a run.
+def test_a_test_that_builds_a_plugin_instance(tmp_path):
+    from dsv4bench import backends
+
+    backends.setup(["tests.plugins.misbehaving"])
+    backends.configure("isolated", {"build": "b1"}, "isolated-b1")
+    assert "isolated-b1" in {i["name"] for i in backends.configured()}
+
+
+def test_a_later_run_in_the_same_process_sends_no_leftover_instance(tmp_path, quick, capsys):
+    from dsv4bench import backends, cli
+
+    assert "isolated-b1" not in {i["name"] for i in backends.configured()}
+    code = cli.main(["run", str(quick), "--out", str(tmp_path / "r"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_help_version_and_backends_read_well(run_cli, capsys):
+    import re
+
+    import pytest as _pytest
+
+    from dsv4bench import cli
+
+    with _pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and re.fullmatch(r"dsv4bench \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    with _pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "scenario scenario YAML files" in text
+    assert "--plugin MODULE a module (or .py file) that registers more backends" in text
+    assert "(default: runs)" in text and "(default: RUNS/<time>-<arch>)" in text
+    code, out, _ = run_cli("backends")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == [
+        "backend",
+        "archs",
+        "ops",
+        "layouts",
+        "kernels",
+        "found",
+    ]
+    starts = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
+    assert len(starts) == 1  # the second column starts at one offset on every line

@@ -1,0 +1,173 @@
+"""--gpus: one worker per device fed from one queue, tested with CPU slots in place of GPUs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dsv4bench import backends
+from dsv4bench.cases.case import Case, Timing
+from dsv4bench.rows.results import ResultWriter, read_rows
+from dsv4bench.run import devices
+from dsv4bench.run.devices import Device, DeviceError
+from dsv4bench.run.runner import Job, LimitSearch, Runner, Worker
+from tests.factories import V32, make_case
+
+PLUGIN = "tests.plugins.misbehaving"
+
+
+TINY = dict(
+    V32,
+    scenario="pool-test",
+    num_heads=4,
+    topk=64,
+    context_len=128,
+    timing=Timing(warmup=0, iters=2, timeout_s=30),
+)
+
+
+def tiny(batch_size: int, seed: int = 0) -> Case:
+    return make_case(TINY, batch_size=batch_size, seed=seed)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin():
+    backends.setup([PLUGIN])
+
+
+def _environ(pid: int) -> dict[str, str]:
+    items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(i.decode().split("=", 1) for i in items if b"=" in i)
+
+
+class Recorder:
+    """A worker factory that notes which slot each worker was started for and what
+    CUDA_VISIBLE_DEVICES it got."""
+
+    def __init__(self):
+        self.started: list[tuple[int, str | None]] = []
+        self.workers: list[Worker] = []
+
+    def __call__(self, device: Device) -> Worker:
+        w = Worker("cpu", [PLUGIN], env=device.worker_env())
+        pinned = _environ(w.proc.pid).get(devices.VISIBLE) if Path("/proc").exists() else None
+        self.started.append((device.slot, pinned))
+        self.workers.append(w)
+        return w
+
+
+def pinned_slots(count: int) -> list[Device]:
+    return [replace(d, visible=f"{10 + d.slot}") for d in devices.cpu_slots(count)]
+
+
+def test_two_slots_share_the_jobs_keep_a_search_on_one_slot_and_survive_a_crash(tmp_path):
+    made = Recorder()
+    runner = Runner(
+        ResultWriter(tmp_path),
+        arch="cpu",
+        plugins=[PLUGIN],
+        progress=False,
+        devices=pinned_slots(2),
+        worker_factory=made,
+    )
+    jobs = [Job(tiny(1, seed=s), "torch") for s in range(3)]
+    jobs += [Job(tiny(4), "crashy"), Job(tiny(2), "crashy"), Job(tiny(1, seed=9), "crashy")]
+    search = LimitSearch("batch_size", 3, 4, "crashy", tiny(3))  # probes 3 (ok), 4 (crash)
+    rows = runner.run(jobs, [search])
+
+    written = read_rows(tmp_path)
+    key = lambda r: (r["kind"], r["case_id"], r["backend"], r["status"])
+    kept = [r for r in written if "limit-probe" not in r.get("tags", ())]
+    assert sorted(map(key, kept)) == sorted(map(key, rows))  # every row, written once
+    plain = [r for r in written if r["kind"] == "case" and "limit-probe" not in r["tags"]]
+    status = {(r["params"]["batch_size"], r["params"]["seed"], r["backend"]): r for r in plain}
+    assert {k: r["status"] for k, r in status.items()} == {
+        (1, 0, "torch"): "ok",
+        (1, 1, "torch"): "ok",
+        (1, 2, "torch"): "ok",
+        (4, 0, "crashy"): "crash",
+        (2, 0, "crashy"): "ok",
+        (1, 9, "crashy"): "ok",
+    }
+    (limit,) = [r for r in written if r["kind"] == "limit"]
+    assert (limit["last_ok"], limit["first_fail"]) == (3, 4)
+    probes = [r for r in written if "limit-probe" in r.get("tags", ())]
+    assert len(probes) == 2
+    assert len({r["env"]["slot"] for r in [*probes, limit]}) == 1  # one search, one slot
+    # the search starts first on one slot; the other slot takes jobs meanwhile
+    assert {r["env"]["slot"] for r in plain} - {limit["env"]["slot"]}
+    # every worker, the one restarted after the crash and each probe's included, was pinned to
+    # its own slot's device
+    assert all(pinned == f"{10 + slot}" for slot, pinned in made.started)
+    assert len(made.started) >= 1 + 1 + 2  # a worker for jobs, its restart, two probes
+    assert all(not w.alive() for w in made.workers)  # the run stopped them all
+
+
+def test_an_interrupt_stops_every_slot_and_writes_no_row_for_cut_jobs(tmp_path, monkeypatch):
+    hanging = tmp_path / "hanging"
+    monkeypatch.setenv("CRASHY_HANGING", str(hanging))
+    made = Recorder()
+    runner = Runner(
+        ResultWriter(tmp_path / "run"),
+        arch="cpu",
+        plugins=[PLUGIN],
+        progress=False,
+        devices=devices.cpu_slots(2),
+        worker_factory=made,
+    )
+    jobs = [Job(tiny(b, seed=3), "crashy") for b in (1, 2)]  # both hang (seed 3)
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        # both slots must have started a worker: under load the second can lag the first hang
+        while (not hanging.exists() or len(made.started) < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(jobs)
+    assert hanging.exists()
+    assert sorted(slot for slot, _ in made.started) == [0, 1]  # one job on each slot
+    assert read_rows(tmp_path / "run") == []  # killed by the stop: no crash rows
+    assert made.workers and all(not w.alive() for w in made.workers)
+
+
+GPUS = [
+    Device(slot=i, index=i, name="NVIDIA H200", uuid=f"GPU-{i}", arch="sm90", visible=str(i))
+    for i in range(4)
+]
+
+
+def test_gpus_select_devices_and_refuse_bad_lists():
+    assert [d.index for d in devices.select("all", GPUS)] == [0, 1, 2, 3]
+    chosen = devices.select("3,1", GPUS)
+    assert [(d.slot, d.index, d.visible) for d in chosen] == [(0, 3, "3"), (1, 1, "1")]
+    assert chosen[0].row_env() == {
+        "slot": 0,
+        "gpu_index": 3,
+        "gpu_uuid": "GPU-3",
+        "gpu": "NVIDIA H200",
+    }
+    assert chosen[0].worker_env() == {"CUDA_VISIBLE_DEVICES": "3"}
+    for spec, why in [
+        ("4", "no GPU 4"),
+        ("0,0", "named twice"),
+        ("one", "expected 'all'"),
+        ("-1", "no GPU -1"),
+    ]:
+        with pytest.raises(DeviceError, match=why):
+            devices.select(spec, GPUS)
+    with pytest.raises(DeviceError, match="no CUDA GPU"):
+        devices.select("all", [])
+    mixed = [GPUS[0], replace(GPUS[1], name="NVIDIA H100 80GB HBM3")]
+    with pytest.raises(DeviceError, match="different models"):
+        devices.select("all", mixed)
+    assert devices.uuid_text("abc-1") == "GPU-abc-1"
+    assert devices.cpu_slots(1)[0].row_env() == {"slot": 0}

@@ -1,0 +1,139 @@
+"""Engine presets and `dsv4bench recommend` on synthetic serving rows: KV-dtype candidates (a
+bf16 cache pays no dequant), ranking that leaves out incorrect backends, the presets' values and
+flags, the one-KV-dtype pair, the CLI's bad input, and the report section."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4bench import cli
+from dsv4bench.serving import presets as pz
+from dsv4bench.serving import recommend
+from tests.factories import write_run
+
+ENV = {"arch": "sm90", "gpu": "NVIDIA H100 80GB HBM3"}
+
+
+def srow(backend, metric, value, *, dequant=0.0, status="ok", x=1, ctx=8192, model="v3.2"):
+    ttft = metric == "ttft"
+    return {
+        "kind": "serving",
+        "scenario": "s",
+        "case_id": f"{metric}-{model}-{x}-{ctx}",
+        "curve_id": f"{metric}-{model}",
+        "model": model,
+        "metric": metric,
+        "backend": backend,
+        "route": "sparse-prefill" if ttft else "decode",
+        "dequant": "read" if ttft else None,
+        "prompt_len": x if ttft else None,
+        "chunk_size": ctx if ttft else None,
+        "batch_size": None if ttft else x,
+        "context_len": None if ttft else ctx,
+        "tp": 1,
+        "num_heads": 128,
+        "value_ms": value if status == "ok" else None,
+        "breakdown_ms": {"attention": value - dequant, "dequant": dequant, "remap": 0.0}
+        if status == "ok"
+        else None,
+        "status": status,
+        "message": "",
+        "parts": [],
+        "env": ENV,
+    }
+
+
+def rows():
+    out = []
+    for x in (4096, 32768):
+        k = x / 4096
+        out += [
+            srow("flashmla", "ttft", 10.0 * k, dequant=1.0 * k, x=x),
+            srow("fa3", "ttft", 9.5 * k, dequant=1.0 * k, x=x),
+            srow("envelope", "ttft", 9.5 * k, dequant=1.0 * k, x=x),
+        ]
+    for b in (1, 32):
+        out += [
+            srow("flashmla", "tpot", 5.0 * b, x=b),
+            srow("fa3", "tpot", 4.0 * b, x=b),
+            srow("envelope", "tpot", 3.0 * b, x=b),
+        ]
+    out.append(srow("flashinfer", "tpot", 3.0, x=1))
+    out.append(srow("flashinfer", "tpot", 0.0, x=32, status="incorrect"))
+    return out
+
+
+def test_bf16_candidates_pay_no_dequant_and_fp8_ones_do():
+    ph = pz.phase(rows(), "v3.2", 1, "ttft")
+    v = {c: sum(vals.values()) for c, vals in ph.values.items()}
+    assert v[pz.Candidate("flashmla", "sparse-prefill", "fp8")] == pytest.approx(90.0)
+    assert v[pz.Candidate("flashmla", "sparse-prefill", "bf16")] == pytest.approx(81.0)
+    assert v[pz.Candidate("fa3", "sparse-prefill", "bf16")] == pytest.approx(76.5)
+    assert pz.Candidate("fa3", "sparse-prefill", "fp8") not in ph.values  # fa3 reads bf16 only
+    assert ph.envelope == {(4096, 8192): 9.5, (32768, 8192): 76.0}
+
+
+def test_ranking_leaves_out_a_backend_with_an_incorrect_point():
+    r = pz.rank(pz.phase(rows(), "v3.2", 1, "tpot"))
+    assert [c.backend for c, _ in r.order] == ["fa3", "flashmla"]
+    assert r.order[0][1] == pytest.approx(132.0) and r.points == [(1, 8192), (32, 8192)]
+    (left,) = r.left_out.items()
+    assert left[0].backend == "flashinfer" and left[1] == "incorrect at 1 points"
+
+
+def test_recommend_names_the_fastest_its_flags_and_each_default():
+    text = "\n".join(recommend.lines(rows(), "v3.2", 1))
+    assert "TTFT: fastest correct fa3 sparse-prefill (bf16 KV), 76.500 ms" in text
+    assert "--attention-backend FLASH_ATTN_MLA_SPARSE" in text
+    # sglang H200: flashmla_sparse prefill on a bf16 cache; vLLM's fp8 preset pays the dequant
+    assert "sglang-h200 default (flashmla sparse-prefill (bf16 KV), H200): 81.000 ms" in text
+    assert "vllm-hopper-fp8 default (flashmla sparse-prefill (fp8 KV), H100/H200): 90.000" in text
+    assert "sglang-b200 default (flashmla sparse-prefill (fp8 KV)): for B200 (sm100), not sm90" in (
+        text
+    )
+    assert "not ranked: flashinfer (bf16 KV): incorrect at 1 points" in text
+    assert text.endswith("one KV dtype for both phases: bf16 — TTFT fa3 sparse-prefill (bf16 KV), "
+                         "TPOT fa3 (bf16 KV)")  # fmt: skip
+
+
+def test_no_rows_for_the_model_is_one_line():
+    (line,) = recommend.lines(rows(), "v4-pro", 1)
+    assert line == "no serving rows for v4-pro at TP 1 (serving rows: v3.2 TP 1)"
+
+
+def test_flags_know_what_each_engine_offers():
+    assert pz.flags_for("triton", "tpot") == "no engine offers it for this model (sglang, vLLM)"
+    assert "--nsa-decode-backend fa3" in pz.flags_for("fa3", "tpot")
+    assert "FLASHMLA_SPARSE_DSV4" in pz.flags_for("flashmla", "tpot", "v4-flash")
+    assert "no engine" in pz.flags_for("fa3", "tpot", "v4-flash")
+    assert all(p.source and p.flags for p in pz.PRESETS)
+    assert {p.name for p in pz.presets_for("v3.2", "sm90")} == {
+        "sglang-h200",
+        "vllm-hopper",
+        "vllm-hopper-fp8",
+    }
+
+
+def _run_dir(tmp_path):
+    return write_run(tmp_path / "run", rows())
+
+
+def test_recommend_command_and_its_bad_input(tmp_path, capsys):
+    d = _run_dir(tmp_path)
+    assert cli.main(["recommend", str(d), "--model", "v3.2", "--tp", "1"]) == 0
+    assert "fastest correct fa3" in capsys.readouterr().out
+    assert cli.main(["recommend", str(d), "--model", "v3.2", "--tp", "0"]) == 2
+    assert "--tp 0" in capsys.readouterr().err
+    assert cli.main(["recommend", str(tmp_path / "none"), "--model", "v3.2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none" in err
+
+
+def test_report_has_the_presets_section(tmp_path):
+    from dsv4bench.report import build_report
+
+    files = build_report([_run_dir(tmp_path)], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Engine presets against the envelope" in md and "### v3.2, TP 1" in md
+    assert "| sglang-h200 | H200 | bf16 | flashmla sparse-prefill (bf16 KV) | 81 | 1.06x |" in md
+    assert any(f.name.startswith("presets-tpot-v3") for f in files)
