@@ -9,9 +9,9 @@ import signal
 import sys
 
 from dsv4bench.cases.case import ARCHS
+from dsv4bench.commands import kernels as kernels_command
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
-from dsv4bench.commands import kernels as kernels_command
 from dsv4bench.commands.merge import cmd_merge
 from dsv4bench.commands.plan import cmd_plan
 from dsv4bench.commands.read import (

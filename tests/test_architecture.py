@@ -27,7 +27,7 @@ MODULES = {**_modules(PACKAGE), **_modules(ROOT / "reference")}
 # stage are independent of each other.
 STAGES = (
     ("dsv4bench", "reference"),  # the oracle; dsv4bench/__init__.py holds nothing
-    ("rows",),  # what a run leaves
+    ("rows", "kernels"),  # what a run leaves; the kernel builds engines ship
     ("cases",),  # one point of a sweep, its inputs and the oracle's answer
     ("measure",),  # timing, metrics, the judge
     ("scenarios", "backends", "env"),  # files -> cases; kernels; the machine

@@ -62,11 +62,12 @@ __all__ = [
 def shipped() -> dict[str, Callable[[], Backend]]:
     """Every shipped backend: name -> factory (imported on first use of the registry)."""
     from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref
+    from dsv4bench.backends.builds import build_instances
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
     from dsv4bench.backends.triton.backend import TritonKernels
 
-    return {
+    table: dict[str, Callable[[], Backend]] = {
         "torch": torch_ref.TorchReference,
         "flashmla": flashmla.FlashMLA,
         "flashinfer": FlashInfer,
@@ -78,6 +79,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "deepgemm": deepgemm.DeepGEMM,
         "reference-f64": ReferenceF64,
     }
+    return {**table, **build_instances(table)}  # one instance per known build
 
 
 registry.ship(shipped)

@@ -57,6 +57,11 @@ class LazyOps:
     def reset(self) -> None:
         self._ops, self._error = None, None
 
+    @property
+    def loaded(self) -> bool:
+        """Whether get() has the ops at hand without searching (found, or injected)."""
+        return self._ops is not None or self._source is not None
+
     def get(self):
         if self._ops is None and self._error is None:
             src = self._source

@@ -129,7 +129,10 @@ def _module_source(name: str) -> library.Source:
 
 
 def _from_kernels(build: library.Build):
-    """deep_gemm from the kernels folder's tarball, unpacked once, put first on sys.path."""
+    """deep_gemm from the kernels folder: a fetched build's folder, or a tarball unpacked once,
+    put first on sys.path."""
+    if Path(build.path).is_dir():
+        return _from_folder(Path(build.path).parent)
     try:
         folder = library.unpack_tar(Path(build.path), "deep_gemm/__init__.py")
     except (OSError, tarfile.TarError) as e:
@@ -145,16 +148,47 @@ LIBRARY = library.LibrarySpec(
     name="DeepGEMM",
     not_found=NOT_FOUND,
     sources=(_module_source("deep_gemm"), _module_source("vllm.third_party.deep_gemm")),
-    kernels=(PACKED_GLOB,),
+    kernels=(".kernels/deepgemm-vllm-*/deep_gemm", PACKED_GLOB),
     load_kernels=_from_kernels,
     strict=True,  # installed but failing to import (an ABI mismatch): that reason is the answer
 )
 
 
-def discover():
-    """The deep_gemm module: DeepGEMM itself (or sgl-deep-gemm), vLLM's bundled copy, or the
-    checkout's kernels folder (library.discover)."""
+def discover(lib: str | None = None):
+    """The deep_gemm module: from `lib` (a folder holding deep_gemm/, as `kernels fetch` cuts
+    it), else DeepGEMM itself (or sgl-deep-gemm), vLLM's bundled copy, or the checkout's kernels
+    folder (library.discover)."""
+    if lib:
+        return _from_folder(Path(lib))
     return library.discover(LIBRARY)
+
+
+def _from_folder(folder: Path):
+    if not (folder / "deep_gemm/__init__.py").is_file():
+        raise Unsupported(f"{NOT_FOUND}: no deep_gemm/ in {folder} (dsv4bench kernels fetch)")
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("deep_gemm")
+    except Exception as e:
+        raise Unsupported(f"{NOT_FOUND} from {folder}: {type(e).__name__}: {e}"[:300]) from e
+
+
+def static_api(folder: Path) -> str | None:
+    """Why the deep_gemm/ in `folder` has no indexer API this adapter knows, read from its
+    __init__.py without importing it (an import loads its ops into the process); None if known
+    or unreadable (the worker's import then says)."""
+    try:
+        text = (folder / "deep_gemm/__init__.py").read_text()
+    except OSError:
+        return None
+    if "fp8_fp4_paged_mqa_logits" in text or "fp8_paged_mqa_logits" in text:
+        return None
+    found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
+    version = found.group(1) if found else "?"
+    return (
+        f"DeepGEMM {version}: no fp8_paged_mqa_logits nor fp8_fp4_paged_mqa_logits "
+        "(known APIs: 2.5.0, 2.8.1)"
+    )
 
 
 class DeepGEMM(Backend):
@@ -164,8 +198,14 @@ class DeepGEMM(Backend):
     ops = ("indexer",)
     layouts = ()  # the indexer's own key cache, no attention cache
 
-    def __init__(self, module=None):
-        self._found = LazyOps(module, discover)
+    options = {"lib": None}  # a folder holding deep_gemm/ (a `kernels fetch` build)
+
+    def __init__(self, module=None, lib: str | None = None):
+        self.lib = lib
+        self._found = LazyOps(module, lambda: discover(self.lib))
+
+    def process_key(self) -> str:
+        return f"{self.base}.lib={self.lib}" if self.lib else ""  # one deep_gemm a process
 
     def provider(self) -> Provider:
         dg = self._found.get()
@@ -175,6 +215,8 @@ class DeepGEMM(Backend):
         reason = super().supports(case, arch)
         if reason:
             return reason
+        if self.lib and not self._found.loaded:  # never import a pinned build here
+            return static_api(Path(self.lib))
         try:
             dg = self._found.get()
         except Unsupported:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from dsv4bench.backends import library
 from dsv4bench.backends.base import (
@@ -40,6 +41,9 @@ from dsv4bench.measure import hardware
 
 ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
 LIB_FILE = "_flashmla_C.abi3.so"
+# sgl-flash-mla 1.0.0: torch.ops.flash_mla_legacy holds the sm90 kernels upstream dropped
+LEGACY_GLOB = "_C_legacy*.so"
+NAMESPACES = ("_flashmla_C", "sgl_kernel", "flash_mla_legacy")
 NOT_FOUND = (
     "FlashMLA not found: install flash_mla, vllm or sgl-kernel, "
     "or pass --backend-opt flashmla.lib=PATH"
@@ -97,6 +101,12 @@ def ops_from_namespace(namespace: str, provider: Provider) -> KernelOps:
 
 
 def _flash_mla_ops(build: library.Build) -> KernelOps:
+    package = importlib.import_module("flash_mla")
+    if hasattr(package, "has_legacy"):  # sgl-flash-mla: op libraries loaded by its import
+        if not package.has_legacy():
+            raise Unsupported(f"flash_mla {build.version} was built without its sm90 (legacy) half")
+        prov = Provider("flash_mla (sgl-flash-mla)", build.version, str(package.__file__))
+        return ops_from_namespace("flash_mla_legacy", prov)
     iface = importlib.import_module("flash_mla.flash_mla_interface")
     cuda = importlib.import_module("flash_mla.cuda")  # what the interface itself calls
     if not hasattr(cuda, "sparse_decode_fwd"):
@@ -129,11 +139,21 @@ def load_file(path: str) -> KernelOps:
     """The ops of a FlashMLA library file (or its folder): whichever namespace it registers."""
     import torch
 
-    so, prov = library.load_op_library(path, "FlashMLA", LIB_FILE, "flashmla.lib", ENV_LIB)
-    for namespace in ("_flashmla_C", "sgl_kernel"):
+    # sgl-flash-mla's folder (flash_mla/): its sm90 kernels are the legacy half
+    folder = Path(path)
+    legacy = (
+        [*folder.glob(f"flash_mla/{LEGACY_GLOB}"), *folder.glob(LEGACY_GLOB)]
+        if folder.is_dir()
+        else []
+    )
+    file_name = legacy[0].name if legacy else LIB_FILE
+    where = str(legacy[0].parent) if legacy else path
+    so, prov = library.load_op_library(where, "FlashMLA", file_name, "flashmla.lib", ENV_LIB)
+    for namespace in NAMESPACES:
         if hasattr(getattr(torch.ops, namespace), "sparse_decode_fwd"):
             return ops_from_namespace(namespace, prov)
-    raise Unsupported(f"{so} registers no FlashMLA sparse ops (looked in _flashmla_C, sgl_kernel)")
+    looked = ", ".join(NAMESPACES)
+    raise Unsupported(f"{so} registers no FlashMLA sparse ops (looked in {looked})")
 
 
 LIBRARY = library.LibrarySpec(
@@ -146,7 +166,7 @@ LIBRARY = library.LibrarySpec(
     ),
     load_file=load_file,
     env_var=ENV_LIB,
-    kernels=(".kernels/flashmla-vllm-*/" + LIB_FILE,),
+    kernels=(".kernels/flashmla-vllm-*/" + LIB_FILE, ".kernels/flashmla-sgl-*/flash_mla"),
 )
 
 

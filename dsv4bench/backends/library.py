@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4bench.backends.base import Provider, Unsupported
+from dsv4bench.kernels.store import kernels_dir
 
 SOURCES = ("file", "package", "engine", "kernels")
 CHECKOUT = Path(__file__).resolve().parents[2]  # its .kernels/ is the kernels folder
@@ -148,9 +149,9 @@ def load_build(spec: LibrarySpec, build: Build) -> Any:
 def kernel_builds(spec: LibrarySpec, root: Path | None = None) -> list[Build]:
     """The kernels folder's builds of the first of spec.kernels' globs that matches, newest
     (lexically last) first; their label is the build's folder (or packed file) name."""
-    root = root or CHECKOUT
+    folder = kernels_dir(root or CHECKOUT)
     for pattern in spec.kernels:
-        found = sorted(root.glob(pattern), reverse=True)
+        found = sorted(folder.glob(pattern.removeprefix(".kernels/")), reverse=True)
         if found:
             return [Build("kernels", _build_name(p), str(p), _build_name(p)) for p in found]
     return []
@@ -240,7 +241,10 @@ def load_op_library(path: str, name: str, file_name: str, option: str, env_var: 
         except (OSError, lzma.LZMAError) as e:
             raise Unsupported(f"cannot unpack {name} library {p}: {e}") from e
     if not so.is_file():
-        raise Unsupported(f"{name} library not found: {so} (from {option} or {env_var})")
+        raise Unsupported(
+            f"{name} library not found: {so} (from {option} or {env_var}; "
+            "`dsv4bench kernels fetch` puts the engines' builds in the kernels folder)"
+        )
     try:
         torch.ops.load_library(str(so))
     except Exception as e:  # built for another torch/CUDA, or a CPU-only torch

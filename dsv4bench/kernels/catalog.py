@@ -94,6 +94,16 @@ def parse_spec(spec: str) -> list[tuple[PackageSpec, str]]:
     return [(package, version)]
 
 
+def known_builds() -> list[tuple[str, str]]:
+    """(build name, library) of every build of every known release, as the catalog lists them."""
+    return [
+        (p.build_name(b, v), b.library)
+        for p in PACKAGES.values()
+        for v in p.versions
+        for b in p.builds
+    ]
+
+
 def default_specs() -> list[str]:
     """What `kernels fetch` takes with no spec: every known release."""
     return [f"{p.dist}=={v}" for p in PACKAGES.values() for v in p.versions]

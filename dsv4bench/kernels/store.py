@@ -15,9 +15,13 @@ BUILD_FILE = "build.json"
 MANIFEST = "manifest.json"
 
 
-def kernels_dir() -> Path:
-    """The kernels folder: $DSV4BENCH_KERNELS, else `.kernels` in the working directory."""
-    return Path(os.environ.get("DSV4BENCH_KERNELS", ".kernels"))
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def kernels_dir(checkout: Path | None = None) -> Path:
+    """The kernels folder: $DSV4BENCH_KERNELS, else the checkout's `.kernels`."""
+    env = os.environ.get("DSV4BENCH_KERNELS")
+    return Path(env) if env else (checkout or CHECKOUT) / ".kernels"
 
 
 @dataclass

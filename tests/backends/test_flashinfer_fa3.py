@@ -309,7 +309,7 @@ def test_sm90_support_rules():
     assert "d_qk" in b.supports(make_case(**{**V32, "d_qk": 640}), "sm90")
     assert "exceed" in b.supports(make_case(**{**V32, "head_padding": "8"}), "sm90")
     assert "decode kernels" in b.supports(make_case("prefill", **V4, tokens=8), "sm100")
-    assert b.options == {"kv_dtype": "bf16", "past_planner_limit": False}
+    assert b.options == {"kv_dtype": "bf16", "past_planner_limit": False, "lib": None}
     assert backend("e4m3").kv_dtype == "e4m3"
 
 

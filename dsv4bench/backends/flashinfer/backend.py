@@ -75,8 +75,11 @@ against the oracle is about 1e-3, above the default tolerance, as expected of fp
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dsv4bench.backends.base import (
     Backend,
@@ -92,6 +95,7 @@ from dsv4bench.backends.base import (
 from dsv4bench.backends.flashinfer import sm90, sm100, sm120
 from dsv4bench.backends.flashinfer.convert import KV_DTYPES, apply_length
 from dsv4bench.cases.case import Case
+from dsv4bench.kernels.store import kernels_dir
 from dsv4bench.measure import hardware
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
@@ -143,8 +147,26 @@ class KernelOps:
     names: dict = field(default_factory=dict)
 
 
-def discover() -> KernelOps:
-    """Import flashinfer and look up the four entry points (missing ones stay None)."""
+def _site(lib: str | None) -> Path | None:
+    """The site folder (flashinfer + apache-tvm-ffi) of a `kernels fetch` build: `lib`'s, else,
+    when no flashinfer is installed, the kernels folder's newest; None to import as installed."""
+    if lib:
+        site = Path(lib) / "site"
+        if not (site / "flashinfer/__init__.py").is_file():
+            raise Unsupported(f"FlashInfer build not found: no site/flashinfer in {lib}")
+        return site
+    if "flashinfer" in sys.modules or importlib.util.find_spec("flashinfer") is not None:
+        return None
+    found = sorted(kernels_dir().glob("flashinfer-*/site/flashinfer/__init__.py"), reverse=True)
+    return found[0].parents[1] if found else None
+
+
+def discover(lib: str | None = None) -> KernelOps:
+    """Import flashinfer (from `lib`'s build, an installed package, or the kernels folder) and
+    look up the four entry points (missing ones stay None)."""
+    site = _site(lib)
+    if site is not None and str(site) not in sys.path:
+        sys.path.insert(0, str(site))
     try:
         fi = importlib.import_module("flashinfer")
     except ModuleNotFoundError as e:
@@ -201,7 +223,7 @@ class FlashInfer(Backend):
     archs = ("sm90", "sm100", "sm120")
     ops = ("decode", "prefill")
     layouts = ("v32", "v4")
-    options = {"kv_dtype": "bf16", "past_planner_limit": False}
+    options = {"kv_dtype": "bf16", "past_planner_limit": False, "lib": None}
 
     def __init__(
         self,
@@ -211,6 +233,7 @@ class FlashInfer(Backend):
         past_planner_limit: bool = False,
         arch: str | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
+        lib: str | None = None,
     ):
         """ops: injected KernelOps (or a factory of one) instead of importing flashinfer.
         kv_dtype: trtllm-gen plain-row dtype, "bf16" or "e4m3" (per-tensor scale).
@@ -219,7 +242,8 @@ class FlashInfer(Backend):
         (unsupported by default: their rows are wrong, see sm90.PLANNER_WORKS)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-        self._found = LazyOps(ops, discover)
+        self.lib = lib  # a `kernels fetch` build's folder (its site/ goes on sys.path)
+        self._found = LazyOps(ops, lambda: discover(self.lib))
         self.kv_dtype = kv_dtype
         self.past_planner_limit = past_planner_limit
         self.arch = arch
@@ -227,6 +251,9 @@ class FlashInfer(Backend):
 
     def kernel_ops(self) -> KernelOps:
         return self._found.get()
+
+    def process_key(self) -> str:
+        return f"{self.base}.lib={self.lib}" if self.lib else ""  # one flashinfer a process
 
     def provider(self) -> Provider:
         return self.kernel_ops().provider

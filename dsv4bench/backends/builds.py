@@ -1,0 +1,27 @@
+"""Every kernel build the catalog knows (dsv4bench.kernels.catalog) as a backend instance named
+as the build (`flashmla-vllm-0.33.0`), pinned to its folder in the kernels folder: a scenario
+can name every build, and a build not fetched gives `unsupported` rows that say so. The plain
+backend name (`flashmla`) stays the discovery chain's pick: an installed package or engine,
+else the kernels folder's newest build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from dsv4bench.backends.base import Backend
+from dsv4bench.kernels.catalog import known_builds
+from dsv4bench.kernels.store import kernels_dir
+
+# libraries whose backend takes a build's folder as its `lib` option
+PINNABLE = ("flashmla", "fa3", "deepgemm", "flashinfer")
+
+
+def build_instances(table: dict[str, Callable[[], Backend]]) -> dict[str, Callable[[], Backend]]:
+    """Build name -> factory of its library's backend with `lib` = the build's folder."""
+    folder = kernels_dir()
+    return {
+        name: partial(table[library], lib=str(folder / name))
+        for name, library in known_builds()
+        if library in PINNABLE and library in table
+    }
