@@ -51,7 +51,7 @@ def test_two_instances_of_one_backend_side_by_side():
     assert backends.get("flashinfer").kv_dtype == "bf16"
     assert e4m3.kv_dtype == "e4m3" and e4m3.name == "flashinfer-e4m3"
     assert e4m3.base == "flashinfer"
-    assert e4m3.option_values() == {"kv_dtype": "e4m3", "past_planner_limit": False}
+    assert e4m3.option_values() == {"kv_dtype": "e4m3", "past_planner_limit": False, "lib": None}
     assert backends.configured() == [
         {
             "name": "flashinfer-e4m3",
