@@ -56,7 +56,7 @@ def test_two_instances_of_one_backend_side_by_side():
         {
             "name": "flashinfer-e4m3",
             "base": "flashinfer",
-            "options": {"kv_dtype": "e4m3", "past_planner_limit": False},
+            "options": {"kv_dtype": "e4m3", "past_planner_limit": False, "lib": None},
         }
     ]
 
