@@ -5,8 +5,9 @@ OUT ?=
 RUNS ?= runs
 GPUS ?=
 SHARD ?=
+SPECS ?=
 
-.PHONY: install ensure test test-slow bench report lint gpu-test
+.PHONY: install ensure test test-slow bench report lint gpu-test kernels
 
 # A CPU-only machine gets the CPU build of torch first, so pip never pulls CUDA wheels.
 install:
@@ -30,10 +31,16 @@ test-slow: install
 	$(PYTHON) -m pytest -q -rs -m slow
 
 # Kernels found without extra environment: PYTHONPATH is prepended to (never replaced, so
-# FlashInfer or DeepGEMM put on it stay visible), and a checkout holding .kernels/ (what
-# tools/gpu/pack.sh carries: FlashMLA, FA3, DeepGEMM, FlashInfer) unpacks and exports them first.
-KERNELS = $(if $(wildcard .kernels),. tools/gpu/setup.sh &&)
+# FlashInfer or DeepGEMM put on it stay visible); the backends find the builds that
+# `dsv4bench kernels fetch` (make kernels) put in .kernels/, and a checkout carrying packed
+# builds (.kpack/*.tar.xz, from `dsv4bench kernels pack`) unpacks them there first.
+KERNELS = $(if $(wildcard .kpack/*.tar.xz),$(PYPATH) $(PYTHON) -m dsv4bench.cli kernels unpack &&)
 PYPATH = PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH}
+
+# the kernel builds engines ship (vLLM 0.33.0/0.26.0, sgl-flash-mla 1.0.0, FlashInfer
+# 0.7.2.post1/0.6.18) into .kernels/ (needs a package registry; SPECS=vllm==0.33.0 for fewer)
+kernels: ensure
+	$(PYPATH) $(PYTHON) -m dsv4bench.cli kernels fetch $(SPECS)
 
 gpu-test: ensure
 	$(KERNELS) $(PYPATH) $(PYTHON) -m pytest -q -rs -m gpu

@@ -19,7 +19,7 @@ q, kv e4m3; kv_cache the (blocks, block_size, 1, D + 4) uint8 cache; weights fp3
 in their metadata builder. Top-k is torch.topk, as for the Triton backend. DeepGEMM is the
 `deep_gemm` module (DeepGEMM itself, sgl-deep-gemm, or vLLM's bundled copy found as
 `vllm.third_party.deep_gemm`), else the checkout's .kernels/deepgemm-vllm-*.tar.xz (unpacked
-once outside the checkout, as tools/gpu/setup.sh does): library.py's chain.
+once outside the checkout): library.py's chain.
 
 DeepGEMM 2.8.1 (the vLLM 0.33.0 wheel's copy) renamed both forms and changed them, read from its
 `_C.py` and the op schemas in its `_C_extension.abi3.so`:
@@ -54,7 +54,7 @@ from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
 NOT_FOUND = "DeepGEMM not importable (deep_gemm)"
-PACKED_GLOB = ".kernels/deepgemm-vllm-*.tar.xz"  # tools/gpu/pack.sh's copy
+PACKED_GLOB = ".kernels/deepgemm-vllm-*.tar.xz"  # an older packing's tarball
 API_V25 = "context_lens, block_kv, num_sms"  # 2.5.0: 2-D lengths, the cache's block size
 API_OLD = "context_lens, num_sms"
 API_V28 = "fp8_fp4"  # 2.8.1: fp8_fp4_(paged_)mqa_logits, q as (values, scales)

@@ -66,7 +66,7 @@ from dsv4bench.cases.output import Output, prefill_output
 
 ENV_LIB = "DSV4BENCH_FA3_LIB"
 LIB_FILE = "_vllm_fa3_C.abi3.so"
-DEFAULT_GLOB = ".kernels/fa3-vllm-*/" + LIB_FILE  # tools/gpu/pack.sh's copy (maybe .xz)
+DEFAULT_GLOB = ".kernels/fa3-vllm-*/" + LIB_FILE  # a fetched build (or an older packing's .xz)
 NOT_FOUND = (
     "FA3 not found: install vllm or sgl-kernel, or pass --backend-opt fa3.lib=PATH "
     f"(or {ENV_LIB}; default {DEFAULT_GLOB} of the checkout)"

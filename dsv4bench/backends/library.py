@@ -9,7 +9,7 @@ Sources (SOURCES), in the order `discover` tries them:
   engine   an engine package's bundled ops (vLLM's _flashmla_C, vllm_flash_attn,
            vllm.third_party.deep_gemm), loaded without importing the engine where possible
   kernels  the checkout's kernels folder (.kernels/<build>/...): the lexically last build;
-           packed files (.xz, .tar.xz from tools/gpu/pack.sh) are unpacked once into
+           packed files (.xz, .tar.xz of an older packing) are unpacked once into
            UNPACK_DIR, outside the checkout (an unpacked FA3 build is 146 MiB, more than a GPU
            call may carry, so it must never land in .kernels/ itself)
 A package or engine source that is installed but fails is a problem named in the final
@@ -269,7 +269,7 @@ def load_engine_library(build: Build) -> None:
 
 
 def unpack_xz(path: Path) -> Path:
-    """UNPACK_DIR/<folder>/X from .kernels/<folder>/X.xz (once; as tools/gpu/setup.sh does)."""
+    """UNPACK_DIR/<folder>/X from .kernels/<folder>/X.xz (once)."""
     so = UNPACK_DIR / path.parent.name / path.with_suffix("").name
     if not so.is_file():
         so.parent.mkdir(parents=True, exist_ok=True)
