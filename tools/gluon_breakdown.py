@@ -5,7 +5,7 @@ once: metrics.attention_bytes) and the TFLOP/s of the whole run. A part's time n
 whole one is what bounds the kernel; both well under it means the hand-over between them
 does.
 
-    python3 tools/gluon_breakdown.py CASE_PREFIX=CONFIG [...]    (kernels in .kernels/: dsv4bench kernels fetch or unpack)
+    python3 tools/gluon_breakdown.py CASE_PREFIX=CONFIG [...]    (FlashMLA from .kernels/)
     python3 tools/gluon_breakdown.py --ncu CASE_PREFIX=CONFIG    one launch, for
         ncu --nvtx --nvtx-include "probe/" ...  (FlashMLA's with CONFIG "flashmla")
 
