@@ -64,13 +64,14 @@ SM90_NEXT_N = (1, 2, 4)  # what 2.8.1's sm90 paged kernel takes
 def params(fn) -> tuple[str, ...] | None:
     """A function's parameter names: from inspect, else from a pybind docstring's first line
     `name(a: T, b: T = x) -> R`; None if neither says."""
+    # a torch op (2.8.1): inspect would answer (*args, **kwargs), so its schema comes first
+    schema = getattr(getattr(fn, "default", None), "_schema", None)
+    if schema is not None:
+        return tuple(a.name for a in schema.arguments)
     try:
         return tuple(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         pass
-    schema = getattr(getattr(fn, "default", None), "_schema", None)  # a torch op (2.8.1)
-    if schema is not None:
-        return tuple(a.name for a in schema.arguments)
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     m = re.match(r"\s*\w+\((.*)\)\s*->", doc[0]) if doc else None
     if not m:
@@ -82,7 +83,11 @@ def indexer_api(dg) -> str:
     """Which indexer API this DeepGEMM has: API_V28, API_V25 or API_OLD; Unsupported (with the
     version and the missing name) for any other."""
     version = getattr(dg, "__version__", "?")
-    if hasattr(dg, "fp8_fp4_paged_mqa_logits") or hasattr(dg, "fp8_fp4_mqa_logits"):
+    # 2.5.0 has both names: it keeps the fp8_ forms this adapter was first verified with
+    legacy = hasattr(dg, "fp8_paged_mqa_logits") and hasattr(dg, "fp8_mqa_logits")
+    if not legacy and (
+        hasattr(dg, "fp8_fp4_paged_mqa_logits") or hasattr(dg, "fp8_fp4_mqa_logits")
+    ):
         for name in ("fp8_fp4_paged_mqa_logits", "fp8_fp4_mqa_logits"):
             if not hasattr(dg, name):
                 raise Unsupported(f"DeepGEMM {version}: has fp8_fp4 logits but no {name}")

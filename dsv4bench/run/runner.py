@@ -34,6 +34,10 @@ from dsv4bench.scenarios import LimitSearch
 STARTUP_TIMEOUT_S = 180.0
 WORKER_EXIT_S = 30.0  # how long a worker that answered `crash` may take to exit (CUDA teardown)
 LARGE_RUN = 3600  # jobs: at about a second each, an hour or more
+# Workers a slot keeps alive at once: each holds its own CUDA context and cached memory (about
+# 12 GiB after the sm90 cases on an H100), so seven builds' workers side by side left a limit
+# probe out of memory; past this many the least recently used one stops.
+MAX_POOLED = 3
 FAILED = ("crash", "timeout", "oom", "error")
 # A limit probe stops working when it fails or answers wrong (a kernel past an int32 offset
 # may run and write garbage): both end the search.
@@ -229,12 +233,21 @@ class Slot:
         return worker
 
     def ensure_worker(self, key: str = "") -> Worker:
-        worker = self.workers.get(key)
+        worker = self.workers.pop(key, None)
         if worker is None or not worker.alive():
             if worker is not None:
                 worker.stop()
-            worker = self.workers[key] = self.new_worker()
+            while len(self.workers) >= MAX_POOLED:  # the least recently used goes first
+                self.workers.pop(next(iter(self.workers))).stop()
+            worker = self.new_worker()
+        self.workers[key] = worker  # last: the most recently used
         return worker
+
+    def stop_pooled(self) -> None:
+        """Stop the long-lived workers (a limit search's probes get the device to themselves)."""
+        for worker in self.workers.values():
+            worker.stop()
+        self.workers.clear()
 
     def drop(self, worker: Worker) -> None:
         """Forget a stopped worker (the next job of its key starts a new one)."""
@@ -463,6 +476,7 @@ class Runner:
         """Bisection between a working and a failing value, each probe in a fresh process on
         one slot (a limit belongs to one GPU model and kernel build)."""
         slot = slot or self.slots[0]
+        slot.stop_pooled()
         probes: dict[int, dict] = {}
 
         def probe(value: int) -> bool:

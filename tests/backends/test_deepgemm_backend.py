@@ -221,7 +221,6 @@ class TorchOp:
         self.default = type("Overload", (), {})()
         self.default._schema = type("Schema", (), {"arguments": [self._Arg(n) for n in names]})()
         self._fn = fn
-        self.__signature__ = "op"  # inspect.signature raises TypeError, as for torch ops
 
     def __call__(self, *args, **kw):
         return self._fn(*args, **kw)

@@ -40,7 +40,7 @@ def _case(point: str):
     ("name", "dot"), [(name, "fp8") for name in POINTS] + [("v32-ragged-2048-16k", "bf16")]
 )
 def test_compiled_kernels_match_the_oracle(name: str, dot: str) -> None:
-    from dsv4bench.backends import triton_indexer as ti
+    from dsv4bench.backends.triton import indexer as ti
 
     case = _case(POINTS[name])
     x = inputs.make_inputs(case, "cuda")

@@ -171,3 +171,30 @@ def test_gpus_select_devices_and_refuse_bad_lists():
         devices.select("all", mixed)
     assert devices.uuid_text("abc-1") == "GPU-abc-1"
     assert devices.cpu_slots(1)[0].row_env() == {"slot": 0}
+
+
+class _FakeWorker:
+    def __init__(self):
+        self.stopped = False
+
+    def alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_slot_keeps_at_most_max_pooled_workers_least_recently_used_first():
+    from dsv4bench.run import runner
+
+    made = []
+    slot = runner.Slot(None, lambda device: made.append(_FakeWorker()) or made[-1])
+    keys = [f"build-{i}" for i in range(runner.MAX_POOLED)]
+    for key in keys:
+        slot.ensure_worker(key)
+    first = slot.ensure_worker(keys[0])  # used again: now the most recent
+    assert first is made[0] and len(made) == runner.MAX_POOLED
+    slot.ensure_worker("one-more")  # the least recently used (keys[1]) stops
+    assert made[1].stopped and not made[0].stopped and len(slot.workers) == runner.MAX_POOLED
+    slot.stop_pooled()  # a limit search starts: none left holding the device
+    assert all(w.stopped for w in made) and not slot.workers
