@@ -35,7 +35,7 @@ paged form's tail past a row's length is not cleaned (masked after the call, tim
 2.5.0), and the ragged form returns compressed rows: row i holds keys [ks[i], ke[i]) from column
 0, so top-k runs over the compressed row (timed) and its indices are shifted by ks; the full
 (S, N) logits are laid out again only for the comparison, untimed. On sm90 the paged kernel takes
-next_n 1, 2 and 4 (vLLM 0.33.0 `native_next_n_supported`; DeepGEMM issue 340 for 3), and at
+next_n 1, 2 and 4 (2.5.0 too: both assert it; vLLM 0.33.0 `native_next_n_supported`), and at
 next_n 4 schedules one task per 2-CTA cluster: the metadata gets half the SMs as vLLM passes it.
 """
 
@@ -58,7 +58,7 @@ PACKED_GLOB = ".kernels/deepgemm-vllm-*.tar.xz"  # an older packing's tarball
 API_V25 = "context_lens, block_kv, num_sms"  # 2.5.0: 2-D lengths, the cache's block size
 API_OLD = "context_lens, num_sms"
 API_V28 = "fp8_fp4"  # 2.8.1: fp8_fp4_(paged_)mqa_logits, q as (values, scales)
-SM90_NEXT_N = (1, 2, 4)  # what 2.8.1's sm90 paged kernel takes
+SM90_NEXT_N = (1, 2, 4)  # what the sm90 paged kernel takes (2.5.0 and 2.8.1)
 
 
 def params(fn) -> tuple[str, ...] | None:
@@ -266,13 +266,16 @@ def _device_arch(device: str) -> str | None:
 
 
 def next_n_reason(dg, api: str, case: Case, arch: str) -> str | None:
-    """2.8.1's sm90 paged kernel takes next_n 1, 2 or 4 only (engines flatten the others)."""
-    if api == API_V28 and arch == "sm90" and not case.tokens and case.s_q not in SM90_NEXT_N:
-        version = getattr(dg, "__version__", "?")
-        return (
-            f"DeepGEMM {version} sm90 fp8_fp4_paged_mqa_logits takes next_n 1, 2 or 4, "
-            f"not {case.s_q} (DeepGEMM issue 340; engines flatten to one row per query)"
-        )
+    """The sm90 paged kernel of 2.5.0 and 2.8.1 takes next_n 1, 2 or 4 only (both assert it
+    in smxx_fp8_fp4_paged_mqa_logits.hpp, seen on an H100; engines flatten the others)."""
+    if api in (API_V25, API_V28) and arch == "sm90" and not case.tokens:
+        if case.s_q not in SM90_NEXT_N:
+            version = getattr(dg, "__version__", "?")
+            kernel = "fp8_fp4_paged_mqa_logits" if api == API_V28 else "fp8_paged_mqa_logits"
+            return (
+                f"DeepGEMM {version} sm90 {kernel} takes next_n 1, 2 or 4, not {case.s_q} "
+                "(DeepGEMM issue 340; engines flatten to one row per query)"
+            )
     return None
 
 
@@ -329,7 +332,7 @@ def _paged(dg, case: Case, x: dict, api: str, arch: str | None):
     cache = x["kv_cache"]  # uint8 (blocks, block_size, 1, D + 4), as DeepGEMM's tests
     b, next_n = x["q"].shape[:2]
     slots = dg.get_num_sms()
-    if api == API_V28 and arch == "sm90" and next_n == 4:  # a task per 2-CTA cluster
+    if api in (API_V25, API_V28) and arch == "sm90" and next_n == 4:  # a task a 2-CTA cluster
         slots //= 2
     if api in (API_V25, API_V28):
         if lens.dim() == 1:  # per query row: what the 1-D causal rule gives each row

@@ -322,3 +322,14 @@ def test_an_unknown_api_is_unsupported_at_plan_time() -> None:
     assert "DeepGEMM 9.9.9" in reason and "fp8_paged_mqa_logits" in reason
     with pytest.raises(Unsupported, match="DeepGEMM 9.9.9"):
         b.prepare(case, inputs.make_inputs(case, "cpu"), "cpu")
+
+
+def test_v25_sm90_takes_the_same_next_n_with_half_the_sms_at_4(monkeypatch) -> None:
+    three = _case("v3.2", "batch_size: 2\n        s_q: 3")
+    reason = DeepGEMM(FakeDeepGEMM("2.5.0")).supports(three, "sm90")
+    assert reason and "fp8_paged_mqa_logits takes next_n 1, 2 or 4, not 3" in reason
+    four = _case("v3.2", "batch_size: 2\n        s_q: 4")
+    fake = FakeDeepGEMM("2.5.0")
+    monkeypatch.setattr(dgb, "_device_arch", lambda device: "sm90")
+    p = DeepGEMM(fake).prepare(four, inputs.make_inputs(four, "cpu"), "cpu")
+    assert p.info["schedule_slots"] == 66 and fake.calls[0] == ("metadata", four.page_size, 66)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dsv4bench import scenarios
 from dsv4bench.cases.case import OPS, ROUTES, Case
+from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.scenarios import ScenarioError, is_serving_text, load_text, validate_case
 from tests.factories import V32, load_scenario, make_case
 
@@ -28,8 +29,13 @@ KNOWN = {
     "reference-f64",
 }
 
-# KNOWN with the backends' declared options (backends.catalog()): files with instances load
-CATALOG = {name: {} for name in KNOWN} | {"flashmla": {"lib": None}, "flashinfer": {"kv_dtype": ""}}
+# KNOWN with the backends' declared options (backends.catalog()): files with instances load;
+# every kernel build the catalog knows is a shipped instance too (backends/builds.py)
+BUILDS = {name for name, _library in known_builds()}
+CATALOG = {name: {} for name in KNOWN | BUILDS} | {
+    "flashmla": {"lib": None},
+    "flashinfer": {"kv_dtype": ""},
+}
 
 # Expected (cases, jobs, limit searches) per shipped file: a change here is a change in how
 # long the sweep takes, so it should be deliberate.
@@ -42,6 +48,8 @@ SHIPPED = {
     "sm90/triton_vs_flashmla.yaml": (32, 64, 0),
     "compare/backends_sm90.yaml": (40, 200, 0),
     "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: studies/serving/COMMANDS.md
+    "compare/builds_sm90.yaml": (19, 65, 5),  # every build: 7 instances, 5 limit searches
+    "sm90/indexer.yaml": (20, 40, 0),  # DeepGEMM and Triton in make bench
     "compare/c128_long_context_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 17)
     "compare/v32_scales_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 16)
     "measure/sm90.yaml": (15, 45, 0),  # opt-in: not part of `make bench`
@@ -121,7 +129,8 @@ def test_sm90_set_stays_small():
     # compiles included) ran in 25 s on an H100 (triton-h100, in git history);
     # every found backend runs by default (issue 19): fa3 and flashinfer joined flashmla and
     # triton in four of the five files
-    assert jobs <= 460
+    # the indexer (sm90/indexer.yaml, 40 jobs) joined in issue 31
+    assert jobs <= 500
 
 
 def test_prefill_limit_search_matches_the_sglang_question():
@@ -596,7 +605,8 @@ def test_flashmla_builds_scenario():
     sm90 = {}
     for f in sorted((ROOT / "scenarios/sm90").glob("*.yaml")):
         sm90 |= {c.case_id: c for c in scenarios.load(f, known_backends=CATALOG).cases}
-    assert {c.case_id for c in sc.cases} == set(sm90)  # the whole shipped sm90 set, once
+    attention = {k for k, c in sm90.items() if c.op != "indexer"}
+    assert {c.case_id for c in sc.cases} == attention  # the shipped sm90 attention set, once
     assert {i["name"]: i["options"]["lib"] for i in sc.instances} == {
         "flashmla-0.26": ".kernels/flashmla-vllm-0.26.0",
         "flashmla-0.33": ".kernels/flashmla-vllm-0.33.0",
