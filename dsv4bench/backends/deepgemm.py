@@ -268,15 +268,15 @@ def _device_arch(device: str) -> str | None:
 def next_n_reason(dg, api: str, case: Case, arch: str) -> str | None:
     """The sm90 paged kernel of 2.5.0 and 2.8.1 takes next_n 1, 2 or 4 only (both assert it
     in smxx_fp8_fp4_paged_mqa_logits.hpp, seen on an H100; engines flatten the others)."""
-    if api in (API_V25, API_V28) and arch == "sm90" and not case.tokens:
-        if case.s_q not in SM90_NEXT_N:
-            version = getattr(dg, "__version__", "?")
-            kernel = "fp8_fp4_paged_mqa_logits" if api == API_V28 else "fp8_paged_mqa_logits"
-            return (
-                f"DeepGEMM {version} sm90 {kernel} takes next_n 1, 2 or 4, not {case.s_q} "
-                "(DeepGEMM issue 340; engines flatten to one row per query)"
-            )
-    return None
+    paged = api in (API_V25, API_V28) and not case.tokens
+    if not paged or arch != "sm90" or case.s_q in SM90_NEXT_N:
+        return None
+    version = getattr(dg, "__version__", "?")
+    kernel = "fp8_fp4_paged_mqa_logits" if api == API_V28 else "fp8_paged_mqa_logits"
+    return (
+        f"DeepGEMM {version} sm90 {kernel} takes next_n 1, 2 or 4, not {case.s_q} "
+        "(DeepGEMM issue 340; engines flatten to one row per query)"
+    )
 
 
 def _ragged_v28(dg, case: Case, x: dict) -> Prepared:
