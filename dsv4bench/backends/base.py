@@ -152,6 +152,11 @@ class Backend:
         size that works), if known: a limit search probes it and the next size first."""
         return None
 
+    def build_reason(self) -> str | None:
+        """Why this instance's pinned build will not run, known without loading it (None: no
+        reason known before its worker loads it)."""
+        return None
+
     def process_key(self) -> str:
         """Backends with the same key share a worker process. An instance whose options load
         process-wide state (a kernel library registering fixed torch op names: two builds of

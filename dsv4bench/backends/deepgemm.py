@@ -212,8 +212,12 @@ class DeepGEMM(Backend):
     def process_key(self) -> str:
         return f"{self.base}.lib={self.lib}" if self.lib else ""  # one deep_gemm a process
 
+    def build_reason(self) -> str | None:
+        return static_api(Path(self.lib)) if self.lib else None
+
     def provider(self) -> Provider:
         dg = self._found.get()
+        indexer_api(dg)  # an API this adapter does not know: `backends` and `plan` say so
         return Provider("deep_gemm", getattr(dg, "__version__", ""), getattr(dg, "__file__", ""))
 
     def supports(self, case: Case, arch: str) -> str | None:

@@ -322,6 +322,8 @@ def test_an_unknown_api_is_unsupported_at_plan_time() -> None:
     assert "DeepGEMM 9.9.9" in reason and "fp8_paged_mqa_logits" in reason
     with pytest.raises(Unsupported, match="DeepGEMM 9.9.9"):
         b.prepare(case, inputs.make_inputs(case, "cpu"), "cpu")
+    with pytest.raises(Unsupported, match="DeepGEMM 9.9.9"):  # the backends/plan line
+        b.provider()
 
 
 def test_v25_sm90_takes_the_same_next_n_with_half_the_sms_at_4(monkeypatch) -> None:
