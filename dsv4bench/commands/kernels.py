@@ -79,7 +79,8 @@ def _list(args) -> int:
         return 0
     defaults = default_builds(builds)
     for b in builds:
-        whole = "ok" if not verify(root, b) else "damaged: " + verify(root, b)[0]
+        problems = verify(root, b)
+        whole = "damaged: " + problems[0] if problems else "ok"
         default = f" (default {b.library})" if defaults.get(b.library) == b.name else ""
         print(
             f"{b.name:28} {b.library} {b.library_version:12} from {b.package}=={b.version:12} "

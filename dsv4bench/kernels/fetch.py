@@ -85,12 +85,13 @@ def _library_version(folder: Path, spec: BuildSpec, package_version: str) -> str
     return package_version
 
 
-def extract(wheel: Path, spec: BuildSpec, dest: Path) -> list[KernelFile]:
-    """The build's members of `wheel` under `dest` (their `strip` prefix cut), with checksums."""
+def extract(wheel: Path, spec: BuildSpec, dest: Path, under: str = "") -> list[KernelFile]:
+    """The build's members of `wheel` under dest/under (their `strip` prefix cut), with
+    checksums; paths relative to `dest`."""
     files = []
     with zipfile.ZipFile(wheel) as z:
         for member in _members(z, spec):
-            rel = member.removeprefix(spec.strip)
+            rel = under + member.removeprefix(spec.strip)
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(member) as src, open(target, "wb") as out:
@@ -120,18 +121,18 @@ def fetch_package(
             folder = root / name
             partial = root / f".{name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
-            base = partial / "site" if spec.whole_wheel else partial
-            files = extract(wheel, spec, base)
+            under = "site/" if spec.whole_wheel else ""  # a folder for PYTHONPATH
+            files = extract(wheel, spec, partial, under)
             for other in extra if spec.whole_wheel else []:
-                files += extract(other, BuildSpec(spec.library, (), whole_wheel=True), base)
-            if spec.whole_wheel:
-                files = [KernelFile(f"site/{f.path}", f.member, f.sha256, f.size) for f in files]
+                files += extract(
+                    other, BuildSpec(spec.library, (), whole_wheel=True), partial, under
+                )
             build = Build(
                 name=name,
                 library=spec.library,
                 package=package.dist,
                 version=version,
-                library_version=_library_version(base, spec, version),
+                library_version=_library_version(partial / under, spec, version),
                 files=files,
                 wheels=[wheel.name, *(e.name for e in extra if spec.whole_wheel)],
             )
