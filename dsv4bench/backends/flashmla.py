@@ -50,6 +50,13 @@ NOT_FOUND = (
 )
 DECODE_TOPK_BLOCK = 64  # B_TOPK of every sparse decode kernel (asserts topk % B_TOPK == 0)
 PREFILL_TOPK_BLOCK = 128  # sm90 prefill asserts topk % (2 * B_TOPK=64); engines pad to 128
+BATCH_INVARIANT = "enable_batch_invariant"
+# sgl-flash-mla 1.0.0's flash_mla_interface.py asserts the switch off on the legacy half
+NO_INVARIANT_SM90 = (
+    "batch_invariant: enable_batch_invariant exists only in FlashMLA's 2026.09.30 kernels "
+    "(sm100); the sm90 kernels (vLLM's builds, sgl-flash-mla's legacy half) have no such switch"
+)
+NO_INVARIANT_PREFILL = "batch_invariant is a decode-kernel switch (split-KV off); prefill has none"
 
 
 @dataclass
@@ -67,16 +74,19 @@ class KernelOps:
     prefill: Callable
     decode_out: bool = True
     prefill_out: bool = True
+    # decode with enable_batch_invariant=True (no split-KV), where the build has that switch
+    decode_invariant: Callable | None = None
 
 
-def _bind(packet, n_fixed: int) -> tuple[Callable, bool]:
-    """Call a torch op with its first n_fixed arguments plus out_ when its schema has one."""
+def _bind(packet, n_fixed: int, switches: dict | None = None) -> tuple[Callable, bool]:
+    """Call a torch op with its first n_fixed arguments plus out_ when its schema has one;
+    `switches` set later arguments by name (the schema must have them)."""
     schema = packet.default._schema
-    out_name, extra = None, {}
+    out_name, extra = None, dict(switches or {})
     for arg in schema.arguments[n_fixed:]:
         if arg.name in ("out_", "out"):
             out_name = arg.name
-        elif arg.has_default_value():
+        elif arg.name in extra or arg.has_default_value():
             continue
         elif str(arg.type) == "int":
             extra[arg.name] = 0  # a later switch such as indexer_topk: 0 is off
@@ -95,9 +105,17 @@ def ops_from_namespace(namespace: str, provider: Provider) -> KernelOps:
     ns = getattr(torch.ops, namespace)
     if not (hasattr(ns, "sparse_decode_fwd") and hasattr(ns, "sparse_prefill_fwd")):
         raise Unsupported(f"torch.ops.{namespace} has no sparse_decode_fwd/sparse_prefill_fwd")
-    decode, decode_out = _bind(ns.sparse_decode_fwd, 12)
+    has_switch = BATCH_INVARIANT in _argument_names(ns.sparse_decode_fwd)
+    decode, decode_out = _bind(
+        ns.sparse_decode_fwd, 12, {BATCH_INVARIANT: False} if has_switch else {}
+    )
     prefill, prefill_out = _bind(ns.sparse_prefill_fwd, 7)
-    return KernelOps(provider, decode, prefill, decode_out, prefill_out)
+    invariant = _bind(ns.sparse_decode_fwd, 12, {BATCH_INVARIANT: True})[0] if has_switch else None
+    return KernelOps(provider, decode, prefill, decode_out, prefill_out, invariant)
+
+
+def _argument_names(packet) -> set[str]:
+    return {arg.name for arg in packet.default._schema.arguments}
 
 
 def _flash_mla_ops(build: library.Build) -> KernelOps:
@@ -120,6 +138,8 @@ def _flash_mla_ops(build: library.Build) -> KernelOps:
         lambda *a: iface.flash_mla_sparse_fwd(*a[:-1]),
         decode_out=False,
         prefill_out=False,
+        # the interface passes enable_batch_invariant after sm_scale (flash_mla_interface.py)
+        decode_invariant=lambda *a: cuda.sparse_decode_fwd(*a[:-1], True),
     )
 
 
@@ -207,10 +227,19 @@ class FlashMLA(LibraryBackend):
     archs = ("sm90", "sm100")
     ops = ("decode", "prefill")
     layouts = ("v32", "v4")
-    options = {"lib": None}  # a FlashMLA op library (.so or its directory); None: discover()
+    options = {
+        "lib": None,  # a FlashMLA op library (.so or its directory); None: discover()
+        "batch_invariant": False,  # decode with enable_batch_invariant (no split-KV)
+    }
 
-    def __init__(self, lib: str | None = None, ops: KernelOps | Callable | None = None):
+    def __init__(
+        self,
+        lib: str | None = None,
+        ops: KernelOps | Callable | None = None,
+        batch_invariant: bool = False,
+    ):
         self._find_with(lib, ops, discover)
+        self.batch_invariant = bool(batch_invariant)
 
     def v32_scale_reading(self, arch: str) -> str | None:
         return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale
@@ -235,6 +264,10 @@ class FlashMLA(LibraryBackend):
             return f"FlashMLA sparse kernels take d_v 512, not {case.d_v}"
         if case.op == "prefill" and case.route not in ROUTES:
             return f"FlashMLA has no prefill route {case.route!r} (has: {', '.join(ROUTES)})"
+        if self.batch_invariant and not uses_decode_kernel(case):
+            return NO_INVARIANT_PREFILL
+        if self.batch_invariant and arch == "sm90":
+            return NO_INVARIANT_SM90
         if uses_decode_kernel(case):
             reason = fp8_cache_reason(case, "FlashMLA's sparse decode kernels")
             if reason:
@@ -287,10 +320,17 @@ class FlashMLA(LibraryBackend):
             case.scale,
             out,
         ]
-        first = ops.decode(*args)  # computes the schedule (and runs once)
+        decode = ops.decode
+        if self.batch_invariant:
+            if ops.decode_invariant is None:
+                raise Unsupported(f"{ops.provider.name}: no {BATCH_INVARIANT} switch")
+            decode = ops.decode_invariant
+        first = decode(*args)  # computes the schedule (and runs once)
         args[5], args[6] = first[2], first[3]
         timed = tuple(args)
         info = _info(heads, "sparse_decode_fwd", out)
+        if self.batch_invariant:
+            info[BATCH_INVARIANT] = True
         if padded:
             info["extra_topk_padded"] = padded
         if first[2] is not None:
@@ -306,7 +346,7 @@ class FlashMLA(LibraryBackend):
                 return prefill_output(o, lse)
             return Output(o, lse)
 
-        return Prepared(lambda: ops.decode(*timed), finish, _poison(out), info)
+        return Prepared(lambda: decode(*timed), finish, _poison(out), info)
 
     def _prepare_prefill(self, case: Case, x: dict, ops: KernelOps, heads: int):
         q, indices = x["q"], x["indices"]

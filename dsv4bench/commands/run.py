@@ -155,7 +155,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """The main job: the present GPU's scenario set, or the CPU smoke scenario without one."""
+    """The main job: the present GPU's scenario set and its builds comparison, or the CPU smoke
+    scenario without one."""
     arch = present_arch(args.arch, f"make bench ARCH={args.arch}")
     if arch == "cpu":
         paths = [str(SMOKE)]
@@ -163,6 +164,9 @@ def cmd_bench(args) -> int:
         paths = sorted(str(p) for p in (SCENARIO_DIR / arch).glob("*.yaml"))
         if not paths:
             raise UsageError(f"no scenarios for {arch} under {SCENARIO_DIR / arch}")
+        builds = SCENARIO_DIR / "compare" / f"builds_{arch}.yaml"
+        if builds.is_file():  # every kernel build side by side (a build not fetched: unsupported)
+            paths.append(str(builds))
     args.arch = arch
     if args.gpus is None and arch != "cpu":  # every GPU this process sees (one: as before)
         args.gpus = _bench_gpus()

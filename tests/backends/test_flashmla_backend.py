@@ -483,3 +483,50 @@ def test_each_build_keeps_a_worker_process_of_its_own():
     a, b = FlashMLA(lib=".kernels/flashmla-vllm-0.26.0"), FlashMLA(lib=".kernels/x-0.33.0")
     assert a.process_key() != b.process_key()
     assert FlashMLA().process_key() == "" != a.process_key()
+
+
+# ---- batch invariance (sgl-flash-mla's enable_batch_invariant) -----------------------------
+
+INVARIANT_NS = "dsv4bench_fake_flashmla_invariant"
+INVARIANT_SEEN: list[bool] = []
+_inv = torch.library.Library(INVARIANT_NS, "DEF")
+_inv.define(
+    DECODE_SCHEMA.replace("float sm_scale,", "float sm_scale, bool enable_batch_invariant,")
+)
+_inv.define(PREFILL_SCHEMA)
+
+
+def _invariant_decode(*a):
+    INVARIANT_SEEN.append(a[12])
+    return FAKE.decode(*a[:12], a[13])
+
+
+_inv.impl("sparse_decode_fwd", _invariant_decode, "CPU")
+_inv.impl("sparse_prefill_fwd", lambda *a: FAKE.prefill(*a), "CPU")
+
+
+def test_batch_invariant_is_refused_where_no_kernel_has_the_switch():
+    b = FlashMLA(batch_invariant=True)
+    decode = make_case(V4, batch_size=4)
+    assert b.supports(decode, "sm90") == flashmla.NO_INVARIANT_SM90
+    assert b.supports(decode, "sm100") is None
+    prefill = make_case(V4, op="prefill", tokens=128, context_len=4096, topk=512)
+    assert b.supports(prefill, "sm100") == flashmla.NO_INVARIANT_PREFILL
+    assert FlashMLA().supports(decode, "sm90") is None
+
+
+def test_batch_invariant_passes_the_switch_to_a_build_that_has_it(fake):
+    INVARIANT_SEEN.clear()
+    case = make_case(V4, batch_size=2)
+    ops = lambda: ops_from_namespace(INVARIANT_NS, Provider("inv", "0", INVARIANT_NS))
+    p = FlashMLA(ops=ops, batch_invariant=True).prepare(case, decode_inputs(case), "cpu")
+    p.run()
+    assert INVARIANT_SEEN == [True, True]  # the scheduling call and the timed one
+    assert p.info["enable_batch_invariant"] is True
+    INVARIANT_SEEN.clear()
+    FlashMLA(ops=ops).prepare(case, decode_inputs(case), "cpu").run()
+    assert INVARIANT_SEEN == [False, False]  # off unless asked
+    with pytest.raises(Unsupported, match="fake: no enable_batch_invariant switch"):
+        FlashMLA(ops=fake_backend()._found.get, batch_invariant=True).prepare(
+            case, decode_inputs(case), "cpu"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -425,3 +426,17 @@ def test_pytest_output_stays_short(tmp_path):
             del flags[flags.index(opt) : flags.index(opt) + 2]
     p = pytest_run(*flags, "benchmarks", "--scenario", decode_only(tmp_path))
     assert p.returncode == 0 and "Name (time in" not in p.stdout  # no benchmark table
+
+
+def test_bench_on_a_gpu_runs_its_arch_set_and_every_build(monkeypatch):
+    from dsv4bench.commands import run as run_command
+
+    seen = {}
+    monkeypatch.setattr(run_command, "present_arch", lambda arch, what: "sm90")
+    monkeypatch.setattr(run_command, "_bench_gpus", lambda: "0")
+    monkeypatch.setattr(run_command, "_run", lambda args, paths: seen.setdefault("paths", paths))
+    run_command.cmd_bench(argparse.Namespace(arch=None, gpus=None))
+    names = [Path(p).relative_to(run_command.SCENARIO_DIR).as_posix() for p in seen["paths"]]
+    assert names[-1] == "compare/builds_sm90.yaml"
+    assert "sm90/decode_batch.yaml" in names and "sm90/indexer.yaml" in names
+    assert not any(n.startswith("compare/") for n in names[:-1])

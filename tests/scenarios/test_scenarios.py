@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4bench import scenarios
+from dsv4bench import backends, scenarios
 from dsv4bench.cases.case import OPS, ROUTES, Case
 from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.scenarios import ScenarioError, is_serving_text, load_text, validate_case
@@ -29,13 +29,12 @@ KNOWN = {
     "reference-f64",
 }
 
-# KNOWN with the backends' declared options (backends.catalog()): files with instances load;
-# every kernel build the catalog knows is a shipped instance too (backends/builds.py)
+# every registered backend with its declared options: files with instances load; every kernel
+# build the catalog knows is a shipped instance too (backends/builds.py)
 BUILDS = {name for name, _library in known_builds()}
-CATALOG = {name: {} for name in KNOWN | BUILDS} | {
-    "flashmla": {"lib": None},
-    "flashinfer": {"kv_dtype": ""},
-}
+CATALOG = backends.catalog()
+assert set(CATALOG) >= BUILDS | KNOWN
+
 
 # Expected (cases, jobs, limit searches) per shipped file: a change here is a change in how
 # long the sweep takes, so it should be deliberate.
@@ -48,7 +47,7 @@ SHIPPED = {
     "sm90/triton_vs_flashmla.yaml": (32, 64, 0),
     "compare/backends_sm90.yaml": (40, 200, 0),
     "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: studies/serving/COMMANDS.md
-    "compare/builds_sm90.yaml": (19, 65, 5),  # every build: 7 instances, 5 limit searches
+    "compare/builds_sm90.yaml": (19, 92, 7),  # every build: 10 instances, 7 limit searches
     "sm90/indexer.yaml": (20, 40, 0),  # DeepGEMM and Triton in make bench
     "compare/c128_long_context_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 17)
     "compare/v32_scales_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 16)
@@ -642,3 +641,25 @@ def test_a_limit_one_apart_needs_no_step():
     text = HEAD + "limit: {axis: batch_size, lo: 11622, hi: 11623, backend: flashmla}\n"
     (search,) = load(text).limits
     assert (search.lo, search.hi, search.step) == (11622, 11623, 1)
+
+
+def test_a_limit_backend_may_be_an_instance_of_its_own():
+    known = {"flashmla": {"lib": None, "batch_invariant": False}, "torch": {}}
+    text = HEAD + (
+        "limit:\n  axis: batch_size\n  lo: 1\n  hi: 8\n"
+        "  backend: {name: flashmla, as: flashmla-bi, batch_invariant: true}\n"
+    )
+    sc = load_scenario(text, known_backends=known)
+    assert [s.backend for s in sc.limits] == ["flashmla-bi"]
+    assert sc.backends == ["flashmla"]  # the search's instance runs no cases
+    assert sc.instances == [
+        {
+            "name": "flashmla-bi",
+            "base": "flashmla",
+            "options": {"batch_invariant": True},
+            "origin": sc.instances[0]["origin"],
+        }
+    ]
+    bad = text.replace("batch_invariant: true", "invariant: true")
+    with pytest.raises(ScenarioError, match="invariant"):
+        load_scenario(bad, known_backends=known)
