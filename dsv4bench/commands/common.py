@@ -33,10 +33,6 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
     from dsv4bench import backends, scenarios, serving
     from dsv4bench.run.runner import Job
 
-    known = backends.names()
-    for name in only_backends or []:
-        if name not in known:
-            raise UsageError(f"--backend {name}: unknown backend (known: {', '.join(known)})")
     # --backend NAME takes its instances too (flashmla -> flashmla-0.33)
     wanted = lambda b: not only_backends or {b, backends.get(b).base} & set(only_backends)
     jobs, limits, specs = [], [], []
@@ -58,6 +54,10 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
             archs[entry.name] = list(entry.arch)
         jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
         limits += [lim for lim in entry.limits if wanted(lim.backend)]
+    known = backends.names()  # the scenarios' own instances included
+    for name in only_backends or []:
+        if name not in known:
+            raise UsageError(f"--backend {name}: unknown backend (known: {', '.join(known)})")
     _check_backends_used(only_backends, jobs, limits)
     return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
 

@@ -440,3 +440,12 @@ def test_bench_on_a_gpu_runs_its_arch_set_and_every_build(monkeypatch):
     assert names[-1] == "compare/builds_sm90.yaml"
     assert "sm90/decode_batch.yaml" in names and "sm90/indexer.yaml" in names
     assert not any(n.startswith("compare/") for n in names[:-1])
+
+
+def test_backend_flag_names_an_instance_a_scenario_defines(run_cli):
+    builds = "scenarios/compare/builds_sm90.yaml"
+    only = ("--backend", "flashinfer-0.6.18-past")
+    code, out, err = run_cli("plan", builds, "--arch", "sm90", *only)
+    assert code == 0, err
+    assert "flashinfer-0.6.18-past" in out and "flashinfer-0.7.2.post1-past" not in out
+    assert "1 limit searches" in out or "1 limit search" in out
