@@ -416,7 +416,8 @@ class Runner:
             row = self.run_job(Job(case, s.backend), fresh=True, slot=slot)
             probes[value] = row
             self._progress(progress, slot, f"limit {s.axis}={value} {s.backend}", row)
-            return row["status"] not in PROBE_FAILED
+            # past lo, a refusal (the adapter's own limit) ends the range as a failure does
+            return row["status"] not in (*PROBE_FAILED, "unsupported")
 
         lo, hi = s.lo, s.hi
         last_ok = first_fail = guess = None

@@ -324,6 +324,12 @@ def test_past_the_planners_work_items_is_unsupported_unless_asked():
     ops = KernelOps(Provider("fake-flashinfer", "0"), fa3_mla=FakeFA3Wrapper)
     anyway = FlashInfer(ops=ops, arch="sm90", past_planner_limit=True)
     assert anyway.supports(past, "sm90") is None
+    # prepare (in the worker) honours the option too, and says the row is past the limit
+    small = make_case("prefill", **{**V4, "num_heads": 8}, tokens=16385, context_len=16385)
+    with pytest.raises(Unsupported, match="16385 query rows"):
+        backend().prepare(small, make_inputs(small, "cpu"), "cpu")
+    p = anyway.prepare(small, make_inputs(small, "cpu"), "cpu")
+    assert p.info["planner_limit"].startswith("16385 query rows > FlashInfer's 16384")
 
 
 def test_pow2_scales_and_groups():

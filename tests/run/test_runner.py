@@ -140,6 +140,19 @@ def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypa
     assert row["message"] == "cos_diff at 6"
 
 
+def test_a_refusal_past_lo_is_where_the_search_ends_not_a_working_value(tmp_path, monkeypatch):
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+
+    def fake_job(job, fresh=False, slot=None):
+        b = job.case.batch_size
+        return {"status": "ok" if b < 7 else "unsupported", "message": f"{b} rows > 6"}
+
+    monkeypatch.setattr(runner, "run_job", fake_job)
+    row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", tiny(1)))
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (6, 7, "unsupported")
+    assert row["message"] == "7 rows > 6"
+
+
 def test_a_search_without_a_kernel_says_unsupported_not_no_failure(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     row = runner.find_limit(LimitSearch("batch_size", 1, 9, "crashy", replace(tiny(1), op="remap")))

@@ -301,7 +301,9 @@ class FlashInfer(Backend):
                 raise Unsupported(
                     f"flashinfer {ops.provider.version} has no BatchMLAPagedAttentionWrapper"
                 )
-            return sm90.prepare(case, inputs, device, ops.fa3_mla, self.kv_dtype)
+            return sm90.prepare(
+                case, inputs, device, ops.fa3_mla, self.kv_dtype, self.past_planner_limit
+            )
         key = FAMILY[(arch, case.layout)]
         fn = getattr(ops, key)
         if fn is None:

@@ -294,13 +294,20 @@ def caches_from_reads(reads, caches, case: Case, scale_rounding: str | None = No
 # ---- prepare ------------------------------------------------------------------------------
 
 
-def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str) -> Prepared:
+def prepare(
+    case: Case,
+    inputs: dict,
+    device: str,
+    wrapper_cls,
+    kv_dtype: str,
+    past_planner_limit: bool = False,
+) -> Prepared:
     """The timed call (run + sink), with conversion and plan done here, outside it."""
     import torch
 
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-    reason = supports(case)
+    reason = supports(case, past_planner_limit)
     if reason:
         raise Unsupported(reason)
     decode_form = case.decode_shape is not None
