@@ -405,3 +405,27 @@ def test_v4_e4m3_with_a_dense_page_stride():
     assert dense["k_cache"].stride(0) != x["k_cache"].stride(0)
     p, acc, conversion, _ = run_case(case, "e4m3", x=dense)
     assert acc["cos_diff"] < 5e-6 and p.info["reads_exact"]
+
+
+class _BackendPlanUnsupportedError(RuntimeError):
+    """FlashInfer 0.7.2.post1's own refusal past the planner's capacity (its class name)."""
+
+
+class RefusingWrapper(FakeFA3Wrapper):
+    def plan(self, *args, **kw):
+        raise _BackendPlanUnsupportedError(
+            "FA MLA needs at least 16448 work items; native capacity is 16384."
+        )
+
+
+class BrokenWrapper(FakeFA3Wrapper):
+    def plan(self, *args, **kw):
+        raise RuntimeError("something else")
+
+
+def test_a_plan_the_library_refuses_is_unsupported_other_errors_stay_errors():
+    case = make_case(**V4, batch_size=1, context_len=512)
+    with pytest.raises(Unsupported, match="FlashInfer's plan refuses it: FA MLA needs at least"):
+        backend(wrapper=RefusingWrapper).prepare(case, make_inputs(case, "cpu"), "cpu")
+    with pytest.raises(RuntimeError, match="something else"):
+        backend(wrapper=BrokenWrapper).prepare(case, make_inputs(case, "cpu"), "cpu")

@@ -377,6 +377,19 @@ def prepare(
     return Prepared(run, finish, poison, info, reads=reads)
 
 
+def _plan(wrapper, plan_args: tuple, kv_type) -> None:
+    """plan(), with a plan the library itself refuses (0.7.2.post1 checks the planner's work
+    items: "FA MLA needs at least N work items; native capacity is 16384") as Unsupported."""
+    import torch
+
+    try:
+        wrapper.plan(*plan_args, torch.bfloat16, kv_type)
+    except Exception as e:
+        if type(e).__name__.endswith("PlanUnsupportedError"):
+            raise Unsupported(f"FlashInfer's plan refuses it: {e}") from None
+        raise
+
+
 def _planned(wrapper_cls, plan_args: tuple, variant: tuple, kv_type, device, sync, info: dict):
     """A wrapper with plan() done (timed into info; the first plan of a variant compiles)."""
     import torch
@@ -385,12 +398,12 @@ def _planned(wrapper_cls, plan_args: tuple, variant: tuple, kv_type, device, syn
     wrapper = wrapper_cls(ws, backend="fa3")
     if variant not in _compiled:  # the first plan() of a variant builds (or loads) the kernel
         t0 = time.perf_counter()
-        wrapper.plan(*plan_args, torch.bfloat16, kv_type)
+        _plan(wrapper, plan_args, kv_type)
         info["compile_s"] = time.perf_counter() - t0
         _compiled.add(variant)
     sync()
     t0 = time.perf_counter()
-    wrapper.plan(*plan_args, torch.bfloat16, kv_type)
+    _plan(wrapper, plan_args, kv_type)
     sync()
     info["plan_ms"] = (time.perf_counter() - t0) * 1e3
     return wrapper
