@@ -40,6 +40,8 @@ class Instance:
     cases: int = 0
     ok: int = 0
     incorrect: int = 0
+    unsupported: int = 0
+    reasons: list[str] = field(default_factory=list)  # distinct `unsupported` messages
     max_cos_diff: float | None = None
     ratios: list[float] = field(default_factory=list)  # its time / the reference's, per case
     limits: list[Limit] = field(default_factory=list)
@@ -83,7 +85,12 @@ def _summarize(name: str, base: str, reference: str, rows: list[dict]) -> Instan
         if r["backend"] == reference and r["status"] == "ok" and not is_probe(r)
     }
     for r in case_rows(rows):
-        if r["backend"] != name or is_probe(r) or r["status"] == "unsupported":
+        if r["backend"] != name or is_probe(r):
+            continue
+        if r["status"] == "unsupported":
+            inst.unsupported += 1
+            if r.get("message") and r["message"] not in inst.reasons:
+                inst.reasons.append(r["message"])
             continue
         inst.cases += 1
         inst.ok += r["status"] == "ok"
@@ -114,6 +121,8 @@ def paragraph(inst: Instance) -> str:
     parts = [f"**{inst.name}**: {inst.ok} of {inst.cases} cases ok"]
     if inst.incorrect:
         parts[-1] += f", {inst.incorrect} incorrect"
+    if inst.unsupported:
+        parts[-1] += f", {inst.unsupported} unsupported ({' / '.join(inst.reasons)})"
     if inst.max_cos_diff is not None:
         parts.append(f"max cos_diff {inst.max_cos_diff:.3g}")
     if inst.name != inst.reference and inst.speed is not None:

@@ -132,6 +132,24 @@ def test_two_builds_side_by_side():
     assert math.isclose(new.speed, 0.9)
 
 
+def test_an_instance_that_runs_nothing_says_why():
+    rows = build("flashmla-sgl", 1.0)
+    refused = build("flashmla-sgl-invariant", 1.0)
+    for r in refused:
+        r.update(status="unsupported", message="no switch on sm90")
+    refused[0]["message"] = "prefill has none"
+    (group,) = instance_groups(rows + refused)
+    inv = group[1]
+    assert (inv.cases, inv.unsupported, inv.reasons) == (
+        0,
+        3,
+        ["prefill has none", "no switch on sm90"],
+    )
+    assert paragraph(inv).startswith(
+        "**flashmla-sgl-invariant**: 0 of 0 cases ok, 3 unsupported (prefill has none / no switch on sm90)"
+    )
+
+
 def test_report_has_both_sections(tmp_path):
     rows = sweep(RIGHT, backend="fm") + sweep(LOW, tokens=8192, backend="fm")
     for r in rows:
