@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from dsv4bench.commands.common import UsageError, setup_backends
@@ -94,8 +95,11 @@ def cmd_compare(args) -> int:
     from dsv4bench.report import ReportInputError
     from dsv4bench.report.compare import compare
 
-    if args.time_threshold <= 0:
-        raise UsageError(f"--time-threshold {args.time_threshold}: expected a positive fraction")
+    if not math.isfinite(args.time_threshold) or args.time_threshold <= 0:
+        # nan compares false with everything: it would turn the time gate off
+        raise UsageError(
+            f"--time-threshold {args.time_threshold}: expected a finite positive fraction"
+        )
     if args.new is None and not args.backends:
         raise UsageError("compare: NEW is needed unless --backends A B compares two instances")
     if args.backends and args.backends[0] == args.backends[1]:

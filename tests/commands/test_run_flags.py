@@ -121,3 +121,17 @@ def test_help_version_and_backends_read_well(run_cli, capsys):
     ]
     starts = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
     assert len(starts) == 1  # the second column starts at one offset on every line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
+def test_a_time_threshold_that_is_no_positive_fraction_is_one_line_exit_2(tmp_path, run_cli, value):
+    # nan compares false with everything: taken, it turned the time gate off
+    run = Path(__file__).resolve().parents[2] / "results" / "cpu" / "smoke"
+    code, out, err = run_cli(
+        "compare", run, run, "--out", tmp_path / "c", f"--time-threshold={value}"
+    )
+    assert code == 2 and not out, out
+    assert err.strip() == (
+        f"dsv4bench: --time-threshold {float(value)}: expected a finite positive fraction"
+    )
+    assert not (tmp_path / "c").exists()
