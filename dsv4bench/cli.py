@@ -57,7 +57,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--arch", choices=ARCHS, help="the architecture to run on (default: this machine's)"
+        "--arch",
+        choices=ARCHS,
+        help="the architecture to run on (default: this machine's, and then a scenario whose "
+        "`arch` leaves it out is refused)",
     )
     p.add_argument("--out", metavar="RUN_DIR", help="where rows go (default: RUNS/<time>-<arch>)")
     p.add_argument(

@@ -27,9 +27,16 @@ def setup_backends(args) -> None:
         raise UsageError(str(e)) from None
 
 
-def load(paths: list[str], only_backends: list[str] | None, archs: dict | None = None):
+def load(
+    paths: list[str],
+    only_backends: list[str] | None,
+    archs: dict | None = None,
+    *,
+    run_on: str | None = None,
+):
     """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs.
-    `archs`, if given, gets each scenario's `arch` list by scenario name."""
+    `archs`, if given, gets each scenario's `arch` list by scenario name; `run_on`, if given,
+    is the architecture the jobs will run on: a scenario not written for it is refused."""
     from dsv4bench import backends, scenarios, serving
     from dsv4bench.run.runner import Job
 
@@ -56,10 +63,22 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
             continue
         if archs is not None:
             archs[entry.name] = list(entry.arch)
+        if run_on and run_on not in entry.arch:
+            raise UsageError(_not_for(path, entry.arch, run_on))
         jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
         limits += [lim for lim in entry.limits if wanted(lim.backend)]
     _check_backends_used(only_backends, jobs, limits)
     return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
+
+
+def _not_for(path: str, written_for: list[str], arch: str) -> str:
+    """Why a scenario does not run here, as `plan` and `bench` refuse: its sizes are meant for
+    other machines (GPU sizes on the CPU oracle run for hours)."""
+    here = "this machine has no GPU" if arch == "cpu" else f"this machine's GPU is {arch}"
+    return (
+        f"{path}: written for arch {', '.join(written_for)}, and {here}; "
+        f"--arch {arch} runs it here anyway"
+    )
 
 
 def _check_scenario_path(path: Path) -> None:

@@ -101,8 +101,9 @@ def _run(args, paths: list[str]) -> int:
         raise UsageError("--retry-failed goes with --resume")
     part = shard(args.shard)
     setup_backends(args)
-    jobs, limits, specs = load(paths, args.backend)
     arch = present_arch(args.arch, f"--arch {args.arch}")
+    # an explicit --arch runs any scenario; without one, only those written for this machine
+    jobs, limits, specs = load(paths, args.backend, run_on=None if args.arch else arch)
     slots = _devices(args.gpus, arch)
     if part is not None:
         jobs, limits = take_shard(part, jobs, limits)

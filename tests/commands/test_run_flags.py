@@ -135,3 +135,26 @@ def test_a_time_threshold_that_is_no_positive_fraction_is_one_line_exit_2(tmp_pa
         f"dsv4bench: --time-threshold {float(value)}: expected a finite positive fraction"
     )
     assert not (tmp_path / "c").exists()
+
+
+def test_run_refuses_a_scenario_written_for_another_machine_unless_arch_says_so(
+    tmp_path, quick, run_cli
+):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal is for a CPU")
+    gpu_only = tmp_path / "gpu_only.yaml"
+    gpu_only.write_text(QUICK + "arch: [sm90, sm100]\n")
+    out = tmp_path / "r"
+    # as the README's `run scenarios/sm90/*.yaml`: the file written for a CPU is not enough
+    code, stdout, err = run_cli("run", quick, gpu_only, "--out", out, "--quiet")
+    assert code == 2 and not stdout and len(err.strip().splitlines()) == 1, err
+    assert err.strip() == (
+        f"dsv4bench: {gpu_only}: written for arch sm90, sm100, and this machine has no GPU; "
+        "--arch cpu runs it here anyway"
+    )
+    assert not out.exists()
+    code, _, err = run_cli("run", gpu_only, "--arch", "cpu", "--out", out, "--quiet")
+    assert code == 0, err
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
