@@ -158,3 +158,20 @@ def test_run_refuses_a_scenario_written_for_another_machine_unless_arch_says_so(
     code, _, err = run_cli("run", gpu_only, "--arch", "cpu", "--out", out, "--quiet")
     assert code == 0, err
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_into_another_scenarios_run_is_refused_and_keeps_it(tmp_path, quick, run_cli):
+    out = tmp_path / "r"
+    assert run_cli("run", quick, "--out", out, "--quiet")[0] == 0
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = tmp_path / "other.yaml"
+    other.write_text(QUICK.replace("flags-test", "other-test").replace("[4, 8]", "[2, 16]"))
+    code, stdout, err = run_cli("run", other, "--out", out, "--resume", "--quiet")
+    assert code == 2 and not stdout and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"dsv4bench: --resume {out}: holds rows of scenario flags-test, ")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
+    # the run's own files, with one more: --resume goes on as before
+    code, _, err = run_cli("run", quick, other, "--out", out, "--resume", "--quiet")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["scenario"] for r in rows] == ["flags-test"] * 2 + ["other-test"] * 2
