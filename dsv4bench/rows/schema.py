@@ -191,11 +191,10 @@ def stored_problems(d: object) -> list[str]:
         return []
     need = ("metric",) if kind == "serving" else ("case_id", "backend")
     bad = [f"no {k}" for k in need if not isinstance(d.get(k), str) or not d.get(k)]
+    bad += _type_problems(d, KINDS[kind])
     if kind != "serving" and d.get("status") not in STATUSES:
         bad.append(f"unknown status {d.get('status')!r}")
     timing = d.get("timing")
-    if timing is not None and not isinstance(timing, dict):
-        bad.append(f"timing {timing!r} is not a mapping")
     times = {k: (timing or {}).get(k) for k in TIMES} if isinstance(timing, dict) else {}
     if kind == "serving":
         times = {"value_ms": d.get("value_ms")}
@@ -203,6 +202,47 @@ def stored_problems(d: object) -> list[str]:
         if v is not None and not _a_time(v):
             bad.append(f"{key} {v!r} is not a finite time >= 0")
     return bad
+
+
+# a field's declared type (the annotations above, as text) -> what a stored value may be
+_STORED = {"dict": (dict,), "list": (list,), "str": (str,), "int": (int,), "float": (int, float)}
+_SAID = {"dict": "a mapping", "list": "a list", "str": "text", "int": "an integer"}
+
+
+def _declared(cls: type[Row]) -> dict[str, tuple[str, ...]]:
+    """Each field's declared types by name ("dict | None" -> ("dict",)); None is always
+    taken (from_dict reads it as the field's default)."""
+    return {
+        f.name: tuple(t.strip() for t in str(f.type).split("|") if t.strip() != "None")
+        for f in fields(cls)
+        if f.name != "extra"
+    }
+
+
+def _type_problems(d: dict, cls: type[Row]) -> list[str]:
+    """Fields holding a value of another type (`env` a string, `params` a list): a report
+    reading them would fail far from the row."""
+    bad = []
+    for name, types in _declared(cls).items():
+        v = d.get(name)
+        if v is None or not types:
+            continue
+        allowed = tuple(t for n in types for t in _STORED.get(n, (object,)))
+        if not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed):
+            said = " or ".join(_SAID.get(n, f"a {n}") for n in types if n)
+            bad.append(f"{name} {_shown(v)} is {_kind_of(v)}, expected {said}")
+    return bad
+
+
+def _shown(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _kind_of(v: object) -> str:
+    return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean"}.get(
+        type(v), f"a {type(v).__name__}"
+    )
 
 
 def _a_time(v: object) -> bool:

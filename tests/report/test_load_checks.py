@@ -45,6 +45,24 @@ BAD = {
         "median_ms -1.0 is not a finite time >= 0",
     ),
     "unknown status": (lines({**GOOD, "status": "great"}), "unknown status 'great'"),
+    # wrongly typed fields crashed report and compare with a traceback
+    "env a string": (
+        lines(GOOD, {**GOOD, "env": "H100"}),
+        "results.jsonl:2: not a result row: env 'H100' is text, expected a mapping",
+    ),
+    "params a list": (
+        lines({**GOOD, "params": ["v3.2"]}),
+        "results.jsonl:1: not a result row: params ['v3.2'] is a list, expected a mapping",
+    ),
+    "timing a number": (
+        lines({**GOOD, "timing": 0.1}),
+        "timing 0.1 is a float, expected a mapping",
+    ),
+    "tags text": (lines({**GOOD, "tags": "smoke"}), "tags 'smoke' is text, expected a list"),
+    "a serving point's tp": (
+        lines({"kind": "serving", "metric": "tpot", "value_ms": 1.0, "tp": "8"}),
+        "tp '8' is text, expected an integer",
+    ),
 }
 
 
