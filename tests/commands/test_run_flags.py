@@ -175,3 +175,24 @@ def test_resume_into_another_scenarios_run_is_refused_and_keeps_it(tmp_path, qui
     assert code == 0, err
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [r["scenario"] for r in rows] == ["flags-test"] * 2 + ["other-test"] * 2
+
+
+@pytest.mark.parametrize(
+    "nesting, line",
+    [
+        ("description: " + "[" * 600 + "]" * 600 + "\n", 9),  # flow style: all on one line
+        ("description:\n" + "".join("  " * i + "a:\n" for i in range(1, 600)), 73),
+    ],
+)
+def test_yaml_nested_hundreds_deep_is_one_line_exit_2(tmp_path, run_cli, nesting, line):
+    # it was a RecursionError of 3,000 lines
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(QUICK + nesting)
+    for command in ("plan", "run"):
+        code, out, err = run_cli(
+            command, deep, *(["--out", tmp_path / "r"] if command == "run" else [])
+        )
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        why = "nested more than 64 levels deep (a scenario nests a few)"
+        assert err.strip() == f"dsv4bench: {deep}:{line}: (yaml): {why}"
+    assert not (tmp_path / "r").exists()
