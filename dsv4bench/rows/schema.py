@@ -176,16 +176,25 @@ class ServingRow(Row):
 
 
 KINDS: dict[str, type[Row]] = {k.kind: k for k in (CaseRow, LimitRow, ServingRow)}
+# The row format this suite reads. A later version that changes what a field means writes
+# `schema: N` (N > SCHEMA) in its rows; a row without one is of this format.
+SCHEMA = 1
 TIMES = ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "q1_ms", "q3_ms")
 
 
 def stored_problems(d: object) -> list[str]:
     """Why a stored object is not a row this suite could have written (empty when it is one):
     a row names its case and backend (a serving point its metric), has a known status and holds
-    only finite, non-negative times. Looser than `checked()`, so that rows written before an
-    invariant existed still load; a kind of a later version is taken as it is."""
+    only finite, non-negative times, each field of its declared type, and is of no newer
+    format (SCHEMA). Looser than `checked()`, so that rows written before an invariant existed
+    still load; a kind of a later version is taken as it is (see unknown_kinds)."""
     if not isinstance(d, dict):
         return [f"a JSON {type(d).__name__}, not a row"]
+    schema = d.get("schema", SCHEMA)
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        return [f"schema {schema!r} is not a format number"]
+    if schema > SCHEMA:  # its fields may mean other things: read as ours, numbers would lie
+        return [f"row schema {schema} is newer than this dsv4bench reads ({SCHEMA}): update it"]
     kind = d.get("kind") or "case"
     if kind not in KINDS:
         return []
@@ -243,6 +252,17 @@ def _kind_of(v: object) -> str:
     return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean"}.get(
         type(v), f"a {type(v).__name__}"
     )
+
+
+def unknown_kinds(stored: list[dict]) -> dict[str, int]:
+    """How many rows of each kind this suite does not know (a later version's): nothing reads
+    them, so whoever loads them says so."""
+    found: dict[str, int] = {}
+    for d in stored:
+        kind = str(d.get("kind") or "case")
+        if kind not in KINDS:
+            found[kind] = found.get(kind, 0) + 1
+    return found
 
 
 def _a_time(v: object) -> bool:
