@@ -175,6 +175,11 @@ def _add_result_jobs(sub) -> None:
         help="merge rows of different GPU models or kernel builds anyway",
     )
     p.add_argument(
+        "--partial",
+        action="store_true",
+        help="merge the shards given though some are missing (merged.json lists them)",
+    )
+    p.add_argument(
         "--serving",
         action="append",
         metavar="FILE",
