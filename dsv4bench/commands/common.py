@@ -121,6 +121,34 @@ def arch(wanted: str | None, flag: str) -> str:
     return wanted or present
 
 
+def too_big_here(jobs: list, arch: str) -> list[tuple]:
+    """(job, why) for each job whose case's tensors alone exceed this machine's memory on
+    `arch` (plan-time: the CPU oracle would swap for hours or be killed, a GPU run would only
+    make an `oom` row); a backend that does not run the case here and a case tagged
+    expect-failure (running out is its result) are left out."""
+    import dataclasses
+
+    from dsv4bench import backends
+    from dsv4bench.measure import hardware
+    from dsv4bench.run.runner import EXPECT_FAILURE
+    from dsv4bench.scenarios.sizes import machine_problem
+
+    memory = hardware.memory_bytes(arch)
+    if memory is None:
+        return []
+    why_of: dict[str, str | None] = {}
+    found = []
+    for job in jobs:
+        case = job.case
+        if case.case_id not in why_of:
+            why_of[case.case_id] = machine_problem(dataclasses.asdict(case), *memory)
+        why = why_of[case.case_id]
+        runs_here = why and EXPECT_FAILURE not in case.tags
+        if runs_here and backends.get(job.backend).supports(case, arch) is None:
+            found.append((job, why))
+    return found
+
+
 def shard(text: str | None):
     from dsv4bench.run import shard
 

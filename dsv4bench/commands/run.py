@@ -9,7 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from dsv4bench.commands.common import UsageError, load, setup_backends, shard, take_shard
+from dsv4bench.commands.common import (
+    UsageError,
+    load,
+    setup_backends,
+    shard,
+    take_shard,
+    too_big_here,
+)
 from dsv4bench.commands.common import arch as present_arch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +130,13 @@ def _run(args, paths: list[str]) -> int:
     slots = _devices(args.gpus, arch)
     if part is not None:
         jobs, limits = take_shard(part, jobs, limits)
+    big = too_big_here(jobs, arch)
+    if big:
+        (job, why), more = big[0], (f" (and {len(big) - 1} more)" if len(big) > 1 else "")
+        raise UsageError(
+            f"{job.case.case_id} on {job.backend}{more}: {why}; leave it out or run it where "
+            "it fits"
+        )
     if args.out is not None and not args.out.strip():
         raise UsageError("--out '': expected a run directory")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
