@@ -42,6 +42,7 @@ PYPATH = PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH}
 kernels: ensure
 	$(PYPATH) $(PYTHON) -m dsv4bench.cli kernels fetch $(SPECS)
 
+# without a CUDA GPU every test marked gpu skips and the run exits 5 ("no CUDA GPU: 0 tests ran")
 gpu-test: ensure
 	$(KERNELS) $(PYPATH) $(PYTHON) -m pytest -q -rs -m gpu
 
