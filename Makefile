@@ -1,5 +1,11 @@
 # dsv4bench: `make test` checks everything a CPU can check; `make bench` runs the main sweep.
-PYTHON ?= python3
+# The python every target runs: .venv/'s once `make install` made it, else python3. A stock
+# Debian/Ubuntu python3 refuses pip installs (PEP 668, "externally-managed-environment"):
+# there `make install` makes .venv/ and installs into it (`. .venv/bin/activate` for the rest).
+VENV = .venv
+PYTHON ?= $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo python3)
+MANAGED = import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not \
+  os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))
 ARCH ?=
 OUT ?=
 RUNS ?= runs
@@ -7,12 +13,24 @@ GPUS ?=
 SHARD ?=
 SPECS ?=
 
-.PHONY: install ensure test test-slow bench report lint gpu-test kernels
+.PHONY: install packages venv ensure test test-slow bench report lint gpu-test kernels
+
+install:
+	@if $(PYTHON) -c '$(MANAGED)'; then \
+	  echo "$(PYTHON) is externally managed (PEP 668): the suite goes into $(VENV)/"; \
+	  $(MAKE) --no-print-directory venv; \
+	else $(MAKE) --no-print-directory packages PYTHON=$(PYTHON); fi
 
 # A CPU-only machine gets the CPU build of torch first, so pip never pulls CUDA wheels.
-install:
+packages:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q -e ".[dev]"
+
+# .venv/ with the suite in it (what `make install` does where pip may not install into python3)
+venv:
+	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV) || { \
+	  echo "python3 -m venv failed: on Debian/Ubuntu, apt install python3-venv first"; exit 1; }
+	@$(MAKE) --no-print-directory packages PYTHON=$(VENV)/bin/python
 
 # GPU machines without a registry already have what the suite needs: install only if missing.
 ensure:
@@ -42,6 +60,7 @@ PYPATH = PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH}
 kernels: ensure
 	$(PYPATH) $(PYTHON) -m dsv4bench.cli kernels fetch $(SPECS)
 
+# without a CUDA GPU every test marked gpu skips and the run exits 5 ("no CUDA GPU: 0 tests ran")
 gpu-test: ensure
 	$(KERNELS) $(PYPATH) $(PYTHON) -m pytest -q -rs -m gpu
 

@@ -57,7 +57,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--arch", choices=ARCHS, help="the architecture to run on (default: this machine's)"
+        "--arch",
+        choices=ARCHS,
+        help="the architecture to run on (default: this machine's, and then a scenario whose "
+        "`arch` leaves it out is refused)",
     )
     p.add_argument("--out", metavar="RUN_DIR", help="where rows go (default: RUNS/<time>-<arch>)")
     p.add_argument(
@@ -170,6 +173,11 @@ def _add_result_jobs(sub) -> None:
         "--allow-mixed",
         action="store_true",
         help="merge rows of different GPU models or kernel builds anyway",
+    )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="merge the shards given though some are missing (merged.json lists them)",
     )
     p.add_argument(
         "--serving",

@@ -86,6 +86,10 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
+    if not torch.cuda.is_available():  # nothing to time: say so, never a quiet exit 0
+        print("gluon_breakdown: needs a CUDA GPU; this machine has none", file=sys.stderr)
+        return 2
+
     from dsv4bench import backends
     from dsv4bench.cases import inputs
     from dsv4bench.measure import metrics, timing

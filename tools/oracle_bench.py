@@ -133,6 +133,11 @@ def main() -> int:
     p.add_argument("--block-mib", type=int, help="block budget (default: the device's)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads")
     args = p.parse_args()
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(f"--device {args.device}: this machine has no CUDA GPU")
     block = None if args.block_mib is None else args.block_mib * MiB
     for mode, tokens, h, topk in args.shape:
         r = measure(mode, tokens, h, topk, block, args.device, args.threads)

@@ -27,9 +27,16 @@ def setup_backends(args) -> None:
         raise UsageError(str(e)) from None
 
 
-def load(paths: list[str], only_backends: list[str] | None, archs: dict | None = None):
+def load(
+    paths: list[str],
+    only_backends: list[str] | None,
+    archs: dict | None = None,
+    *,
+    run_on: str | None = None,
+):
     """Scenarios -> (jobs, limit searches, serving specs); all validated before anything runs.
-    `archs`, if given, gets each scenario's `arch` list by scenario name."""
+    `archs`, if given, gets each scenario's `arch` list by scenario name; `run_on`, if given,
+    is the architecture the jobs will run on: a scenario not written for it is refused."""
     from dsv4bench import backends, scenarios, serving
     from dsv4bench.run.runner import Job
 
@@ -52,6 +59,8 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
             continue
         if archs is not None:
             archs[entry.name] = list(entry.arch)
+        if run_on and run_on not in entry.arch:
+            raise UsageError(_not_for(path, entry.arch, run_on))
         jobs += [Job(case, b) for case, b in entry.jobs() if wanted(b)]
         limits += [lim for lim in entry.limits if wanted(lim.backend)]
     known = backends.names()  # the scenarios' own instances included
@@ -60,6 +69,16 @@ def load(paths: list[str], only_backends: list[str] | None, archs: dict | None =
             raise UsageError(f"--backend {name}: unknown backend (known: {', '.join(known)})")
     _check_backends_used(only_backends, jobs, limits)
     return _unique(jobs, lambda j: (j.case.case_id, j.backend)), limits, specs
+
+
+def _not_for(path: str, written_for: list[str], arch: str) -> str:
+    """Why a scenario does not run here, as `plan` and `bench` refuse: its sizes are meant for
+    other machines (GPU sizes on the CPU oracle run for hours)."""
+    here = "this machine has no GPU" if arch == "cpu" else f"this machine's GPU is {arch}"
+    return (
+        f"{path}: written for arch {', '.join(written_for)}, and {here}; "
+        f"--arch {arch} runs it here anyway"
+    )
 
 
 def _check_scenario_path(path: Path) -> None:
@@ -100,6 +119,34 @@ def arch(wanted: str | None, flag: str) -> str:
         has = "has no GPU" if present == "cpu" else f"has an {present} GPU"
         raise UsageError(f"{flag}: this machine {has}")
     return wanted or present
+
+
+def too_big_here(jobs: list, arch: str) -> list[tuple]:
+    """(job, why) for each job whose case's tensors alone exceed this machine's memory on
+    `arch` (plan-time: the CPU oracle would swap for hours or be killed, a GPU run would only
+    make an `oom` row); a backend that does not run the case here and a case tagged
+    expect-failure (running out is its result) are left out."""
+    import dataclasses
+
+    from dsv4bench import backends
+    from dsv4bench.measure import hardware
+    from dsv4bench.run.runner import EXPECT_FAILURE
+    from dsv4bench.scenarios.sizes import machine_problem
+
+    memory = hardware.memory_bytes(arch)
+    if memory is None:
+        return []
+    why_of: dict[str, str | None] = {}
+    found = []
+    for job in jobs:
+        case = job.case
+        if case.case_id not in why_of:
+            why_of[case.case_id] = machine_problem(dataclasses.asdict(case), *memory)
+        why = why_of[case.case_id]
+        runs_here = why and EXPECT_FAILURE not in case.tags
+        if runs_here and backends.get(job.backend).supports(case, arch) is None:
+            found.append((job, why))
+    return found
 
 
 def shard(text: str | None):

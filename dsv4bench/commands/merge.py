@@ -17,7 +17,11 @@ def cmd_merge(args) -> int:
     command = " ".join(["dsv4bench", *args.argv])
     try:
         record = merge.merge(
-            [Path(p) for p in args.run_dir], out, allow_mixed=args.allow_mixed, command=command
+            [Path(p) for p in args.run_dir],
+            out,
+            allow_mixed=args.allow_mixed,
+            partial=args.partial,
+            command=command,
         )
     except merge.MergeError as e:
         raise UsageError(str(e)) from None

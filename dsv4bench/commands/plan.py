@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4bench.commands.common import load, setup_backends, shard, take_shard
+from dsv4bench.commands.common import load, setup_backends, shard, take_shard, too_big_here
 from dsv4bench.commands.read import kernels_found
 
 
@@ -21,6 +21,7 @@ def _plan_archs(wanted: str | None, scenario_archs: list[str]) -> tuple[list[str
 
 def cmd_plan(args) -> int:
     from dsv4bench import backends
+    from dsv4bench.measure import hardware
 
     setup_backends(args)
     archs_of: dict[str, list[str]] = {}
@@ -46,6 +47,11 @@ def cmd_plan(args) -> int:
     for arch in dict.fromkeys(a for a, _ in counts):
         summary = ", ".join(f"{n} {v}" for (a, v), n in sorted(counts.items()) if a == arch)
         print(f"on {arch}: {summary}")
+        big = too_big_here(jobs, arch) if arch in ("cpu", hardware.arch_of(0)) else []
+        if big:  # planned for this very machine: what `run` here would refuse
+            (job, why), n = big[0], len(big)
+            print(f"on {arch}: {n} too big for this machine (run refuses them), e.g. ", end="")
+            print(f"{job.case.case_id} on {job.backend}: {why}")
     whys = "; ".join(f"{name}: {why}" for name, why in why_of.items())
     print(f"{len(jobs)} jobs, {len(limits)} limit searches; planned for {whys or 'nothing'}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from dsv4bench.commands.common import UsageError, setup_backends
@@ -77,6 +78,9 @@ def cmd_report(args) -> int:
     from dsv4bench.report import ReportInputError, build_report
     from dsv4bench.report.load import run_label
 
+    for path in args.run_dir:
+        if holds_no_rows(Path(path)):  # a report of nothing would pass for a report
+            raise UsageError(f"{path}: holds no result rows (an empty results file)")
     first = Path(args.run_dir[0])
     if args.in_place:
         out = first.parent if first.is_file() else first
@@ -90,12 +94,29 @@ def cmd_report(args) -> int:
     return 0
 
 
+def holds_no_rows(path: Path) -> bool:
+    """A results file (or a run directory whose results files are) without a single line: a
+    run killed before its first row, an emptied file. A compare takes one as a run that lost
+    its rows (a regression); a report has nothing to say."""
+    from dsv4bench.report.load import SERVING_FILE
+    from dsv4bench.rows.results import rows_file
+
+    files = [rows_file(path), path / SERVING_FILE] if path.is_dir() else [path]
+    present = [f for f in files if f.is_file()]
+    if not present or any(f.name.endswith((".gz", ".json")) for f in present):
+        return False  # nothing there (load says so), or not a results file read as text
+    return not any(f.read_bytes().strip() for f in present)
+
+
 def cmd_compare(args) -> int:
     from dsv4bench.report import ReportInputError
     from dsv4bench.report.compare import compare
 
-    if args.time_threshold <= 0:
-        raise UsageError(f"--time-threshold {args.time_threshold}: expected a positive fraction")
+    if not math.isfinite(args.time_threshold) or args.time_threshold <= 0:
+        # nan compares false with everything: it would turn the time gate off
+        raise UsageError(
+            f"--time-threshold {args.time_threshold}: expected a finite positive fraction"
+        )
     if args.new is None and not args.backends:
         raise UsageError("compare: NEW is needed unless --backends A B compares two instances")
     if args.backends and args.backends[0] == args.backends[1]:

@@ -9,7 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from dsv4bench.commands.common import UsageError, load, setup_backends, shard, take_shard
+from dsv4bench.commands.common import (
+    UsageError,
+    load,
+    setup_backends,
+    shard,
+    take_shard,
+    too_big_here,
+)
 from dsv4bench.commands.common import arch as present_arch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +67,21 @@ def _prepare_out(out: Path, *, resume: bool, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def _check_same_scenarios(out: Path, scenarios: set[str]) -> None:
+    """--resume goes on with the run RUN_DIR holds: rows of a scenario these files do not run
+    mean another run's folder, and appending to it would mix two runs in one results file."""
+    from dsv4bench.rows.results import read_rows
+
+    held = {r.get("scenario") for r in read_rows(out, quiet=True) if r.get("scenario")}
+    others = sorted(str(name) for name in held - scenarios)
+    if others:
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        raise UsageError(
+            f"--resume {out}: holds rows of scenario {others[0]}{more}, which these files do not "
+            "run; resume with the files that made it (its command.txt) or pick another --out"
+        )
+
+
 EARLIER = "earlier-"  # --force's folder for a run directory's previous contents
 
 
@@ -101,14 +123,25 @@ def _run(args, paths: list[str]) -> int:
         raise UsageError("--retry-failed goes with --resume")
     part = shard(args.shard)
     setup_backends(args)
-    jobs, limits, specs = load(paths, args.backend)
     arch = present_arch(args.arch, f"--arch {args.arch}")
+    # an explicit --arch runs any scenario; without one, only those written for this machine
+    names: dict[str, list[str]] = {}
+    jobs, limits, specs = load(paths, args.backend, names, run_on=None if args.arch else arch)
     slots = _devices(args.gpus, arch)
     if part is not None:
         jobs, limits = take_shard(part, jobs, limits)
+    big = too_big_here(jobs, arch)
+    if big:
+        (job, why), more = big[0], (f" (and {len(big) - 1} more)" if len(big) > 1 else "")
+        raise UsageError(
+            f"{job.case.case_id} on {job.backend}{more}: {why}; leave it out or run it where "
+            "it fits"
+        )
     if args.out is not None and not args.out.strip():
         raise UsageError("--out '': expected a run directory")
     out = Path(args.out) if args.out else _default_out(args.runs, arch)
+    if args.resume:
+        _check_same_scenarios(out, {*names, *(j.case.scenario for j in jobs)})
     _prepare_out(out, resume=args.resume, force=args.force)
     _record_command(out, args.resume, args.argv)
     where = arch if args.gpus is None else f"{arch}, GPUs {','.join(d.label for d in slots)}"

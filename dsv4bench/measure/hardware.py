@@ -184,6 +184,24 @@ def arch_of(device) -> str:
     return arch_of_capability(*torch.cuda.get_device_capability(index))
 
 
+def memory_bytes(arch: str) -> tuple[int, str] | None:
+    """The most a job on `arch` can hold, and what that is: the host's RAM for the CPU (the
+    oracle's runs), GPU 0's memory for a GPU; None when this machine cannot tell."""
+    import os
+
+    if arch == "cpu":
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's RAM"
+        except (ValueError, OSError, AttributeError):  # no sysconf names (not Linux, macOS)
+            return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.total_memory, f"the memory of this machine's {props.name}"
+
+
 def spec_from_properties(props) -> GpuSpec:
     """Merge the table entry for `props.name` with what the device reports (device wins)."""
     arch = arch_of_capability(props.major, props.minor)

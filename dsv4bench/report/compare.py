@@ -79,6 +79,7 @@ def compare(
     files.append(md)
     if png:
         files.append(png)
+    print(f"compare: {compare_doc.devices_line(base_rows, new_rows)}")
     _print_summary(entries, md)
     return (1 if any(e.regressions for e in entries) else 0), files
 

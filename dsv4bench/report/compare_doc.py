@@ -63,12 +63,35 @@ def _acc(row: dict, key: str) -> str:
     return f"{v:.2e}" if isinstance(v, (int, float)) else ""
 
 
+def devices(rows: list[dict]) -> list[str]:
+    """The machines a side's rows were measured on: each GPU model, "CPU" for a CPU run; rows
+    that record neither (pytest-benchmark JSON) name none."""
+    found = set()
+    for r in rows:
+        env = r.get("env")
+        if isinstance(env, dict) and (env.get("gpu") or env.get("arch") == "cpu"):
+            found.add(str(env.get("gpu") or "CPU"))
+    return sorted(found)
+
+
+def devices_line(base_rows: list[dict], new_rows: list[dict]) -> str:
+    """Where each side ran, and a warning when the machines differ (a time ratio then compares
+    the machines as much as the kernels)."""
+    base, new = devices(base_rows), devices(new_rows)
+    name = lambda found: " + ".join(found) or "an unrecorded device"
+    line = f"base on {name(base)}, new on {name(new)}"
+    if base and new and base != new:
+        line += ": different devices, so time ratios compare the machines too"
+    return line
+
+
 def summary(doc: Doc, c: Comparison) -> None:
     n = counts(c.entries)
     doc.bullets(
         [
             f"base: `{c.base}`" + (f", backend `{c.backends[0]}`" if c.backends else ""),
             f"new: `{c.new}`" + (f", backend `{c.backends[1]}`" if c.backends else ""),
+            devices_line(c.base_rows, c.new_rows),
             f"time threshold: {c.threshold:g} (median and p10 ratios > {1 + c.threshold:g}, "
             f"n >= {MIN_SAMPLES} on both sides, new p10 > base p90)",
         ]

@@ -114,6 +114,14 @@ def read_checked(path: str | Path, *, torn_tail_ok: bool = False) -> Rows:
             raise rows.RowError(f"{where}:{number}: not a result row: {'; '.join(problems)}")
     if torn:
         print(f"dsv4bench: {where}: torn last line {found.unreadable[-1]} skipped", file=sys.stderr)
+    unknown = rows.unknown_kinds(found)
+    if unknown:
+        counted = ", ".join(f"{n} of kind {kind!r}" for kind, n in sorted(unknown.items()))
+        print(
+            f"dsv4bench: {where}: rows this version does not know ignored: {counted} "
+            "(written by a newer dsv4bench?)",
+            file=sys.stderr,
+        )
     return found
 
 

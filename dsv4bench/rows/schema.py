@@ -176,26 +176,34 @@ class ServingRow(Row):
 
 
 KINDS: dict[str, type[Row]] = {k.kind: k for k in (CaseRow, LimitRow, ServingRow)}
+# The row format this suite reads. A later version that changes what a field means writes
+# `schema: N` (N > SCHEMA) in its rows; a row without one is of this format.
+SCHEMA = 1
 TIMES = ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "q1_ms", "q3_ms")
 
 
 def stored_problems(d: object) -> list[str]:
     """Why a stored object is not a row this suite could have written (empty when it is one):
     a row names its case and backend (a serving point its metric), has a known status and holds
-    only finite, non-negative times. Looser than `checked()`, so that rows written before an
-    invariant existed still load; a kind of a later version is taken as it is."""
+    only finite, non-negative times, each field of its declared type, and is of no newer
+    format (SCHEMA). Looser than `checked()`, so that rows written before an invariant existed
+    still load; a kind of a later version is taken as it is (see unknown_kinds)."""
     if not isinstance(d, dict):
         return [f"a JSON {type(d).__name__}, not a row"]
+    schema = d.get("schema", SCHEMA)
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        return [f"schema {schema!r} is not a format number"]
+    if schema > SCHEMA:  # its fields may mean other things: read as ours, numbers would lie
+        return [f"row schema {schema} is newer than this dsv4bench reads ({SCHEMA}): update it"]
     kind = d.get("kind") or "case"
     if kind not in KINDS:
         return []
     need = ("metric",) if kind == "serving" else ("case_id", "backend")
     bad = [f"no {k}" for k in need if not isinstance(d.get(k), str) or not d.get(k)]
+    bad += _type_problems(d, KINDS[kind])
     if kind != "serving" and d.get("status") not in STATUSES:
         bad.append(f"unknown status {d.get('status')!r}")
     timing = d.get("timing")
-    if timing is not None and not isinstance(timing, dict):
-        bad.append(f"timing {timing!r} is not a mapping")
     times = {k: (timing or {}).get(k) for k in TIMES} if isinstance(timing, dict) else {}
     if kind == "serving":
         times = {"value_ms": d.get("value_ms")}
@@ -203,6 +211,58 @@ def stored_problems(d: object) -> list[str]:
         if v is not None and not _a_time(v):
             bad.append(f"{key} {v!r} is not a finite time >= 0")
     return bad
+
+
+# a field's declared type (the annotations above, as text) -> what a stored value may be
+_STORED = {"dict": (dict,), "list": (list,), "str": (str,), "int": (int,), "float": (int, float)}
+_SAID = {"dict": "a mapping", "list": "a list", "str": "text", "int": "an integer"}
+
+
+def _declared(cls: type[Row]) -> dict[str, tuple[str, ...]]:
+    """Each field's declared types by name ("dict | None" -> ("dict",)); None is always
+    taken (from_dict reads it as the field's default)."""
+    return {
+        f.name: tuple(t.strip() for t in str(f.type).split("|") if t.strip() != "None")
+        for f in fields(cls)
+        if f.name != "extra"
+    }
+
+
+def _type_problems(d: dict, cls: type[Row]) -> list[str]:
+    """Fields holding a value of another type (`env` a string, `params` a list): a report
+    reading them would fail far from the row."""
+    bad = []
+    for name, types in _declared(cls).items():
+        v = d.get(name)
+        if v is None or not types:
+            continue
+        allowed = tuple(t for n in types for t in _STORED.get(n, (object,)))
+        if not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed):
+            said = " or ".join(_SAID.get(n, f"a {n}") for n in types if n)
+            bad.append(f"{name} {_shown(v)} is {_kind_of(v)}, expected {said}")
+    return bad
+
+
+def _shown(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _kind_of(v: object) -> str:
+    return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean"}.get(
+        type(v), f"a {type(v).__name__}"
+    )
+
+
+def unknown_kinds(stored: list[dict]) -> dict[str, int]:
+    """How many rows of each kind this suite does not know (a later version's): nothing reads
+    them, so whoever loads them says so."""
+    found: dict[str, int] = {}
+    for d in stored:
+        kind = str(d.get("kind") or "case")
+        if kind not in KINDS:
+            found[kind] = found.get(kind, 0) + 1
+    return found
 
 
 def _a_time(v: object) -> bool:

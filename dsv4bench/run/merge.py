@@ -4,7 +4,8 @@ The merged results.jsonl holds every shard's rows (shard order); shards/<i>/ (fo
 input shards/run-<n>/) keeps each shard's command.txt, logs, its environment blocks (env.json)
 and where it came from. Merging refuses what would make a false comparison: a part with
 unreadable lines, the same shard twice, shards of different splits, a job present in two inputs,
-and (unless `allow_mixed`) rows of different GPU models or kernel builds.
+a missing shard (unless `partial`), and (unless `allow_mixed`) rows of different GPU models or
+kernel builds.
 """
 
 from __future__ import annotations
@@ -135,10 +136,23 @@ def _check_same_setup(parts: list[Part]) -> None:
             )
 
 
-def merge(paths: list[Path], out: Path, *, allow_mixed: bool = False, command: str = "") -> dict:
-    """Write the merged run directory `out`; returns what merged.json records."""
+def merge(
+    paths: list[Path],
+    out: Path,
+    *,
+    allow_mixed: bool = False,
+    partial: bool = False,
+    command: str = "",
+) -> dict:
+    """Write the merged run directory `out`; returns what merged.json records. A shard missing
+    is refused unless `partial` (then merged.json lists it)."""
     parts = [read_part(Path(p)) for p in paths]
     missing = check_parts(parts, allow_mixed=allow_mixed)
+    if missing and not partial:
+        raise MergeError(
+            f"shard(s) {', '.join(missing)} missing: the merged run would lack their jobs; "
+            "name every shard's run directory, or --partial merges these anyway"
+        )
     if (out / RESULTS_FILE).exists():
         raise MergeError(f"--out {out}: already holds results")
     if any(p.path.resolve() == out.resolve() for p in parts):

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 MAX_NODES = 200_000  # YAML aliases can make a small file a huge tree
+MAX_DEPTH = 64  # a scenario nests a few levels; Python's stack runs out some hundreds deep
 
 
 class ScenarioError(ValueError):
@@ -139,6 +140,29 @@ class Reader:
 
 def parse(text: str, filename: str) -> Node:
     """The YAML text as a tree of Nodes with lines; YAML errors as ScenarioErrors."""
+    try:
+        return _parse(text, filename)
+    except RecursionError:  # composing is recursive: find the place without recursing
+        line = _too_deep(text) or 1
+        message = f"nested more than {MAX_DEPTH} levels deep (a scenario nests a few)"
+        raise ScenarioError(filename, line, "(yaml)", message) from None
+
+
+def _too_deep(text: str) -> int | None:
+    """The line where the YAML first nests deeper than MAX_DEPTH, if it does (the parser's
+    events come one by one, so this needs no deep stack)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return event.start_mark.line + 1
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return None
+
+
+def _parse(text: str, filename: str) -> Node:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:

@@ -1,5 +1,7 @@
 """Plan-time size check: a case whose inputs and outputs alone exceed what any GPU holds is a
-scenario error naming the bytes, not an `oom` row after a worker tried to allocate them."""
+scenario error naming the bytes, not an `oom` row after a worker tried to allocate them; one
+that exceeds this machine's memory (its RAM for the CPU oracle, its GPU's) is refused by `run`
+(`machine_problem`)."""
 
 from __future__ import annotations
 
@@ -35,12 +37,9 @@ def case_bytes(v: dict[str, Any]) -> dict[str, int]:
 def size_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     """Candidates blaming the fields that size the largest part, when the case cannot fit."""
     parts = case_bytes(v)
-    total = sum(parts.values())
-    if total <= MAX_GPU_BYTES:
+    if sum(parts.values()) <= MAX_GPU_BYTES:
         return None
-    big = sorted((kv for kv in parts.items() if kv[1] >= 2**30), key=lambda kv: -kv[1])
-    shown = ", ".join(f"{k} {gib(n)}" for k, n in big)
-    why = f"this case needs {gib(total)} ({shown}), more than any GPU holds ({gib(MAX_GPU_BYTES)})"
+    why = f"this case {_needs(parts)}, more than any GPU holds ({gib(MAX_GPU_BYTES)})"
     largest = max(parts, key=parts.get)
     if largest == "cache":
         blamed = ("context_len", "batch_size")
@@ -49,6 +48,21 @@ def size_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     else:
         blamed = ("num_heads", "tokens", "batch_size", "s_q", "topk", "context_len")
     return [(name, why) for name in blamed]
+
+
+def machine_problem(v: dict[str, Any], budget: int, what: str) -> str | None:
+    """Why a case cannot run within `budget` bytes (`what`: whose memory), or None."""
+    parts = case_bytes(v)
+    if sum(parts.values()) <= budget:
+        return None
+    return f"{_needs(parts)}, more than {what} ({gib(budget)})"
+
+
+def _needs(parts: dict[str, int]) -> str:
+    """ "needs 12.0 GiB (cache 11.5 GiB, ...)": the total and its parts of a GiB or more."""
+    big = sorted((kv for kv in parts.items() if kv[1] >= 2**30), key=lambda kv: -kv[1])
+    shown = ", ".join(f"{k} {gib(n)}" for k, n in big)
+    return f"needs {gib(sum(parts.values()))} ({shown})"
 
 
 def gib(n: int) -> str:

@@ -121,3 +121,78 @@ def test_help_version_and_backends_read_well(run_cli, capsys):
     ]
     starts = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
     assert len(starts) == 1  # the second column starts at one offset on every line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
+def test_a_time_threshold_that_is_no_positive_fraction_is_one_line_exit_2(tmp_path, run_cli, value):
+    # nan compares false with everything: taken, it turned the time gate off
+    run = Path(__file__).resolve().parents[2] / "results" / "cpu" / "smoke"
+    code, out, err = run_cli(
+        "compare", run, run, "--out", tmp_path / "c", f"--time-threshold={value}"
+    )
+    assert code == 2 and not out, out
+    assert err.strip() == (
+        f"dsv4bench: --time-threshold {float(value)}: expected a finite positive fraction"
+    )
+    assert not (tmp_path / "c").exists()
+
+
+def test_run_refuses_a_scenario_written_for_another_machine_unless_arch_says_so(
+    tmp_path, quick, run_cli
+):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal is for a CPU")
+    gpu_only = tmp_path / "gpu_only.yaml"
+    gpu_only.write_text(QUICK + "arch: [sm90, sm100]\n")
+    out = tmp_path / "r"
+    # as the README's `run scenarios/sm90/*.yaml`: the file written for a CPU is not enough
+    code, stdout, err = run_cli("run", quick, gpu_only, "--out", out, "--quiet")
+    assert code == 2 and not stdout and len(err.strip().splitlines()) == 1, err
+    assert err.strip() == (
+        f"dsv4bench: {gpu_only}: written for arch sm90, sm100, and this machine has no GPU; "
+        "--arch cpu runs it here anyway"
+    )
+    assert not out.exists()
+    code, _, err = run_cli("run", gpu_only, "--arch", "cpu", "--out", out, "--quiet")
+    assert code == 0, err
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_into_another_scenarios_run_is_refused_and_keeps_it(tmp_path, quick, run_cli):
+    out = tmp_path / "r"
+    assert run_cli("run", quick, "--out", out, "--quiet")[0] == 0
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = tmp_path / "other.yaml"
+    other.write_text(QUICK.replace("flags-test", "other-test").replace("[4, 8]", "[2, 16]"))
+    code, stdout, err = run_cli("run", other, "--out", out, "--resume", "--quiet")
+    assert code == 2 and not stdout and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"dsv4bench: --resume {out}: holds rows of scenario flags-test, ")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
+    # the run's own files, with one more: --resume goes on as before
+    code, _, err = run_cli("run", quick, other, "--out", out, "--resume", "--quiet")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["scenario"] for r in rows] == ["flags-test"] * 2 + ["other-test"] * 2
+
+
+@pytest.mark.parametrize(
+    "nesting, line",
+    [
+        ("description: " + "[" * 600 + "]" * 600 + "\n", 9),  # flow style: all on one line
+        ("description:\n" + "".join("  " * i + "a:\n" for i in range(1, 600)), 73),
+    ],
+)
+def test_yaml_nested_hundreds_deep_is_one_line_exit_2(tmp_path, run_cli, nesting, line):
+    # it was a RecursionError of 3,000 lines
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(QUICK + nesting)
+    for command in ("plan", "run"):
+        code, out, err = run_cli(
+            command, deep, *(["--out", tmp_path / "r"] if command == "run" else [])
+        )
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        why = "nested more than 64 levels deep (a scenario nests a few)"
+        assert err.strip() == f"dsv4bench: {deep}:{line}: (yaml): {why}"
+    assert not (tmp_path / "r").exists()

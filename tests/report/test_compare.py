@@ -313,3 +313,16 @@ def test_cli_compare_one_run_two_instances(tmp_path, capsys):
     assert cli.main(["compare", str(run), "--backends", "fm-0.26", "fm-0.26"]) == 2
     assert cli.main(["compare", str(run), "--backends", "fm-0.26", "nope"]) == 2
     assert "no rows of backend 'nope'" in capsys.readouterr().err
+
+
+def test_runs_on_two_gpus_name_both_and_say_they_differ(tmp_path, capsys):
+    new = copy.deepcopy(base_rows())
+    for r in new:
+        r["env"] = {"gpu": "NVIDIA H200", "arch": "sm90"}
+    code, _, md = run(tmp_path, base_rows(), new)
+    out = capsys.readouterr().out
+    expected = "base on H100, new on NVIDIA H200: different devices"
+    assert code == 0 and expected in out and expected in md
+    run(tmp_path, base_rows(), base_rows())
+    out = capsys.readouterr().out
+    assert "compare: base on H100, new on H100\n" in out

@@ -45,6 +45,24 @@ BAD = {
         "median_ms -1.0 is not a finite time >= 0",
     ),
     "unknown status": (lines({**GOOD, "status": "great"}), "unknown status 'great'"),
+    # wrongly typed fields crashed report and compare with a traceback
+    "env a string": (
+        lines(GOOD, {**GOOD, "env": "H100"}),
+        "results.jsonl:2: not a result row: env 'H100' is text, expected a mapping",
+    ),
+    "params a list": (
+        lines({**GOOD, "params": ["v3.2"]}),
+        "results.jsonl:1: not a result row: params ['v3.2'] is a list, expected a mapping",
+    ),
+    "timing a number": (
+        lines({**GOOD, "timing": 0.1}),
+        "timing 0.1 is a float, expected a mapping",
+    ),
+    "tags text": (lines({**GOOD, "tags": "smoke"}), "tags 'smoke' is text, expected a list"),
+    "a serving point's tp": (
+        lines({"kind": "serving", "metric": "tpot", "value_ms": 1.0, "tp": "8"}),
+        "tp '8' is text, expected an integer",
+    ),
 }
 
 
@@ -124,3 +142,34 @@ def test_old_oracle_rows_load_as_reference_rows(tmp_path):
     assert row["accuracy"] is None and "the oracle itself" in row["info"]["reference_row"]
     (kept,) = load_rows(run_dir(tmp_path / "k", lines(other)))
     assert kept["accuracy"]["cos_diff"] == 0.0
+
+
+def test_report_of_an_empty_results_file_is_one_line_exit_2(tmp_path, capsys):
+    run = run_dir(tmp_path / "empty", "")
+    for path in (run, run / "results.jsonl"):
+        assert cli.main(["report", str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err == f"dsv4bench: {path}: holds no result rows (an empty results file)\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_rows_of_an_unknown_kind_are_counted_and_a_newer_schema_is_refused(tmp_path, capsys):
+    later = {"kind": "trace", "case_id": "decode-a", "backend": "torch"}
+    run = run_dir(tmp_path / "r", lines(GOOD, later, later, {**later, "kind": "probe"}))
+    assert cli.main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        f"dsv4bench: {run / 'results.jsonl'}: rows this version does not know ignored: "
+        "1 of kind 'probe', 2 of kind 'trace' (written by a newer dsv4bench?)\n"
+    )
+    # a row of a newer format may mean other things by the same fields: refused, not misread
+    newer = run_dir(tmp_path / "n", lines(GOOD, {**GOOD, "schema": 2}))
+    plain = run_dir(tmp_path / "p", lines({**GOOD, "case_id": "other"}))
+    for args in (["report", newer], ["compare", plain, newer], ["merge", plain, newer]):
+        code = cli.main([str(a) for a in [*args, "--out", tmp_path / "o"]])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.strip().endswith(
+            "results.jsonl:2: not a result row: row schema 2 is newer than this dsv4bench "
+            "reads (1): update it"
+        )

@@ -119,11 +119,19 @@ def test_merge_refuses_with_one_line_and_exit_2(tmp_path, capsys, parts, why):
     assert not (tmp_path / "m" / "results.jsonl").exists()
 
 
-def test_merge_of_mixed_builds_when_asked_and_of_missing_shards_with_a_warning(tmp_path, capsys):
+def test_merge_of_mixed_builds_when_asked_and_of_missing_shards_when_partial(tmp_path, capsys):
     a = rows_dir(tmp_path / "a", [row("a", "1/3")])
     b = rows_dir(tmp_path / "b", [row("b", "3/3", gpu="NVIDIA H100 80GB HBM3", version="2")])
-    code, _, err = here(capsys, "merge", a, b, "--out", tmp_path / "m", "--allow-mixed")
+    # one shard of two (of three) merged and exit 0 read as a whole run: refused
+    for given in ((a,), (a, b)):
+        code, out, err = here(capsys, "merge", *given, "--out", tmp_path / "m", "--allow-mixed")
+        assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("dsv4bench: shard(s) 2/3")
+        assert not (tmp_path / "m").exists()
+    args = ("--out", tmp_path / "m", "--allow-mixed", "--partial")
+    code, _, err = here(capsys, "merge", a, b, *args)
     assert code == 0 and "without shard(s) 2/3" in err
+    assert json.loads((tmp_path / "m" / "merged.json").read_text())["missing"] == ["2/3"]
     assert json.loads((tmp_path / "m" / "merged.json").read_text())["allow_mixed"] is True
     assert len((tmp_path / "m" / "results.jsonl").read_text().splitlines()) == 2
     for args, why in [
@@ -131,7 +139,9 @@ def test_merge_of_mixed_builds_when_asked_and_of_missing_shards_with_a_warning(t
         ((a, b), "already holds results"),  # --out m again
         ((tmp_path / "nothing",), "not a run directory"),
     ]:
-        code, _, err = here(capsys, "merge", *args, "--out", tmp_path / "m", "--allow-mixed")
+        code, _, err = here(
+            capsys, "merge", *args, "--out", tmp_path / "m", "--allow-mixed", "--partial"
+        )
         assert code == 2 and why in err
 
 
@@ -165,7 +175,7 @@ def test_merge_refuses_a_part_with_an_unreadable_line(tmp_path, capsys):
 def test_an_unsharded_run_and_shard_1_keep_their_own_provenance(tmp_path, capsys):
     whole = rows_dir(tmp_path / "whole", [row("a", None)])
     s1 = rows_dir(tmp_path / "s1", [row("b", "1/2")])
-    code, _, err = here(capsys, "merge", whole, s1, "--out", tmp_path / "m")
+    code, _, err = here(capsys, "merge", whole, s1, "--out", tmp_path / "m", "--partial")
     assert code == 0, err
     record = json.loads((tmp_path / "m" / "merged.json").read_text())
     dirs = [p["dir"] for p in record["parts"]]

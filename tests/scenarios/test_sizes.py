@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dsv4bench import scenarios
@@ -49,3 +51,33 @@ def test_plan_refuses_in_one_line(tmp_path, run_cli):
     code, out, err = run_cli("plan", path)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "more than any GPU holds" in err
+
+
+def test_a_case_past_this_machines_memory_is_refused_by_run_and_flagged_by_plan(
+    tmp_path, monkeypatch, run_cli
+):
+    from dsv4bench.measure import hardware
+
+    # 64 requests of 2**20 tokens: a 41 GiB cache, past a 16 GiB machine (any GPU holds it)
+    real = hardware.memory_bytes
+    monkeypatch.setattr(hardware, "memory_bytes", lambda arch: (16 * 2**30, f"{arch} memory"))
+    big = tmp_path / "big.yaml"
+    big.write_text(HEAD + "cases:\n  - {context_len: 1048576, batch_size: 64}\n  - {}\n")
+    out = tmp_path / "r"
+    code, stdout, err = run_cli("run", big, "--arch", "cpu", "--out", out, "--quiet")
+    assert code == 2 and not stdout and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("dsv4bench: decode-v3.2-v32-h8-b64-")
+    assert err.strip().endswith(
+        "on torch: needs 41.0 GiB (cache 41.0 GiB), more than cpu memory (16.0 GiB); "
+        "leave it out or run it where it fits"
+    )
+    assert not out.exists()
+    code, stdout, _ = run_cli("plan", big, "--arch", "cpu")
+    assert code == 0 and "on cpu: 1 too big for this machine (run refuses them), e.g." in stdout
+    # what the machine has: the CPU oracle's budget is the RAM /proc/meminfo reports
+    monkeypatch.setattr(hardware, "memory_bytes", real)
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        total_kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
+        budget, what = hardware.memory_bytes("cpu")
+        assert what == "this machine's RAM" and abs(budget - total_kib * 1024) < 2**30
