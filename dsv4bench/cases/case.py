@@ -9,7 +9,11 @@ from dataclasses import asdict, dataclass, field, fields
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
 OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk")
-TOPK_FORMS = ("plain", "page_table", "ragged")  # how a topk case returns its picks (reference/topk.py)
+TOPK_FORMS = (
+    "plain",
+    "page_table",
+    "ragged",
+)  # how a topk case returns its picks (reference/topk.py)
 # The ops that read the Case's KV cache (in `layout`): a backend must declare that layout.
 CACHE_OPS = ("decode", "prefill", "dequant", "page_split")
 SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
