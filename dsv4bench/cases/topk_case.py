@@ -62,6 +62,12 @@ def bytes_moved(case: Case) -> int:
     return indexer_case.visible_total(case) * 4 + rows(case) * case.topk * INT32
 
 
+def of_indexer(case: Case, form: str = "plain") -> Case:
+    """The topk case of an indexer case's own selection: the same sizes (so the same case id as
+    a topk scenario's point of that shape), the picks in `form`."""
+    return replace(case, op="topk", form=form)
+
+
 def make_inputs(case: Case, device, g: torch.Generator) -> dict:
     """The tensors of one topk case (module docstring); the logits are the same for every form
     of a case (the generator is seeded without the form)."""
