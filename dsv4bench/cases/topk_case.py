@@ -69,13 +69,11 @@ def of_indexer(case: Case, form: str = "plain") -> Case:
 
 
 def make_inputs(case: Case, device, g: torch.Generator) -> dict:
-    """The tensors of one topk case (module docstring); the logits are the same for every form
-    of a case (the generator is seeded without the form)."""
-    from dsv4bench.cases.inputs import seed_of
+    """The tensors of one topk case (module docstring), drawn from `g` (cases/inputs.py seeds
+    it without the form: every form of a case reads the same logits)."""
     from dsv4bench.cases.tensors import block_table
     from reference import indexer
 
-    g.manual_seed(seed_of(replace(case, form="")))
     n, m = width(case), rows(case)
     lengths = ((positions(case, device) + 1) // indexer_case.ratio(case)).to(torch.int32)
     starts = torch.zeros_like(lengths)
@@ -131,19 +129,3 @@ def _slot_positions(slots, table, row_to_batch, page_size: int) -> torch.Tensor:
     page = (slots.clamp(min=0) // page_size).clamp(max=top)
     ok = (slots >= 0) & (owner[page] == row_to_batch.long()[:, None])
     return torch.where(ok, block_of[page] * page_size + slots % page_size, -1)
-
-
-def accuracy(case: Case, x: dict, expected, actual) -> dict:
-    """The top-k numbers (measure/topk.compare_topk: by selected scores, ties allowed) of a form's
-    picks against the oracle's, both read back as columns of the same logits."""
-    from dsv4bench.measure.topk import compare_topk
-
-    if tuple(actual.out.shape) != tuple(expected.out.shape):
-        raise ValueError(
-            f"top-k shape {tuple(actual.out.shape)}, expected {tuple(expected.out.shape)}"
-        )
-    want = columns(case, x, expected.out.to(x["logits"].device))
-    got = columns(case, x, actual.out.to(x["logits"].device))
-    acc = compare_topk(x["logits"], want, got)
-    acc["form_exact"] = bool(torch.equal(expected.out.cpu(), actual.out.cpu()))
-    return acc

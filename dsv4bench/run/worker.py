@@ -144,9 +144,9 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
         }
         expected = on_reads
     if case.op == "topk":  # picks in an engine's form, judged by the scores they select
-        from dsv4bench.cases import topk_case
+        from dsv4bench.measure import topk
 
-        acc = topk_case.accuracy(case, cache.inputs, expected, actual)
+        acc = topk.compare_forms(case, cache.inputs, expected, actual)
     else:
         acc = metrics.accuracy(expected, actual)
     if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices

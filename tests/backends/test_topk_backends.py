@@ -1,7 +1,7 @@
 """The `topk` backends on the CPU: FlashInfer's adapter against fakes with the real signatures
 of flashinfer/topk.py (0.7.2.post1) that compute the answer from the arguments they are given,
 and the project's Triton kernel through Triton's interpreter at tiny shapes, each judged like a
-row (cases/topk_case.accuracy: by selected scores, ties allowed) against the oracle.
+row (measure/topk.compare_forms: by selected scores, ties allowed) against the oracle.
 
 NOT shown here: that FlashInfer's kernels take these arguments on a GPU, and the compiled
 Triton kernel (tests/backends/test_topk_gpu.py does both on a CUDA GPU)."""
@@ -18,10 +18,11 @@ import torch
 from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.flashinfer import topk as fi_topk
 from dsv4bench.backends.flashinfer.backend import FlashInfer, KernelOps
-from dsv4bench.cases import inputs, topk_case
+from dsv4bench.cases import inputs
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import judge
+from dsv4bench.measure.topk import compare_forms
 from dsv4bench.scenarios import load_text
 from reference.topk import FORMS
 
@@ -113,7 +114,7 @@ def _judge(case: Case, x: dict, prepared) -> dict:
     if prepared.poison is not None:
         prepared.poison()
     actual = prepared.finish(prepared.run())
-    acc = topk_case.accuracy(case, x, oracle_call(case, x)(), actual)
+    acc = compare_forms(case, x, oracle_call(case, x)(), actual)
     assert judge.verdict(acc, case.tolerance) == ("ok", ""), acc
     return acc
 

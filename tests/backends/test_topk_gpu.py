@@ -11,9 +11,10 @@ import torch
 
 from dsv4bench.backends import Unsupported
 from dsv4bench.backends.flashinfer.backend import FlashInfer
-from dsv4bench.cases import inputs, topk_case
+from dsv4bench.cases import inputs
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import judge
+from dsv4bench.measure.topk import compare_forms
 from dsv4bench.scenarios import load_text
 
 pytestmark = [
@@ -58,7 +59,7 @@ def test_backends_match_the_oracle(backend: str, form: str, name: str) -> None:
         prepared.poison()
     actual = prepared.finish(prepared.run())
     torch.cuda.synchronize()
-    acc = topk_case.accuracy(case, x, oracle_call(case, x)(), actual)
+    acc = compare_forms(case, x, oracle_call(case, x)(), actual)
     print(name, form, backend, acc)
     assert judge.verdict(acc, case.tolerance) == ("ok", ""), acc
     assert acc["topk_matched"] == 1.0 and acc["topk_invalid"] == 0

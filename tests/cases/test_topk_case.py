@@ -13,6 +13,7 @@ from dsv4bench.cases import inputs, topk_case
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.cases.output import Output
 from dsv4bench.measure import judge
+from dsv4bench.measure.topk import compare_forms
 from dsv4bench.scenarios import ScenarioError, load_text
 
 
@@ -72,17 +73,17 @@ def test_the_judge_catches_bad_picks(form: str) -> None:
     x = inputs.make_inputs(case, "cpu")
     want = oracle_call(case, x)()
     assert topk_case.columns(case, x, want.out).max() < 512
-    acc = topk_case.accuracy(case, x, want, Output(want.out.clone()))
+    acc = compare_forms(case, x, want, Output(want.out.clone()))
     assert judge.verdict(acc, case.tolerance)[0] == "ok" and acc["form_exact"]
     worse = want.out.clone()
     worst = x["logits"][0].argmin().item()  # the row's lowest logit instead of its best
     worse[0, 0] = topk_case_index(case, x, 0, worst)
-    verdict = judge.verdict(topk_case.accuracy(case, x, want, Output(worse)), case.tolerance)
+    verdict = judge.verdict(compare_forms(case, x, want, Output(worse)), case.tolerance)
     assert verdict[0] == "incorrect" and "match" in verdict[1]
     other = want.out.clone()
     other[0, 0] = want.out[1, 0]  # a pick of the other request
     if form != "plain":  # plain columns are the same numbers in every row
-        acc = topk_case.accuracy(case, x, want, Output(other))
+        acc = compare_forms(case, x, want, Output(other))
         assert acc["topk_invalid"] >= 1
 
 
