@@ -11,7 +11,7 @@ class TorchReference(Backend):
     name = "torch"
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
     archs = ARCHS
-    ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split")
+    ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk")
     layouts = None  # any layout with a writer and reader in reference/layout_table.py
     is_oracle = True
 
@@ -22,8 +22,10 @@ class TorchReference(Backend):
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         info = {}
-        if case.op == "indexer":  # the size of the matrix engines must hold
+        if case.op in ("indexer", "topk"):  # the size of the matrix engines must hold
             from dsv4bench.cases import indexer_case
 
             info["logits_bytes"] = indexer_case.logits_bytes(case)
+        if case.op == "topk":
+            info["kernel"] = "torch.topk"
         return Prepared(run=oracle_call(case, inputs), info=info)

@@ -8,7 +8,12 @@ from dataclasses import asdict, dataclass, field, fields
 
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
-OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split")
+OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk")
+TOPK_FORMS = (
+    "plain",
+    "page_table",
+    "ragged",
+)  # how a topk case returns its picks (reference/topk.py)
 # The ops that read the Case's KV cache (in `layout`): a backend must declare that layout.
 CACHE_OPS = ("decode", "prefill", "dequant", "page_split")
 SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
@@ -68,7 +73,7 @@ class Tolerance:
 
 
 # Case fields left out of params() at these values: cases made before them keep their ids.
-WORKLOAD_DEFAULTS = {"context_lens": (), "ragged": "", "index_pattern": "uniform"}
+WORKLOAD_DEFAULTS = {"context_lens": (), "ragged": "", "index_pattern": "uniform", "form": ""}
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class Case:
       SPLIT_PAGE-token pages (FlashInfer's sm120 layout; every token's bytes and slot kept).
     indexer: the lightning indexer's FP8 logits + top-k (cases/indexer_case.py): paged over
       batch_size requests of s_q tokens, or ragged over a chunk of `tokens` (tokens > 0).
+    topk: the indexer's top-k alone over the logits an indexer case of the same sizes leaves
+      (cases/topk_case.py), returned in `form`: plain, page_table or ragged (TOPK_FORMS).
     """
 
     scenario: str
@@ -119,6 +126,7 @@ class Case:
     context_lens: tuple[int, ...] = ()
     ragged: str = ""
     index_pattern: str = "uniform"
+    form: str = ""  # topk only: plain | page_table | ragged; in params() only when set
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
     tags: tuple[str, ...] = ()  # free labels a scenario gives its cases (family names for reports)
@@ -139,7 +147,7 @@ class Case:
         """Query tokens in one call: b * s_q for decode, the chunk for prefill."""
         if self.op == "prefill":  # a ragged prefill batch: one chunk per request
             return self.tokens * (len(self.context_lens) or 1)
-        if self.op == "indexer" and self.tokens:
+        if self.op in ("indexer", "topk") and self.tokens:
             return self.tokens
         return self.batch_size * self.s_q
 

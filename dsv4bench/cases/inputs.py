@@ -13,6 +13,8 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
   indexer (dsv4bench/cases/indexer_case.py): q e4m3, weights fp32 (rows, heads); paged: kv_cache
     (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
     ragged: kv e4m3 (keys, D), kv_scales fp32 (keys,), ks, ke (tokens,) int32.
+  topk (dsv4bench/cases/topk_case.py): logits fp32 (rows, keys), lengths, row_starts (rows,);
+    page_table: block_table, row_to_batch; ragged: offsets.
 
 A ragged batch (Case.context_lens) gives each request its own context: dsv4bench/cases/ragged.py
 (V4 decode then passes topk_length / extra_topk_length (b,); a ragged prefill also carries
@@ -80,6 +82,7 @@ def make_inputs(case: Case, device: str | torch.device) -> dict:
         "remap": _remap,
         "indexer": _indexer,
         "page_split": _dequant,  # the same cache: context_len * batch_size tokens
+        "topk": _topk,
     }
     return make[case.op](case, torch.device(device), g)
 
@@ -240,3 +243,12 @@ def _indexer(case: Case, device, g) -> dict:
         "block_table": table,
         "context_lens": lens,
     }
+
+
+def _topk(case: Case, device, g) -> dict:
+    from dataclasses import replace
+
+    from dsv4bench.cases import topk_case
+
+    g.manual_seed(seed_of(replace(case, form="")))  # every form reads the same logits
+    return topk_case.make_inputs(case, device, g)

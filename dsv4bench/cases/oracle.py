@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from dsv4bench.cases.case import SPLIT_PAGE, Case
 from dsv4bench.cases.output import Output, prefill_output
-from reference import attention, indices, layouts
+from reference import attention, indices, layouts, topk
 
 
 def oracle_call(
@@ -68,6 +68,8 @@ def oracle_call(
         )
     if case.op == "indexer":
         return lambda: indexer_call(case, x)
+    if case.op == "topk":
+        return lambda: Output(topk.select(x, case.topk, case.form, case.page_size))
     if case.op == "page_split":  # the (pages, 64, 1, 584) view: every token's bytes, no padding
         return lambda: Output(layouts.split_pages_v4(x["k_cache"], SPLIT_PAGE))
     raise ValueError(f"no oracle for op {case.op!r}")

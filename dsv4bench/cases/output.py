@@ -14,6 +14,7 @@ class Output:
     decode: out (b, s_q, h, d_v), lse (b, h, s_q); prefill: out (tokens, h, d_v), lse (tokens, h);
     dequant: out (tokens, d) and lse None; remap: out the global index tensor and lse None;
     indexer: out the fp32 logits (rows, keys), topk the (rows, topk) int32 picks (-1 padded).
+    topk: out the (rows, topk) int32 picks in the case's form (reference/topk.py), -1 padded.
     """
 
     out: Any

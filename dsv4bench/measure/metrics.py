@@ -211,6 +211,10 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
         from dsv4bench.cases import indexer_case
 
         return indexer_case.bytes_moved(case)
+    if case.op == "topk":
+        from dsv4bench.cases import topk_case
+
+        return topk_case.bytes_moved(case)
     q = case.query_tokens
     h = case.num_heads
     if unique:

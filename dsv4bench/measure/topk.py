@@ -111,6 +111,26 @@ def compare_topk(
     }
 
 
+def compare_forms(case, x: dict, expected, actual) -> dict:
+    """compare_topk for a `topk` case: the picks of its form (Output.out) and the oracle's, both
+    read back as columns of the same logits (cases/topk_case.columns: a pick outside the row's
+    window or request is out of range, so invalid); form_exact: the two outputs are equal."""
+    import torch
+
+    from dsv4bench.cases import topk_case
+
+    if tuple(actual.out.shape) != tuple(expected.out.shape):
+        raise ValueError(
+            f"top-k shape {tuple(actual.out.shape)}, expected {tuple(expected.out.shape)}"
+        )
+    device = x["logits"].device
+    want = topk_case.columns(case, x, expected.out.to(device))
+    got = topk_case.columns(case, x, actual.out.to(device))
+    acc = compare_topk(x["logits"], want, got)
+    acc["form_exact"] = bool(torch.equal(expected.out.cpu(), actual.out.cpu()))
+    return acc
+
+
 def topk_problem(acc: dict) -> str | None:
     """Why a top-k result is not as good as the oracle's (one line), or None."""
     if acc.get("topk_invalid"):

@@ -1,5 +1,7 @@
 """The indexer's share of TTFT/TPOT: serving rows whose points include indexer parts
-(`indexer: true` specs) carry breakdown_ms["indexer"]; this section plots indexer / total."""
+(`indexer: true` specs) carry breakdown_ms["indexer"]; this section plots indexer / total.
+Where the run also has `topk` rows of the same shapes, breakdown_ms["indexer_topk"] holds the
+top-k alone (serving.aggregate.indexer_topk_ms) and the table adds top-k / indexer."""
 
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ def share(row: dict) -> float | None:
     if not ix or not total:
         return None
     return ix / total
+
+
+def topk_share(row: dict) -> float | None:
+    """top-k ms (the topk rows) / indexer ms (the indexer rows: logits + their own top-k), or
+    None when the row has no top-k part."""
+    b = row.get("breakdown_ms") or {}
+    ix, top = b.get("indexer"), b.get("indexer_topk")
+    if not ix or top is None:
+        return None
+    return top / ix
 
 
 def rows_with_indexer(serving: list[dict]) -> list[dict]:
@@ -42,6 +54,14 @@ def section(report, serving: list[dict]) -> None:
     ]
     fig = plots.line_figure("Lightning indexer share of TTFT and TPOT", panels, max_cols=2)
     d.image(report.save(fig, "indexer-share"), "indexer share of TTFT and TPOT")
+    split = any(topk_share(r) is not None for r in rows)
+    if split:
+        d.para(
+            "top-k ms: the indexer's top-k alone, the fastest `topk` row (plain form) of each "
+            "indexer part's shape; top-k / indexer = that time divided by the indexer rows' "
+            "whole time (FP8 logits + their own top-k), nothing subtracted: the logits' share "
+            "is at most 1 - top-k / indexer when the indexer rows' top-k is the same kernel."
+        )
     table = [
         [
             r.get("metric"),
@@ -55,6 +75,7 @@ def section(report, serving: list[dict]) -> None:
             f"{r['breakdown_ms']['indexer']:.3f}",
             f"{r['value_ms']:.3f}",
             f"{100 * share(r):.1f}%",
+            *(_topk_cells(r) if split else ()),
         ]
         for r in rows
     ]
@@ -71,10 +92,18 @@ def section(report, serving: list[dict]) -> None:
             "indexer ms",
             "total ms",
             "share",
+            *(("top-k ms", "top-k / indexer") if split else ()),
         ],
         table,
         folded=True,
     )
+
+
+def _topk_cells(row: dict) -> tuple[str, str]:
+    top = topk_share(row)
+    if top is None:
+        return "", ""
+    return f"{row['breakdown_ms']['indexer_topk']:.3f}", f"{100 * top:.1f}%"
 
 
 def _panel(report, rows: list[dict], metric: str, x_key: str, xlabel: str):

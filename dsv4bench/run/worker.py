@@ -143,7 +143,12 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
             k: conversion[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")
         }
         expected = on_reads
-    acc = metrics.accuracy(expected, actual)
+    if case.op == "topk":  # picks in an engine's form, judged by the scores they select
+        from dsv4bench.measure import topk
+
+        acc = topk.compare_forms(case, cache.inputs, expected, actual)
+    else:
+        acc = metrics.accuracy(expected, actual)
     if case.op == "indexer":  # top-k judged by the scores it selects (ties), not indices
         from dsv4bench.measure import topk
 

@@ -413,7 +413,7 @@ class ScenarioLoader(Parser):
     def check_op_keys(self, op: str, merged: dict[str, tuple[Any, Origin]]) -> None:
         """Only prefill has tokens and a route; prefill has one chunk (batch_size, s_q 1)."""
         if op != "prefill":
-            for key in ("tokens", "route") if op != "indexer" else ("route",):
+            for key in ("tokens", "route") if op not in ("indexer", "topk") else ("route",):
                 if key in merged:
                     raise self.fail(merged[key][1], f"only prefill has {key}; this is a {op} case")
             return
@@ -488,8 +488,10 @@ class ScenarioLoader(Parser):
             seed=common["seed"],
         )
         v.update({k: explicit[k] for k in WORKLOAD_DEFAULTS if k in explicit})
-        if op == "indexer":  # the indexer's own heads, top-k and key cache, not attention's
+        if op in ("indexer", "topk"):  # the indexer's own heads, top-k and key cache
             v.update({k: d for k, d in indexer_case.defaults(model).items() if k not in explicit})
+        if op == "topk":
+            v["form"] = explicit.get("form", "plain")
         problems = case_problems(v) or (size_problems(v) if sized else None)
         if problems:
             ranked = [

@@ -18,6 +18,7 @@ from dsv4bench.cases.case import (
     SCALE_CONVENTIONS,
     SPLIT_PAGE,
     TIMERS,
+    TOPK_FORMS,
     Case,
     Timing,
     Tolerance,
@@ -339,6 +340,7 @@ AXES: dict[str, Axis] = {
     "window": int_axis(0),
     "context_lens": Axis(workloads.context_lens),
     "index_pattern": enum_axis(PATTERNS, "index pattern"),
+    "form": enum_axis(TOPK_FORMS, "top-k form"),
 }
 
 
@@ -405,8 +407,8 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             return pair_rule("tokens", "<=", "context_len", v)
         if v["route"] not in ROUTES:
             return [("route", f"expected one of {', '.join(ROUTES)}, got {v['route']!r}")]
-    elif v["op"] == "indexer":
-        problems = indexer_problems(v)
+    elif v["op"] in ("indexer", "topk"):  # topk: the top-k of an indexer case's logits
+        problems = indexer_problems(v) or form_problems(v)
         if problems:
             return problems
     else:
@@ -414,11 +416,13 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             return [("tokens", f"only prefill has tokens; this is a {v['op']} case")]
         if v["route"] != ROUTES[0]:
             return [("route", f"only prefill has a route; this is a {v['op']} case")]
+    if v["op"] != "topk" and v.get("form"):
+        return [("form", f"only topk has a form; this is a {v['op']} case")]
     if v["op"] == "page_split":
         problems = page_split_problems(v)
         if problems:
             return problems
-    if v["topk"] > v["context_len"] and v["op"] != "indexer":  # the indexer pads with -1
+    if v["topk"] > v["context_len"] and v["op"] not in ("indexer", "topk"):  # -1 padded
         return pair_rule("topk", "<=", "context_len", v)
     if v["window"] and v["topk"] > v["window"]:
         return pair_rule("topk", "<=", "window", v, why="the main-cache indices are the window: ")
@@ -488,6 +492,13 @@ def indexer_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
         return [("context_len", "the context must hold at least one key entry")]
     if v["page_size"] < 16 or v["page_size"] & (v["page_size"] - 1):
         return [("page_size", f"expected a power of two >= 16, got {v['page_size']}")]
+    return None
+
+
+def form_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """A topk case returns its picks in one of TOPK_FORMS."""
+    if v["op"] == "topk" and v.get("form") not in TOPK_FORMS:
+        return [("form", f"expected one of {', '.join(TOPK_FORMS)}, got {v.get('form')!r}")]
     return None
 
 

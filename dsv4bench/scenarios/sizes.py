@@ -18,6 +18,9 @@ BF16, INT32, FP32 = 2, 4, 4
 def case_bytes(v: dict[str, Any]) -> dict[str, int]:
     """The least bytes a case's tensors take, by part: q, cache, out, indices (and logits)."""
     queries = v["tokens"] if v["tokens"] else v["batch_size"] * v["s_q"]
+    if v["op"] == "topk":  # the indexer's logits in, the picks out (no cache)
+        keys = v["context_len"] // (v["compress_ratio"] or 1)
+        return {"logits": queries * keys * FP32, "indices": queries * v["topk"] * INT32}
     requests = 1 if v["tokens"] else v["batch_size"]
     token = LAYOUT_TABLE[v["layout"]].bytes_per_token(v["d_qk"])
     parts = {"cache": requests * v["context_len"] * token}

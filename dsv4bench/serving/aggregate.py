@@ -5,6 +5,7 @@ reach by picking the best kernel per call."""
 
 from __future__ import annotations
 
+from dsv4bench.cases import topk_case
 from dsv4bench.rows import ServingRow
 from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
@@ -71,6 +72,22 @@ def _pick(part: Part, backend: str, by_key: dict, by_case: dict) -> tuple[str | 
     return (failed["backend"] if failed else None), failed
 
 
+def indexer_topk_ms(plan: ServingPlan, point, by_case: dict) -> float | None:
+    """The top-k share of a point's indexer parts, from `topk` rows: per indexer part the
+    fastest ok row of its top-k alone (topk_case.of_indexer: the same shape, plain form), times
+    the part's multiplicity, summed; None unless every indexer part has such a row. The
+    indexer rows keep the whole (logits + their own top-k): the report divides the two."""
+    total, found = 0.0, False
+    for part in (p for p in point.parts if p.role == "indexer"):
+        twin = topk_case.of_indexer(plan.case(part.case_id)).case_id
+        ok = [r for r in by_case.get(twin, []) if _usable(r)]
+        if not ok:
+            return None
+        total += part.multiplicity * min(_median(r) for r in ok)
+        found = True
+    return total if found else None
+
+
 def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
     """One point's serving row (a ServingRow, checked, as the dict a results file holds)."""
     parts, total, status, message, env = [], 0.0, "ok", "", None
@@ -106,6 +123,9 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
             }
         )
     ok = status == "ok"
+    topk_ms = indexer_topk_ms(plan, point, by_case) if ok and breakdown["indexer"] else None
+    if topk_ms is not None:  # beside the indexer's whole time, never added to the total
+        breakdown["indexer_topk"] = topk_ms
     spec = plan.spec
     return ServingRow(
         scenario=spec.scenario,

@@ -212,7 +212,7 @@ REMAP = _case("remap", batch_size=2, s_q=3, topk=64, context_len=200, page_size=
 
 def test_provider_and_supports():
     b = tk.TritonKernels()
-    ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split")
+    ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split", "topk")
     assert (b.name, b.archs, b.ops) == ("triton", ("sm90", "sm100", "sm120"), ops)
     assert b.provider() == Provider(
         "triton", triton.__version__, "dsv4bench.backends.triton_kernels"

@@ -1,5 +1,5 @@
 """The Triton backend's module layering: the host modules and their kernel sources import each
-other as a tree (backend -> attention, indexer, cache_ops -> jit -> kernels.*; launch rules in
+other as a tree (backend -> attention, indexer, topk, cache_ops -> jit -> kernels.*; launch rules in
 tuning), the host modules import without Triton and never assign `tl`, and the kernel sources
 name their byte offsets from reference.layout_table. Read from the source files: no Triton
 needed."""
@@ -13,15 +13,16 @@ from reference.layout_table import LAYOUTS
 
 TRITON = Path(__file__).resolve().parents[2] / "dsv4bench" / "backends" / "triton"
 PACKAGE = "dsv4bench.backends.triton"
-HOSTS = ("backend", "attention", "indexer", "cache_ops", "tuning", "jit")
-SOURCES = ("cache", "attention", "indexer", "layout", "__init__", "gluon_attention", "gluon_parts",
-           "gluon_producer", "gluon_resident")  # fmt: skip
+HOSTS = ("backend", "attention", "indexer", "topk", "cache_ops", "tuning", "jit")
+SOURCES = ("cache", "attention", "indexer", "topk", "layout", "__init__", "gluon_attention",
+           "gluon_parts", "gluon_producer", "gluon_resident")  # fmt: skip
 # which modules of the Triton backend each host module may import (anywhere in the file)
 ALLOWED = {
-    "backend": {"attention", "indexer", "cache_ops", "jit"},
+    "backend": {"attention", "indexer", "topk", "cache_ops", "jit"},
     "attention": {"jit", "tuning", "kernels.layout"},
     "cache_ops": {"jit", "attention"},
     "indexer": {"jit"},
+    "topk": {"jit"},
     "tuning": {"kernels.layout"},
     "jit": set(),
 }

@@ -92,7 +92,7 @@ from dsv4bench.backends.base import (
     fp8_cache_reason,
     resolve_heads,
 )
-from dsv4bench.backends.flashinfer import sm90, sm100, sm120
+from dsv4bench.backends.flashinfer import sm90, sm100, sm120, topk
 from dsv4bench.backends.flashinfer.convert import KV_DTYPES, apply_length
 from dsv4bench.cases.case import Case
 from dsv4bench.kernels.store import kernels_dir
@@ -124,6 +124,7 @@ CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
         ("flashinfer.sparse_mla_sm120", "sparse_mla_sm120_decode_dsv3_2"),
     ),
     "fa3_mla": (("flashinfer.mla", "BatchMLAPagedAttentionWrapper"),),
+    **topk.CANDIDATES,  # the indexer's top-k (op topk), one function per form
 }
 FAMILY = {
     ("sm100", "v32"): "trtllm_mla",
@@ -144,6 +145,9 @@ class KernelOps:
     sm120_dsv4: Callable | None = None
     sm120_dsv32: Callable | None = None
     fa3_mla: Callable | None = None  # the wrapper class (sm90)
+    topk_plain: Callable | None = None  # flashinfer.topk's three (op topk)
+    topk_page_table: Callable | None = None
+    topk_ragged: Callable | None = None
     names: dict = field(default_factory=dict)
 
 
@@ -219,9 +223,12 @@ def padded_heads(case: Case, heads: tuple[int, ...] = HEADS) -> tuple[int, str |
 
 class FlashInfer(Backend):
     name = "flashinfer"
-    description = "FlashInfer sparse MLA: FA3 MLA (sm90), trtllm-gen (sm100), sm120 decode kernels"
+    description = (
+        "FlashInfer sparse MLA: FA3 MLA (sm90), trtllm-gen (sm100), sm120 decode kernels; "
+        "the indexer's top-k (flashinfer.topk)"
+    )
     archs = ("sm90", "sm100", "sm120")
-    ops = ("decode", "prefill")
+    ops = ("decode", "prefill", "topk")
     layouts = ("v32", "v4")
     options = {"kv_dtype": "bf16", "past_planner_limit": False, "lib": None}
 
@@ -270,8 +277,8 @@ class FlashInfer(Backend):
         if arch not in self.archs:
             return f"{ARCH_REASON}, not {arch}"
         reason = super().supports(case, arch)
-        if reason:
-            return reason
+        if reason or case.op == "topk":
+            return reason or topk.supports(case)
         if arch == "sm90":
             return sm90.supports(case, self.past_planner_limit)
         if case.op != "decode":
@@ -296,6 +303,9 @@ class FlashInfer(Backend):
         reason = self.supports(case, arch)
         if reason:
             raise Unsupported(reason)
+        if case.op == "topk":
+            fn = getattr(ops, f"topk_{case.form}", None)
+            return topk.prepare(case, inputs, device, fn, ops.provider.version)
         if arch == "sm90":
             if ops.fa3_mla is None:
                 raise Unsupported(

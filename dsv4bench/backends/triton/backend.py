@@ -1,7 +1,7 @@
 """The project's Triton kernels as one backend (`triton`): sparse MLA decode and prefill
-(attention.py), the lightning indexer's FP8 logits (indexer.py), and the sparse-prefill
-route's helper ops, FP8 -> bf16 dequantization, index remap and the V4 page split
-(cache_ops.py). Checks and allocations happen in prepare(); run() only launches. Triton is
+(attention.py), the lightning indexer's FP8 logits (indexer.py) and its top-k (topk.py), and
+the sparse-prefill route's helper ops, FP8 -> bf16 dequantization, index remap and the V4 page
+split (cache_ops.py). Checks and allocations happen in prepare(); run() only launches. Triton is
 imported when first needed (jit.py): this module imports without it.
 """
 
@@ -15,7 +15,7 @@ from dsv4bench.backends.base import (
     check_cache_width,
     fp8_cache_reason,
 )
-from dsv4bench.backends.triton import attention, cache_ops, indexer, jit
+from dsv4bench.backends.triton import attention, cache_ops, indexer, jit, topk
 from dsv4bench.backends.triton.cache_ops import (
     DEQUANT_BLOCK_T,
     DEQUANT_WARPS,
@@ -54,10 +54,10 @@ class TritonKernels(Backend):
     description = (
         "the project's Triton kernels: sparse MLA decode from the FP8 caches and sparse prefill "
         "(attention.py), FP8 cache -> bf16 dequant (V4, V3.2), index remap, "
-        "the lightning indexer's FP8 logits"
+        "the lightning indexer's FP8 logits, its top-k (radix select, three forms)"
     )
     archs = ("sm90", "sm100", "sm120")
-    ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split")
+    ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split", "topk")
     layouts = ("v32", "v4")
 
     def provider(self) -> Provider:
@@ -75,6 +75,8 @@ class TritonKernels(Backend):
         self.provider()  # Unsupported without Triton
         if case.op == "indexer":
             return indexer.prepare(case, inputs, device)
+        if case.op == "topk":
+            return topk.prepare(case, inputs, device)
         if case.op in ("decode", "prefill"):
             return attention.prepare(case, inputs, device)
         reason = _case_reason(case) if case.op in self.ops else f"no {case.op} kernel"

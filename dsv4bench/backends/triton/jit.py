@@ -2,7 +2,7 @@
 sources in kernels/: compiled (JITFunction) for CUDA tensors, interpreted for CPU tensors
 (tests, tiny shapes; Triton's interpreter copies the tensors' whole storages per launch).
 
-The import graph of the Triton backend is a tree: backend -> attention, indexer, cache_ops ->
+The import graph of the Triton backend is a tree: backend -> attention, indexer, topk, cache_ops ->
 jit -> kernels.* (importlib, once Triton is found); nothing imports upwards (the kernels'
 device_fn lives in kernels/ itself).
 """
