@@ -251,3 +251,32 @@ def test_triton_launcher_refuses_what_it_cannot_read() -> None:
         tt.launcher(torch.zeros(2, 8, dtype=torch.float16), lens, 2)
     with pytest.raises(ValueError, match="form"):
         tt.launcher(torch.zeros(2, 8), lens, 2, "sorted")
+
+
+@pytest.mark.parametrize("form", [0, 1, 2])
+def test_triton_kernel_compiles_for_sm90(form: int) -> None:
+    """The interpreter runs what the compiler refuses (a loop-carried name changing type):
+    compile each form for sm90 here, as the GPU would (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from dsv4bench.backends.triton import topk as triton_topk
+    from dsv4bench.backends.triton.kernels import topk as kernels
+
+    pointers = ("logits_ptr", "lengths_ptr", "starts_ptr", "out_ptr", "table_ptr", "batch_ptr")
+    signature = {name: "*i32" for name in pointers} | {"logits_ptr": "*fp32"}
+    signature |= {"row_stride": "i32", "table_s0": "i32", "offsets_ptr": "*i32", "K": "i32"}
+    signature |= {"FORM": "constexpr", "PAGE": "constexpr", "BLOCK": "constexpr"}
+    fn = JITFunction(kernels.topk_kernel)
+    order = list(fn.arg_names)
+    source = ASTSource(
+        fn,
+        {name: signature[name] for name in order},
+        constexprs={"FORM": form, "PAGE": 64, "BLOCK": triton_topk.BLOCK},
+    )
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": triton_topk.WARPS}
+    )
+    assert "st.global" in compiled.asm["ptx"]

@@ -72,8 +72,8 @@ def topk_kernel(
             key, ok = _window(row_ptr, off + lanes, length)
             if p > 0:
                 ok = ok & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            digit = ((key >> shift) & 255).to(tl.int32)
-            hist += tl.histogram(digit, 256, mask=ok)
+            byte = ((key >> shift) & 255).to(tl.int32)
+            hist += tl.histogram(byte, 256, mask=ok)
         if p == 0:  # every finite logit of the window lands in the first histogram
             kept = tl.minimum(tl.reduce(hist, 0, tl.standard._sum_combine), K)
             remaining = kept
