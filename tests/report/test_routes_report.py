@@ -146,7 +146,8 @@ def test_an_instance_that_runs_nothing_says_why():
         ["prefill has none", "no switch on sm90"],
     )
     assert paragraph(inv).startswith(
-        "**flashmla-sgl-invariant**: 0 of 0 cases ok, 3 unsupported (prefill has none / no switch on sm90)"
+        "**flashmla-sgl-invariant**: 0 of 0 cases ok, "
+        "3 unsupported (prefill has none / no switch on sm90)"
     )
 
 
