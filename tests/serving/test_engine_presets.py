@@ -73,6 +73,13 @@ def test_bf16_candidates_pay_no_dequant_and_fp8_ones_do():
     assert ph.envelope == {(4096, 8192): 9.5, (32768, 8192): 76.0}
 
 
+def test_the_envelope_of_a_point_is_its_fastest_row_whichever_comes_last():
+    fast, slow = srow("envelope", "ttft", 7.0, x=4096), srow("envelope", "ttft", 9.0, x=4096)
+    slow["route"] = "decode-kernel"  # the envelope over the decode route, read after
+    for order in ([fast, slow], [slow, fast]):
+        assert pz.phase(order, "v3.2", 1, "ttft").envelope == {(4096, 8192): 7.0}
+
+
 def test_ranking_leaves_out_a_backend_with_an_incorrect_point():
     r = pz.rank(pz.phase(rows(), "v3.2", 1, "tpot"))
     assert [c.backend for c, _ in r.order] == ["fa3", "flashmla"]
