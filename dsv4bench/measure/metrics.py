@@ -273,7 +273,7 @@ class Metric:
     compute: Callable[[MetricInput], Any]
     column: str = ""  # the report's kernel-table column; "" keeps it out of the report
     show: Callable[[Any], str] = lambda v: "" if v is None else f"{v:.4g}"
-    timed: bool = True  # needs a time: None without one
+    timed: bool = True  # needs a time: None without one; numeric: an amount per second
 
 
 DERIVED: dict[str, Metric] = {}
@@ -348,6 +348,21 @@ def _peak_fraction(x: MetricInput) -> float | None:
 def _bound(x: MetricInput) -> str | None:
     roofs = _roofs(x)
     return None if roofs is None else ("compute" if roofs[0] >= roofs[1] else "memory")
+
+
+def derived_at(found: dict, from_ms: float | None, to_ms: float | None) -> dict:
+    """Derived metrics computed at `from_ms`, at another time of the same call (a report's
+    timer): every numeric timed metric is an amount per second of the call, so it scales by
+    from_ms / to_ms; the rest (FLOP, bytes, the binding roof) stays."""
+    if not (from_ms and to_ms) or from_ms == to_ms:
+        return dict(found)
+    scale = from_ms / to_ms
+    out = dict(found)
+    for m in DERIVED.values():
+        v = found.get(m.name)
+        if m.timed and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[m.name] = v * scale
+    return out
 
 
 def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:

@@ -328,3 +328,29 @@ def _oracle(case, x):
     from dsv4bench.cases.oracle import oracle_call
 
     return oracle_call(case, x)()
+
+
+def test_the_ragged_ratio_is_ragged_time_over_uniform_time_within_one_run(tmp_path):
+    """`ragged / uniform` above 1 says the ragged batch is slower; a twin of another run is no
+    twin; the time is the winners' timer (makespan where both rows have it), events beside."""
+    from dsv4bench.report.render import Report
+    from dsv4bench.report.sections.workloads import workloads
+
+    base = {"kind": "case", "op": "decode", "status": "ok", "backend": "flashmla"}
+    p = {"op": "decode", "model": "v4-flash", "batch_size": 2, "s_q": 1, "compress_ratio": 4}
+    ragged = {**base, "case_id": "r", "_run": "a", "params": {**p, "context_lens": [1000, 3000],
+              "ragged": "list", "context_len": 3000},
+              "timing": {"median_ms": 0.030, "profiler_ms": 0.026}}  # fmt: skip
+    twin = {**base, "case_id": "u", "_run": "a", "params": {**p, "context_len": 2000},
+            "timing": {"median_ms": 0.020, "profiler_ms": 0.013}}  # fmt: skip
+    other = {**twin, "_run": "b", "timing": {"median_ms": 0.060}}
+    rep = Report([other, ragged, twin], tmp_path, [])
+    workloads(rep)
+    md = rep.doc.to_markdown()
+    assert "| ragged / uniform | events ragged / uniform |" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| decode v4-flash C4 b2 | list"))
+    assert line.endswith("| 0.026 | 0.013 | profiler makespan | 2.00 | 1.50 |"), line
+    rep = Report([other, ragged], tmp_path, [])  # the only uniform row is another run's
+    workloads(rep)
+    line = next(ln for ln in rep.doc.to_markdown().splitlines() if "| list |" in ln)
+    assert line.endswith("| 0.026 |  | profiler makespan |  |  |"), line
