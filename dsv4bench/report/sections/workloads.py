@@ -128,6 +128,30 @@ def _twin(row: dict, uniform: list[dict]) -> dict | None:
     return None
 
 
+def ragged_against_uniform(row: dict, uniform: list[dict]):
+    """(twin, (timer key, name), ragged ms, uniform ms) of a ragged row: its uniform twin (or
+    None) and both times by the first timer both measured; None where there is none."""
+    twin = _twin(row, uniform) if row["status"] == "ok" else None
+    timer = timers.shared([row, twin] if twin else [row])
+    mine = timers.value(row, timer[0]) if timer else None
+    theirs = timers.value(twin, timer[0]) if timer and twin else None
+    return twin, timer, mine, theirs
+
+
+def ragged_ratios(rows: list[dict]) -> list[tuple[dict, float]]:
+    """(ragged row, ragged time / uniform time) for every ragged row with a uniform twin, as
+    the section's table has them."""
+    timed = timed_attention_rows(rows)
+    uniform = [r for r in timed if not param(r, "context_lens")]
+    out = []
+    for r in case_rows(rows):
+        if param(r, "context_lens"):
+            _, _, mine, theirs = ragged_against_uniform(r, uniform)
+            if mine and theirs:
+                out.append((r, mine / theirs))
+    return out
+
+
 def _ragged(rep, ragged: list[dict], rows: list[dict]) -> None:
     d = rep.doc
     d.heading("Ragged batches", 3)
@@ -144,10 +168,7 @@ def _ragged(rep, ragged: list[dict], rows: list[dict]) -> None:
     table = []
     for r in ragged:
         lens = param(r, "context_lens")
-        twin = _twin(r, uniform) if r["status"] == "ok" else None
-        timer = timers.shared([r, twin] if twin else [r])
-        mine = timers.value(r, timer[0]) if timer else None
-        theirs = timers.value(twin, timer[0]) if timer and twin else None
+        twin, timer, mine, theirs = ragged_against_uniform(r, uniform)
         ev, ev_twin = timers.events_ms(r), timers.events_ms(twin)
         table.append(
             [
