@@ -35,9 +35,10 @@ class Prepared:
     info: dict = field(default_factory=dict)  # e.g. {"padded_heads": 64}: recorded in the row
     # The inputs the kernel really reads, in the oracle's form (the keys inputs.make_inputs
     # gives for the case), when prepare() re-quantized them (e.g. an e4m3 copy of the cache).
-    # The worker then judges the kernel against oracle(reads) and records in info["conversion"]
-    # how far oracle(reads) is from oracle(inputs): a lossy conversion shows in the row instead
-    # of hiding in a looser tolerance.
+    # The worker still judges the answer against oracle(inputs), what an engine serving that
+    # cache gets, and records beside it the kernel's own error against oracle(reads)
+    # (info["kernel_own"]) and the conversion's (info["conversion"]): a lossy conversion fails
+    # the row instead of hiding in the values it is judged on.
     reads: dict | None = None
 
 

@@ -361,7 +361,8 @@ class FlashMLA(LibraryBackend):
         sink = pad_sink(x.get("attn_sink"), heads)
         args = (qp, x["kv"], indices, case.scale, case.d_v, sink, x.get("topk_length"), out)
         info = _info(heads, "sparse_prefill_fwd", out)
-        finish = lambda raw: Output(raw[0][:, :h], raw[2][:, :h])  # (out, max_logits, lse)
+        # (out, max_logits, lse)
+        finish = lambda raw: Output(raw[0][:, :h], raw[2][:, :h], max_logits=raw[1][:, :h])
         return Prepared(lambda: ops.prefill(*args), finish, _poison(out), info)
 
 

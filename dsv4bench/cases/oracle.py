@@ -44,7 +44,7 @@ def oracle_call(
     if case.op == "prefill":
 
         def prefill() -> Output:
-            out, _max_logits, lse = attention.sparse_mla_prefill(
+            out, max_logits, lse = attention.sparse_mla_prefill(
                 x["q"],
                 x["kv"],
                 x["indices"],
@@ -53,7 +53,7 @@ def oracle_call(
                 attn_sink=x.get("attn_sink"),
                 topk_length=x.get("topk_length"),
             )
-            return Output(out, lse)
+            return Output(out, lse, max_logits=max_logits)
 
         return prefill
     if case.op == "dequant":
@@ -103,10 +103,10 @@ def ragged_prefill(case: Case, x: dict) -> Output:
     import torch
 
     cu, t = x["cu_seqlens_k"].tolist(), case.tokens
-    outs, lses = [], []
+    outs, lses, maxes = [], [], []
     for r in range(len(cu) - 1):
         rows = slice(r * t, (r + 1) * t)
-        out, _max_logits, lse = attention.sparse_mla_prefill(
+        out, max_logits, lse = attention.sparse_mla_prefill(
             x["q"][rows],
             x["kv"][cu[r] : cu[r + 1]],
             x["ragged_indices"][rows],
@@ -117,4 +117,5 @@ def ragged_prefill(case: Case, x: dict) -> Output:
         )
         outs.append(out)
         lses.append(lse)
-    return Output(torch.cat(outs), torch.cat(lses))
+        maxes.append(max_logits)
+    return Output(torch.cat(outs), torch.cat(lses), max_logits=torch.cat(maxes))

@@ -15,11 +15,14 @@ class Output:
     dequant: out (tokens, d) and lse None; remap: out the global index tensor and lse None;
     indexer: out the fp32 logits (rows, keys), topk the (rows, topk) int32 picks (-1 padded).
     topk: out the (rows, topk) int32 picks in the case's form (reference/topk.py), -1 padded.
+    max_logits: the sparse prefill kernel's (tokens, h) largest scaled logit (-inf without a
+    valid key); engines read it beside the lse, so it is judged too (None: the kernel has none).
     """
 
     out: Any
     lse: Any = None
     topk: Any = None
+    max_logits: Any = None
 
 
 def prefill_output(out, lse) -> Output:

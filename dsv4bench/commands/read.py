@@ -70,7 +70,11 @@ def cmd_recommend(args) -> int:
         rows = load_runs([Path(p) for p in args.run_dir])
     except ReportInputError as e:
         raise UsageError(str(e)) from None
-    print("\n".join(recommend.lines(rows, args.model, args.tp)))
+    try:
+        text = recommend.lines(rows, args.model, args.tp)
+    except recommend.NothingToRank as e:
+        raise UsageError(str(e)) from None
+    print("\n".join(text))
     return 0
 
 

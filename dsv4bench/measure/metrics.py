@@ -36,8 +36,8 @@ def accuracy(expected, actual) -> dict:
     without cancellation) over the positions finite in both.
     """
     out = compare_tensors(expected.out, actual.out)
-    lse = _compare_lse(getattr(expected, "lse", None), getattr(actual, "lse", None))
-    return {
+    lse = _compare_side(getattr(expected, "lse", None), getattr(actual, "lse", None))
+    found = {
         "cos_diff": out["cos_diff"],
         "max_abs": out["max_abs"],
         "max_rel": out["max_rel"],
@@ -47,11 +47,18 @@ def accuracy(expected, actual) -> dict:
         "lse_max_abs": lse["max_abs"] if lse else None,
         "lse_mismatch": lse["nonfinite"] if lse else 0,
     }
+    # sparse prefill's max_logits, where both sides have one (-inf: no valid key)
+    maxl = _compare_side(getattr(expected, "max_logits", None), getattr(actual, "max_logits", None))
+    if maxl:
+        found["max_logits_max_abs"] = maxl["max_abs"]
+        found["max_logits_mismatch"] = maxl["nonfinite"]
+    return found
 
 
-def _compare_lse(expected, actual) -> dict | None:
-    """None when either side has no lse. Positions where the expected lse is +inf (a query with
-    no valid key) must be +inf in actual too; any other value there counts as a mismatch."""
+def _compare_side(expected, actual) -> dict | None:
+    """An lse or a max_logits; None when either side has none. Where the expected value is not
+    finite (a query with no valid key: lse +inf, max_logits -inf) the actual one must be the
+    same; any other value there counts as a mismatch."""
     if expected is None or actual is None:
         return None
     return compare_tensors(expected, actual)
@@ -131,7 +138,8 @@ def beyond_tolerance(acc: dict, tolerance: Tolerance | dict) -> list[tuple[str, 
     """(what, why) for each accuracy number outside tolerance, the most telling first.
 
     The one tolerance check: the worker judges rows with it, the report and compare re-read
-    them with it (and the row's own tolerance). what: nonfinite, lse_mismatch, cos_diff, lse."""
+    them with it (and the row's own tolerance). what: nonfinite, lse_mismatch, cos_diff, lse,
+    max_logits_mismatch, max_logits (sparse prefill)."""
     tol = tolerance if isinstance(tolerance, dict) else asdict(tolerance)
     cos_tol = tol.get("cos_diff")
     cos_tol = DEFAULT_COS_DIFF_OTHER if cos_tol is None else cos_tol
@@ -148,6 +156,13 @@ def beyond_tolerance(acc: dict, tolerance: Tolerance | dict) -> list[tuple[str, 
     lse = acc.get("lse_max_abs")
     if isinstance(lse, (int, float)) and not lse <= tol["lse_abs"]:
         found.append(("lse", f"lse_max_abs {lse:.3g} > {tol['lse_abs']:.3g}"))
+    if acc.get("max_logits_mismatch"):
+        why = f"{acc['max_logits_mismatch']} max_logits differ in finiteness (-inf: no key)"
+        found.append(("max_logits_mismatch", why))
+    # a logit on the lse's scale (lse = max_logits + log of a sum in [1, keys]): lse_abs bounds it
+    maxl = acc.get("max_logits_max_abs")
+    if isinstance(maxl, (int, float)) and not maxl <= tol["lse_abs"]:
+        found.append(("max_logits", f"max_logits_max_abs {maxl:.3g} > {tol['lse_abs']:.3g}"))
     return found
 
 
@@ -262,7 +277,7 @@ class Metric:
     compute: Callable[[MetricInput], Any]
     column: str = ""  # the report's kernel-table column; "" keeps it out of the report
     show: Callable[[Any], str] = lambda v: "" if v is None else f"{v:.4g}"
-    timed: bool = True  # needs a time: None without one
+    timed: bool = True  # needs a time: None without one; numeric: an amount per second
 
 
 DERIVED: dict[str, Metric] = {}
@@ -337,6 +352,21 @@ def _peak_fraction(x: MetricInput) -> float | None:
 def _bound(x: MetricInput) -> str | None:
     roofs = _roofs(x)
     return None if roofs is None else ("compute" if roofs[0] >= roofs[1] else "memory")
+
+
+def derived_at(found: dict, from_ms: float | None, to_ms: float | None) -> dict:
+    """Derived metrics computed at `from_ms`, at another time of the same call (a report's
+    timer): every numeric timed metric is an amount per second of the call, so it scales by
+    from_ms / to_ms; the rest (FLOP, bytes, the binding roof) stays."""
+    if not (from_ms and to_ms) or from_ms == to_ms:
+        return dict(found)
+    scale = from_ms / to_ms
+    out = dict(found)
+    for m in DERIVED.values():
+        v = found.get(m.name)
+        if m.timed and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[m.name] = v * scale
+    return out
 
 
 def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:

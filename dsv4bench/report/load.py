@@ -96,7 +96,7 @@ def normalize(row: dict, run: str) -> dict:
     return row
 
 
-ORACLE_BACKENDS = ("torch",)  # the oracle as a kernel: its rows are reference rows
+ORACLE_BACKENDS = rows.ORACLE_BACKENDS  # the oracle as a kernel: its rows are reference rows
 
 
 def _as_judged_today(row: dict) -> None:

@@ -2,12 +2,14 @@
 the runner-up, and every backend's time as a ratio to FlashMLA's against batch size (decode) and
 chunk size (prefill).
 
-A shape is one case_id (the problem: op, model, heads, batch or chunk, s_q, ...). Only `ok` rows
-count: an incorrect or unsupported backend never wins. Backends are ranked by GPU time where
-every one of a shape measured it: the profiler's kernel makespan (timer `profiler`/`both`),
-else the CUDA-graph replay (`graph: true`), else the CUDA-events median. Events sit a fixed
-~2.8 us above the makespan below 50 us (launch and event overhead), so at 20-40 us they partly
-rank launch overheads; the events figure stays beside the GPU time in the table.
+A shape is one case_id (the problem: op, model, heads, batch or chunk, s_q, ...) in one run:
+a ratio never divides times of two runs, and a case measured in several runs has a line per
+run. Only `ok` rows count: an incorrect or unsupported backend never wins, and the oracle
+(`torch`) is a baseline, never a candidate. Backends are ranked by GPU time where every one of
+a shape measured it (report/timers.py): the profiler's kernel makespan (timer
+`profiler`/`both`), else the CUDA-graph replay (`graph: true`), else the CUDA-events median.
+Events sit a fixed ~2.8 us above the makespan below 50 us (launch and event overhead), so at
+20-40 us they partly rank launch overheads; the events figure stays beside the GPU time.
 """
 
 from __future__ import annotations
@@ -17,17 +19,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4bench.report import grouping, plots
+from dsv4bench.report import grouping, plots, timers
 from dsv4bench.report.doc import Doc
 from dsv4bench.report.fmt import natural_text_key
+from dsv4bench.rows import ORACLE_BACKENDS
 
 BASELINE = "flashmla"
-# what a shape's backends are ranked by, in order of preference: (timing key, name in the table)
-BASES = (
-    ("profiler_ms", "profiler makespan"),
-    ("graph_ms", "graph replay"),
-    ("median_ms", "events"),
-)
 
 
 @dataclass
@@ -37,16 +34,17 @@ class Shape:
     times: dict[str, float] = field(default_factory=dict)  # backend -> ranked ms (ok rows)
     others: dict[str, str] = field(default_factory=dict)  # backend -> status, when not ok
     events: dict[str, float] = field(default_factory=dict)  # backend -> timed-call median ms
-    basis: str = "events"  # what `times` holds (BASES)
+    basis: str = "events"  # what `times` holds (timers.TIMERS)
     timings: dict[str, dict] = field(default_factory=dict)  # backend -> its row's timing
+    run: str = ""  # the run its rows come from
 
     def rank_by_gpu_time(self) -> None:
-        """times := the first of BASES that every ok backend of the shape measured."""
-        for key, name in BASES:
-            found = {b: t.get(key) for b, t in self.timings.items()}
-            if found and all(isinstance(v, (int, float)) and v > 0 for v in found.values()):
-                self.times, self.basis = {b: float(v) for b, v in found.items()}, name
-                return
+        """times := the first of timers.TIMERS that every ok backend of the shape measured."""
+        rows = {b: {"timing": t} for b, t in self.timings.items()}
+        found = timers.shared(list(rows.values()))
+        if found:
+            key, self.basis = found
+            self.times = {b: timers.value(r, key) for b, r in rows.items()}
 
     @property
     def ranked(self) -> list[tuple[str, float]]:
@@ -70,18 +68,22 @@ class Shape:
 
 
 def shapes(rows: list[dict]) -> list[Shape]:
-    """One Shape per case_id of the case rows that have a time or a status."""
-    by_id: dict[str, Shape] = {}
+    """One Shape per run and case_id of the candidates' case rows with a time or a status."""
+    by_id: dict[tuple[str, str], Shape] = {}
     for r in rows:
         if r.get("kind") != "case" or "limit-probe" in (r.get("tags") or []):
             continue
-        s = by_id.setdefault(r["case_id"], Shape(r["case_id"], r.get("params") or {}))
         backend = r.get("backend") or "?"
-        ms = (r.get("timing") or {}).get("median_ms")
+        if (r.get("backend_base") or backend) in ORACLE_BACKENDS:
+            continue  # the oracle's rows are a baseline, never a candidate
+        run = str(r.get("_run") or "")
+        key = (run, r["case_id"])
+        s = by_id.setdefault(key, Shape(r["case_id"], r.get("params") or {}, run=run))
+        ms = timers.events_ms(r)
         if r.get("status") == "ok" and ms:
-            s.events[backend] = s.times[backend] = float(ms)
+            s.events[backend] = s.times[backend] = ms
             s.timings[backend] = r["timing"]
-            s.others.pop(backend, None)  # runs shown together: an ok row wins over another's
+            s.others.pop(backend, None)  # a rerun in one run: an ok row wins over another
         elif backend not in s.times:
             s.others[backend] = r.get("status") or "?"
     for s in by_id.values():
@@ -116,19 +118,22 @@ def _order(s: Shape):
     return (p.get("op", ""), str(p.get("model")), heads, _family(p), _size(p))
 
 
-def _labels(items: list[Shape]) -> dict[str, str]:
-    """case_id -> the table's shape label: its family, plus the params that tell it apart
-    from other shapes of the same family and size (a context length, a compress ratio)."""
+def _labels(items: list[Shape]) -> dict[tuple[str, str], str]:
+    """(run, case_id) -> the table's shape label: its family, plus the params that tell it
+    apart from other shapes of the same family and size (a context length, a compress ratio),
+    plus its run in brackets when the shapes come from several runs."""
     groups: dict[tuple, list[Shape]] = defaultdict(list)
     for s in items:
         groups[(_family(s.params), _size(s.params))].append(s)
+    runs = len({s.run for s in items}) > 1
     labels = {}
     for (fam, _), members in groups.items():
         keys = sorted({k for m in members for k in m.params} - {"seed"})
         differ = [k for k in keys if len({json.dumps(m.params.get(k)) for m in members}) > 1]
         for m in members:
             extra = ", ".join(f"{k} {m.params.get(k)}" for k in differ)
-            labels[m.case_id] = f"{fam} ({extra})" if extra else fam
+            label = f"{fam} ({extra})" if extra else fam
+            labels[(m.run, m.case_id)] = f"{label} [{m.run}]" if runs else label
     return labels
 
 
@@ -143,7 +148,7 @@ def table_rows(items: list[Shape]) -> list[list]:
         ratios = {b: s.ratio(b) for b in s.times if b != BASELINE}
         out.append(
             [
-                labels[s.case_id],
+                labels[(s.run, s.case_id)],
                 f"{kind} {size}",
                 win[0] if win else "none ok",
                 f"{win[1]:.4g}" if win else "",
@@ -158,10 +163,13 @@ def table_rows(items: list[Shape]) -> list[list]:
     return out
 
 
-def _variant(p: dict) -> tuple:
-    """What tells shapes of one family apart besides their size (context, top-k, page ...)."""
+def _variant(s: Shape) -> tuple:
+    """What tells shapes of one family apart besides their size (context, top-k, page ...,
+    and the run: a line never joins two runs)."""
+    p = s.params
     size = {"chunk": "tokens", "context": "context_len"}.get(_size(p)[0], "batch_size")
-    return tuple(sorted((k, json.dumps(v)) for k, v in p.items() if k not in (size, "seed")))
+    found = sorted((k, json.dumps(v)) for k, v in p.items() if k not in (size, "seed"))
+    return tuple(found + ([("run", json.dumps(s.run))] if s.run else []))
 
 
 def figure(items: list[Shape], path: Path) -> tuple[Path | None, int]:
@@ -187,7 +195,7 @@ def figure(items: list[Shape], path: Path) -> tuple[Path | None, int]:
 def _has_curve(members: list[Shape]) -> bool:
     sizes: dict[tuple, set] = defaultdict(set)
     for s in members:
-        sizes[_variant(s.params)].add(_size(s.params)[1])
+        sizes[_variant(s)].add(_size(s.params)[1])
     return any(len(v) > 1 for v in sizes.values())
 
 
@@ -196,7 +204,7 @@ def _panel(fam: str, members: list[Shape], colors: dict | None = None) -> plots.
     for s in members:
         for b in s.times:
             if b != BASELINE and s.ratio(b):
-                groups[(b, _variant(s.params))].append(s)
+                groups[(b, _variant(s))].append(s)
     curves = {g: v for g, v in groups.items() if len({_size(s.params) for s in v}) > 1}
     groups = curves or groups  # variants at one size only: in the table
     labels = grouping.line_variants(groups)
@@ -232,6 +240,7 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
     items = shapes(rows)
     if not items:
         return []
+    runs = {s.run for s in items}
     doc.heading("Which backend wins")
     wins = defaultdict(int)
     for s in items:
@@ -247,8 +256,15 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
         + "): "
         + ", ".join(f"{b} {n}" for b, n in sorted(wins.items(), key=lambda kv: -kv[1]))
         + ". Events add ~3 us of launch overhead below 50 us, so they are shown beside, not "
-        "ranked by. Margin = runner-up time / winner time; ratios are time / FlashMLA time, "
-        "both in the ranked figure."
+        "ranked by. Margin = runner-up time / winner time; ratios are backend time / FlashMLA "
+        "time, both in the ranked figure and of one run. The oracle (`torch`) is a baseline, "
+        "not a candidate."
+        + (
+            f" Rows of {len(runs)} runs: a shape measured in several has a line per run "
+            "(its run in brackets); no ratio divides times of two runs."
+            if len(runs) > 1
+            else ""
+        )
     )
     doc.table(
         [
@@ -260,7 +276,7 @@ def add_section(doc: Doc, rows: list[dict], out_dir: Path) -> list[Path]:
             "events ms",
             "runner-up ms",
             "margin",
-            "ratio to flashmla",
+            "time / flashmla time",
             "not ok",
         ],
         table_rows(items),

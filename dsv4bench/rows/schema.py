@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 
 STATUSES = ("ok", "unsupported", "incorrect", "crash", "timeout", "oom", "error")
 COMPARED = ("ok", "incorrect")  # the kernel ran and its output was compared with the oracle
+# the oracle as a kernel (backend `torch`): its rows are reference rows, a timing baseline,
+# never a candidate of a ranking or of a "relative to" panel
+ORACLE_BACKENDS = ("torch",)
 
 
 class RowError(ValueError):

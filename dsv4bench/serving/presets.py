@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsv4bench.rows import ORACLE_BACKENDS
 from dsv4bench.scenarios.serving_spec import DECODE_ROUTES
 from dsv4bench.serving.aggregate import ENVELOPE
 
@@ -140,49 +141,60 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
-# suite backend -> engine -> flags selecting it, per phase ("" where the engine has none)
-FLAGS: dict[str, dict[str, dict[str, str]]] = {
-    "fa3": {
-        "sglang": {
-            "ttft": "--nsa-prefill-backend fa3 --kv-cache-dtype bf16",
-            "tpot": "--nsa-decode-backend fa3 --kv-cache-dtype bf16",
-        },
-        "vllm": dict.fromkeys(("ttft", "tpot"), "--attention-backend FLASH_ATTN_MLA_SPARSE"),
-    },
-    "flashmla": {
-        "sglang": {
-            "ttft": "--nsa-prefill-backend flashmla_sparse",
-            "tpot": "--nsa-decode-backend flashmla_kv --kv-cache-dtype fp8_e4m3",
-        },
-        "vllm": dict.fromkeys(
-            ("ttft", "tpot"), "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"
-        ),
-    },
-    "flashinfer": {
-        "vllm": dict.fromkeys(("ttft", "tpot"), "--attention-backend FLASHINFER_MLA_SPARSE_SM90")
-    },
-    "flashinfer-e4m3": {
-        "vllm": dict.fromkeys(
-            ("ttft", "tpot"), "--attention-backend FLASHINFER_MLA_SPARSE_SM90 --kv-cache-dtype fp8"
-        )
-    },
-}
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """Flags that make one engine run one candidate: a backend on a route with a KV dtype."""
+
+    family: str  # the models: "v3.2" or "v4" (V4-Flash, V4-Pro)
+    backend: str
+    engine: str  # sglang | vllm
+    metric: str  # ttft | tpot
+    route: str  # the serving route of its TTFT rows; "decode" for TPOT
+    kv: str  # the KV-cache dtype the flags keep
+    flags: str
 
 
-# V4 backends are chosen by the model in both engines: FlashMLA is their Hopper default
-FLAGS_V4: dict[str, dict[str, dict[str, str]]] = {
-    "flashmla": {
-        "sglang": dict.fromkeys(("ttft", "tpot"), "defaults (DSv4 backend)"),
-        "vllm": dict.fromkeys(("ttft", "tpot"), "defaults (FLASHMLA_SPARSE_DSV4)"),
-    },
-}
+def _both(family, backend, engine, prefill_route, kv, ttft, tpot=None) -> tuple[EngineFlags, ...]:
+    return (
+        EngineFlags(family, backend, engine, "ttft", prefill_route, kv, ttft),
+        EngineFlags(family, backend, engine, "tpot", "decode", kv, tpot or ttft),
+    )
 
 
-def flags_for(backend: str, metric: str, model: str = "") -> str:
-    """`engine: flags` for every engine that can select the backend for this phase."""
-    per = (FLAGS_V4 if model.startswith("v4") else FLAGS).get(backend, {})
-    found = [f"{engine}: {f[metric]}" for engine, f in per.items() if f.get(metric)]
-    return "; ".join(found) or "no engine offers it for this model (sglang, vLLM)"
+SP = "sparse-prefill"
+ENGINE_FLAGS: tuple[EngineFlags, ...] = (
+    *_both("v3.2", "fa3", "sglang", SP, "bf16", "--nsa-prefill-backend fa3 --kv-cache-dtype bf16",
+           "--nsa-decode-backend fa3 --kv-cache-dtype bf16"),
+    *_both("v3.2", "fa3", "vllm", SP, "bf16", "--attention-backend FLASH_ATTN_MLA_SPARSE"),
+    EngineFlags("v3.2", "flashmla", "sglang", "ttft", SP, "bf16",
+                "--nsa-prefill-backend flashmla_sparse --kv-cache-dtype bf16"),
+    *_both("v3.2", "flashmla", "sglang", SP, "fp8",
+           "--nsa-prefill-backend flashmla_sparse --kv-cache-dtype fp8_e4m3",
+           "--nsa-decode-backend flashmla_kv --kv-cache-dtype fp8_e4m3"),
+    *_both("v3.2", "flashmla", "vllm", SP, "fp8",
+           "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"),
+    *_both("v3.2", "flashinfer", "vllm", SP, "bf16",
+           "--attention-backend FLASHINFER_MLA_SPARSE_SM90"),
+    *_both("v3.2", "flashinfer-e4m3", "vllm", SP, "fp8",
+           "--attention-backend FLASHINFER_MLA_SPARSE_SM90 --kv-cache-dtype fp8"),
+    # V4 backends are chosen by the model in both engines: FlashMLA is their Hopper default
+    *_both("v4", "flashmla", "sglang", "threshold:11673", "fp8", "defaults (DSv4 backend)"),
+    *_both("v4", "flashmla", "vllm", SP, "fp8", "defaults (FLASHMLA_SPARSE_DSV4)"),
+)  # fmt: skip
+
+
+def flags_for(cand: Candidate, metric: str, model: str = "") -> str:
+    """`engine: flags` for every engine whose flags run this very candidate (backend, route
+    and KV dtype) in this phase, or a line saying that no engine flag does."""
+    family = "v4" if model.startswith("v4") else "v3.2"
+    found = [
+        f"{f.engine}: {f.flags}"
+        for f in ENGINE_FLAGS
+        if (f.family, f.backend, f.metric, f.route, f.kv)
+        == (family, cand.backend, metric, cand.route, cand.kv)
+    ]
+    return "; ".join(found) or f"no engine flag selects {cand.label()} (sglang, vLLM)"
 
 
 # ---- candidates -----------------------------------------------------------------------------
@@ -208,7 +220,8 @@ class Phase:
     metric: str
     points: list[tuple] = field(default_factory=list)  # point keys, in order
     values: dict[Candidate, dict[tuple, float]] = field(default_factory=dict)
-    failed: dict[Candidate, dict[tuple, str]] = field(default_factory=dict)  # point -> status
+    # point -> (status, message) of every point a candidate did not run ok
+    failed: dict[Candidate, dict[tuple, tuple[str, str]]] = field(default_factory=dict)
     envelope: dict[tuple, float] = field(default_factory=dict)
 
 
@@ -246,6 +259,8 @@ def phase(rows: list[dict], model: str, tp: int, metric: str) -> Phase:
         if key not in ph.points:
             ph.points.append(key)
         route = _route(r)
+        if r["backend"] in ORACLE_BACKENDS:  # a baseline, never a candidate
+            continue
         if r["backend"] == ENVELOPE:
             if r.get("status") == "ok" and route.startswith(("sparse-prefill", "decode")):
                 ph.envelope[key] = min(ph.envelope.get(key, float("inf")), r["value_ms"])
@@ -253,7 +268,8 @@ def phase(rows: list[dict], model: str, tp: int, metric: str) -> Phase:
         for kv in kv_options(r["backend"], route.split(" ")[0], metric):
             cand = Candidate(r["backend"], route, kv)
             if r.get("status") != "ok" or r.get("value_ms") is None:
-                ph.failed.setdefault(cand, {})[key] = r.get("status") or "missing"
+                status = r.get("status") or "missing"
+                ph.failed.setdefault(cand, {})[key] = (status, r.get("message") or "")
                 continue
             dequant = (r.get("breakdown_ms") or {}).get("dequant") or 0.0
             value = r["value_ms"] - (dequant if kv == "bf16" else 0.0)
@@ -269,21 +285,33 @@ class Ranking:
     left_out: dict[Candidate, str]  # candidates not ranked, and why
 
 
+def failures(ph: Phase, cand: Candidate) -> str:
+    """'crash at 2 of 6 points' (statuses counted), or '' for a candidate that failed none."""
+    bad = [status for status, _ in ph.failed.get(cand, {}).values()]
+    counts = ", ".join(f"{s} at {bad.count(s)}" for s in sorted(set(bad)))
+    return f"{counts} of {len(ph.points)} points" if bad else ""
+
+
 def rank(ph: Phase, kv: str | None = None) -> Ranking:
-    """Candidates ranked by their sum over the points all of them ran ok; a candidate with an
-    `incorrect` point is never ranked (not correct), nor one with no ok point."""
+    """Candidates ranked by their sum over the points all of them ran ok. Never ranked: a
+    candidate with an `incorrect` point (not correct), one with no ok point, and, while some
+    candidate ran every point it has a row for, one that failed (crashed, ...) at a point."""
     left_out: dict[Candidate, str] = {}
     ok: dict[Candidate, dict] = {}
     for cand in set(ph.values) | set(ph.failed):
         if kv and cand.kv != kv:
             continue
-        bad = ph.failed.get(cand, {})
-        if "incorrect" in bad.values():
-            left_out[cand] = f"incorrect at {sum(s == 'incorrect' for s in bad.values())} points"
+        bad = [status for status, _ in ph.failed.get(cand, {}).values()]
+        if "incorrect" in bad:
+            left_out[cand] = f"incorrect at {bad.count('incorrect')} points"
         elif not ph.values.get(cand):
-            left_out[cand] = "no ok point"
+            left_out[cand] = f"no ok point ({failures(ph, cand)})"
         else:
             ok[cand] = ph.values[cand]
+    if any(c not in ph.failed for c in ok):  # a crash is no speed: rank those that ran
+        for cand in [c for c in ok if c in ph.failed]:
+            ok.pop(cand)
+            left_out[cand] = failures(ph, cand)
     if not ok:
         return Ranking([], [], left_out)
     common = [p for p in ph.points if all(p in v for v in ok.values())]

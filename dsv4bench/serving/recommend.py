@@ -4,6 +4,7 @@ presets in serving/presets.py), from the serving rows of run directories."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from dsv4bench.serving import presets as pz
@@ -56,24 +57,36 @@ def best_pair(advice: dict[str, PhaseAdvice]) -> tuple[str, float, float] | None
     return kv, best[kv]["ttft"], best[kv]["tpot"]
 
 
-def _env(rows: list[dict], key: str, default: str) -> str:
-    for r in rows:
-        env = r.get("env") or {}
-        if env.get(key):
-            return str(env[key])
-    return default
+class NothingToRank(ValueError):
+    """No serving rows for the model and TP, or rows of several GPUs: one line, exit 2."""
+
+
+def _gpus(rows: list[dict]) -> list[str]:
+    return sorted({str((r.get("env") or {}).get("gpu") or "unknown GPU") for r in rows})
+
+
+def _arch(rows: list[dict]) -> str:
+    return next((str(r["env"]["arch"]) for r in rows if (r.get("env") or {}).get("arch")), "")
 
 
 def lines(rows: list[dict], model: str, tp: int) -> list[str]:
-    """The recommendation as text lines; a missing model/TP says so in one line."""
-    advice = advise(rows, model, tp)
-    if not advice:
-        have = sorted(
-            {(r.get("model"), r.get("tp") or 1) for r in rows if r.get("kind") == "serving"}
+    """The recommendation as text lines. Raises NothingToRank (one line) when no serving row
+    is of this model and TP, or when they come from more than one GPU: a ranking never mixes
+    GPUs, and which GPU's row of a point wins would depend on the argument order."""
+    serving = [r for r in rows if r.get("kind") == "serving"]
+    mine = [r for r in serving if r.get("model") == model and (r.get("tp") or 1) == tp]
+    gpus = _gpus(mine)
+    if len(gpus) > 1:
+        raise NothingToRank(
+            f"serving rows of {model} at TP {tp} from {len(gpus)} GPUs ({', '.join(gpus)}): "
+            "recommend ranks one GPU's runs at a time"
         )
+    advice = advise(mine, model, tp)
+    if not advice:
+        have = sorted({(r.get("model"), r.get("tp") or 1) for r in serving})
         shown = ", ".join(f"{m} TP {t}" for m, t in have) or "none"
-        return [f"no serving rows for {model} at TP {tp} (serving rows: {shown})"]
-    gpu, arch = _env(rows, "gpu", "unknown GPU"), _env(rows, "arch", "")
+        raise NothingToRank(f"no serving rows for {model} at TP {tp} (serving rows: {shown})")
+    gpu, arch = gpus[0], _arch(mine)
     out = [f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"]
     for metric, a in advice.items():
         out += _phase_lines(metric, a, model, arch)
@@ -88,28 +101,63 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
 
 def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str) -> list[str]:
     name = METRICS[metric]
-    n = len(a.ranking.points)
+    n, of = len(a.ranking.points), len(a.phase.points)
     if a.best is None:
         why = "; ".join(f"{c.label()}: {w}" for c, w in a.ranking.left_out.items()) or "no rows"
-        return [f"{name}: no correct backend ({why})"]
+        return [f"{name}: no correct backend ({why})", *_failed_lines(a.phase)]
     cand, total = a.best
+    over = f"{n} points" if n == of else f"the {n} of {of} points every ranked candidate ran ok"
     out = [
-        f"{name}: fastest correct {cand.label()}, {total:.3f} ms summed over {n} points",
-        f"  flags: {pz.flags_for(cand.backend, metric, model)}",
+        f"{name}: fastest correct {cand.label()}, {total:.3f} ms summed over {over}",
+        f"  flags: {pz.flags_for(cand, metric, model)}",
     ]
     for c, value in a.ranking.order[1:]:
         out.append(f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f})")
     for c, why in sorted(a.ranking.left_out.items(), key=lambda t: t[0].label()):
         out.append(f"  not ranked: {c.label()}: {why}")
     for p in pz.presets_for(model):
-        cand_p = pz.preset_candidate(p, metric)
-        value = pz.value_on(a.phase, cand_p, a.ranking.points)
-        if arch and p.arch != arch:
-            out.append(f"  {p.name} default ({cand_p.label()}): for {p.gpu} ({p.arch}), not {arch}")
-        elif value is None:
-            out.append(f"  {p.name} default ({cand_p.label()}, {p.gpu}): not measured here")
-        else:
-            gain = value / total
-            verdict = "the fastest" if gain < 1.005 else f"x{gain:.2f} the fastest's time"
-            out.append(f"  {p.name} default ({cand_p.label()}, {p.gpu}): {value:.3f} ms, {verdict}")
+        out.append(_preset_line(p, metric, a, total, arch))
+    return out + _failed_lines(a.phase)
+
+
+def _preset_line(p: pz.Preset, metric: str, a: PhaseAdvice, total: float, arch: str) -> str:
+    cand = pz.preset_candidate(p, metric)
+    if arch and p.arch != arch:
+        return f"  {p.name} default ({cand.label()}): for {p.gpu} ({p.arch}), not {arch}"
+    head = f"  {p.name} default ({cand.label()}, {p.gpu}):"
+    failed = pz.failures(a.phase, cand)
+    value = pz.value_on(a.phase, cand, a.ranking.points)
+    if value is None:
+        return f"{head} {failed or 'not measured here'}" + (" (below)" if failed else "")
+    gain = value / total
+    verdict = "the fastest" if gain < 1.005 else f"x{gain:.2f} the fastest's time"
+    if failed:
+        return f"{head} {failed} (below); {value:.3f} ms at the ranked points, {verdict}"
+    return f"{head} {value:.3f} ms, {verdict}"
+
+
+def _failed_lines(ph: pz.Phase) -> list[str]:
+    """Every point a candidate did not run ok, and why (the row's status and message)."""
+    out = []
+    for cand, points in sorted(ph.failed.items(), key=lambda t: t[0].label()):
+        out.append(f"  failed, {cand.label()}: {pz.failures(ph, cand)}:")
+        for key in sorted(points, key=lambda k: tuple(x or 0 for x in k)):
+            status, message = points[key]
+            why = _one_line(message, status)
+            out.append(f"    {_point(ph.metric, key)}: {status}" + (f": {why}" if why else ""))
     return out
+
+
+def _point(metric: str, key: tuple) -> str:
+    if metric == "ttft":
+        return f"prompt {key[0]}, chunk {key[1]}"
+    return f"batch {key[0]}, context {key[1]}"
+
+
+def _one_line(message: str, status: str, limit: int = 120) -> str:
+    """A failure's telling part: its first line less the `CASE on BACKEND: STATUS: ` prefix
+    a row's message starts with, cut to `limit`."""
+    first = next((ln.strip() for ln in (message or "").splitlines() if ln.strip()), "")
+    first = re.sub(r"^\S+ on \S+: ", "", first)
+    first = first.removeprefix(f"{status}: ")
+    return first if len(first) <= limit else first[: limit - 1] + "…"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,14 +147,51 @@ class Requantized(Backend):
         return Prepared(run=oracle_call(case, reads), reads=reads if self.declare_reads else None)
 
 
-def test_a_kernel_is_judged_on_what_it_reads_and_the_conversion_shows():
+def test_a_converting_kernel_is_judged_on_the_original_cache_its_own_error_beside():
+    """What an engine serving the cache gets is the answer against the original inputs: a
+    lossy conversion fails the row; the kernel's own error (against what it reads) and the
+    conversion's stand beside, and the row says which one it was judged on."""
     case = tiny()
     row, _ = check(case, Requantized(), "cpu", Cache())
-    assert row["status"] == "ok"
-    assert row["accuracy"]["cos_diff"] < 1e-12
+    assert row["status"] == "incorrect" and row["message"].startswith("cos_diff")
+    assert row["accuracy"]["cos_diff"] > case.tolerance.cos_diff
+    assert row["info"]["kernel_own"]["cos_diff"] < 1e-12
     assert row["info"]["conversion"]["cos_diff"] > case.tolerance.cos_diff
+    assert row["info"]["judged_on"].startswith("the original cache")
     hidden, _ = check(case, Requantized(declare_reads=False), "cpu", Cache())
-    assert hidden["status"] == "incorrect" and "conversion" not in hidden["info"]
+    assert hidden["status"] == "incorrect" and "kernel_own" not in hidden["info"]
+    assert hidden["accuracy"] == row["accuracy"]  # declaring what it reads changes no verdict
+
+
+class OffMaxLogits(Backend):
+    """A sparse prefill whose out and lse are right and whose max_logits are off by `shift`."""
+
+    name = "off-max-logits"
+    archs = ("cpu",)
+    ops = ("prefill",)
+    options = {"shift": 0.01}
+
+    def __init__(self, shift: float = 0.01):
+        self.shift = shift
+
+    def prepare(self, case, inputs, device):
+        call = oracle_call(case, inputs)
+
+        def run():
+            got = call()
+            return replace(got, max_logits=got.max_logits + self.shift)
+
+        return Prepared(run=run)
+
+
+def test_sparse_prefill_max_logits_are_judged():
+    case = replace(tiny(tokens=4, route="sparse-prefill"), op="prefill")
+    row, _ = check(case, OffMaxLogits(), "cpu", Cache())
+    assert row["status"] == "incorrect", row["accuracy"]
+    assert row["message"] == "max_logits_max_abs 0.01 > 0.001"
+    assert row["accuracy"]["cos_diff"] < 1e-12 and row["accuracy"]["lse_max_abs"] == 0.0
+    fine, _ = check(case, OffMaxLogits(shift=0.0), "cpu", Cache())
+    assert fine["status"] == "ok" and fine["accuracy"]["max_logits_max_abs"] == 0.0
 
 
 def test_a_run_holds_two_instances_side_by_side_and_rows_name_them(tmp_path, run_cli):

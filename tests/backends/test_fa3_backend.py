@@ -317,3 +317,20 @@ def test_real_kernel_matches_the_oracle(name, case):
     print(name, prov.name, prov.version, acc["cos_diff"], acc["lse_max_abs"])
     assert acc["nonfinite"] == 0 and acc["cos_diff"] < 5e-6, acc
     assert acc["lse_max_abs"] < 1e-3
+
+
+def test_every_page_table_entry_is_a_page_of_the_pool():
+    """A row's tail past seqused_k holds page 0 (a valid page, unread), never the -1 of the
+    engine's top-k: every entry of the table FA3 gets is a slot of the pool."""
+    case = make_case(**V32, batch_size=2, s_q=2, context_len=1024)
+    x = make_inputs(case, "cpu")
+    x["topk_length"] = torch.tensor([150, 120], dtype=torch.int32)
+    x["indices"] = x["indices"].clone()
+    x["indices"][1, :, 100:] = -1  # the tail an engine's top-k writes
+    _, _, _, fwd = run_case(case, x)
+    call = fwd.calls[-1]
+    slots = x["k_cache"].shape[0] * x["k_cache"].shape[1]
+    table = call["page_table"]
+    assert bool((table >= 0).all()) and bool((table < slots).all()), table.min()
+    for i, n in enumerate(call["seqused_k"].tolist()):
+        assert (table[i, n:] == 0).all()

@@ -156,7 +156,8 @@ def backend(kv_dtype="bf16", wrapper=FakeFA3Wrapper) -> FlashInfer:
 
 
 def judge(case: Case, p, x, device="cpu"):
-    """The worker's rule: against oracle(reads) when given, else oracle(inputs)."""
+    """The kernel's own error: against oracle(reads) when given, else oracle(inputs) (the
+    worker judges rows against oracle(inputs) and keeps this one in info.kernel_own)."""
     if p.poison is not None:
         p.poison()
     got = p.finish(p.run())

@@ -25,3 +25,16 @@ def test_report_and_compare_apply_the_topk_judgement_to_stored_rows():
     assert accuracy_failure(good) is None and accuracy_bad(good) is None
     assert "2 rows pick a different number" in accuracy_failure(bad)
     assert accuracy_bad(bad) == accuracy_failure(bad)
+
+
+def test_an_answer_wrong_only_in_its_lse_is_incorrect():
+    """A kernel whose out is right but whose lse is off (or +inf where a key exists) gives
+    engines a wrong merge of split or prefix attention: the judge fails it on the lse alone."""
+    status, why = judge.verdict({**GOOD, "lse_max_abs": 0.02}, TOL)
+    assert status == "incorrect" and why == "lse_max_abs 0.02 > 0.001"
+    status, why = judge.verdict({**GOOD, "lse_mismatch": 4}, TOL)
+    assert status == "incorrect" and "4 lse values differ in finiteness" in why
+    assert judge.verdict({**GOOD, "lse_max_abs": 1e-3}, TOL) == ("ok", "")  # at the bound
+    stored = normalize({"kind": "case", "op": "decode", "status": "ok", "tolerance": TOL,
+                        "accuracy": {**GOOD, "lse_max_abs": 0.02}}, "r")  # fmt: skip
+    assert accuracy_failure(stored) == "lse_max_abs 0.02 > 0.001"

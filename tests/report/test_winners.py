@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dsv4bench.report import winners
 from tests.factories import V4, make_case
 
@@ -122,3 +124,70 @@ def test_progress_lines_name_a_prefill_chunks_route():
     chunk = make_case(V4, op="prefill", tokens=64, context_len=128, route="decode-mixed")
     assert _job_label(Job(chunk, "flashmla")).endswith("flashmla route decode-mixed")
     assert _job_label(Job(make_case(V4), "triton")).endswith(" triton")
+
+
+def test_a_ratio_never_divides_times_of_two_runs(tmp_path):
+    """Two runs of one case: a line per run, each ratio within its run (the other run's
+    FlashMLA time is never the divisor), whichever run loads last."""
+    a = [{**row("b8", "flashmla", 0.10, batch_size=8), "_run": "a"},
+         {**row("b8", "fa3", 0.15, batch_size=8), "_run": "a"}]  # fmt: skip
+    b = [{**row("b8", "flashmla", 0.08, batch_size=8), "_run": "b"},
+         {**row("b8", "flashinfer", 0.09, batch_size=8), "_run": "b"}]  # fmt: skip
+    for rows in (a + b, b + a):
+        by_run = {s.run: s for s in winners.shapes(rows)}
+        assert by_run["a"].ratio("fa3") == 0.15 / 0.10
+        assert by_run["b"].ratio("flashinfer") == 0.09 / 0.08
+        assert "fa3" not in by_run["b"].times and "flashinfer" not in by_run["a"].times
+    text, _ = winners.markdown(a + b, tmp_path)
+    assert "| decode v3.2 h128 [a] | batch 8 | flashmla |" in text
+    assert "| decode v3.2 h128 [b] | batch 8 | flashmla |" in text
+    assert "no ratio divides times of two runs" in text
+    alone, _ = winners.markdown(a, tmp_path)
+    assert "[a]" not in alone and "two runs" not in alone
+
+
+def test_the_oracle_is_a_baseline_never_a_candidate(tmp_path, monkeypatch):
+    from dsv4bench.report import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "line_figure", lambda *a, **k: drawn.append(a[1]) or None)
+    monkeypatch.setattr(plots, "save", lambda fig, path: path)
+    rows = []
+    for b, ms in ((1, 0.02), (64, 0.1)):
+        rows += [row(f"b{b}", "flashmla", ms, batch_size=b),
+                 row(f"b{b}", "triton", ms * 1.2, batch_size=b),
+                 row(f"b{b}", "torch", ms * 150, batch_size=b)]  # fmt: skip
+    oracle_base = {**row("b1", "torch-cpu", 3.0, batch_size=1), "backend_base": "torch"}
+    shapes = winners.shapes([*rows, oracle_base])
+    assert all(set(s.times) == {"flashmla", "triton"} for s in shapes)
+    text, _ = winners.markdown(rows, tmp_path)
+    assert "torch" not in text.split("not a candidate.")[1]
+    ((panel,),) = drawn
+    assert [s.label for s in panel.series] == ["triton"]  # the relative panel has no oracle
+
+
+def test_kernel_tables_and_plots_use_the_winners_timer_events_beside(tmp_path, monkeypatch):
+    """A FlashMLA decode row of 0.838 ms by events and 0.414 ms by makespan: the kernel table
+    (and its TFLOP/s, a rate of the same call) reads the makespan, as the winners rank it."""
+    from dsv4bench.report import plots
+    from dsv4bench.report.render import Report
+    from dsv4bench.report.sections.kernels import kernels
+
+    drawn = []
+    monkeypatch.setattr(plots, "line_figure", lambda *a, **k: drawn.append(a[1]) or None)
+    monkeypatch.setattr(plots, "save", lambda fig, path: path)
+    rows = []
+    for b, events, makespan in ((64, 0.5, 0.25), (128, 0.838, 0.414)):
+        r = row(f"b{b}", "flashmla", events, batch_size=b, s_q=2)
+        r["op"], r["timing"]["profiler_ms"] = "decode", makespan
+        r["derived"] = {"tflops": 100.0 * b / events, "peak_fraction": 0.1, "bound": "compute"}
+        rows.append(r)
+    rep = Report(rows, tmp_path, [])
+    kernels(rep)
+    md = rep.doc.to_markdown()
+    assert "| ms | timer | events ms | TFLOP/s |" in md
+    line = next(ln for ln in md.splitlines() if "`b128`" in ln)
+    tflops = 100.0 * 128 / 0.414
+    assert f"| 0.414 | profiler makespan | 0.838 | {tflops:.4g} |" in line, line
+    tf_panel = drawn[0][0]
+    assert tf_panel.series[0].ys == pytest.approx([100.0 * 64 / 0.25, tflops])

@@ -5,6 +5,7 @@ the new params' serialization and the scenario errors."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -92,6 +93,18 @@ def test_ragged_decode_lengths_are_per_request(toy):
     assert "topk_length" not in v32 and (v32["indices"][1, 0] >= 0).sum() == 40
 
 
+def test_ragged_topk_length_counts_each_requests_last_query():
+    """With MTP (s_q 2) a request's last query sees one key more than its first: the count
+    engines hand FlashMLA is the last query's, or that key is never read."""
+    case = Case(scenario="t", op="decode", model="v4-flash", d_qk=512, d_v=512, num_heads=8,
+                layout="v4", topk=128, page_size=64, s_q=2, batch_size=3, context_len=600,
+                context_lens=(600, 100, 40), ragged="list")  # fmt: skip
+    x = inputs.make_inputs(case, "cpu")
+    valid = (x["indices"] >= 0).sum(-1)  # (b, s_q)
+    assert valid[:, 0].tolist() != valid[:, 1].tolist()  # the two queries differ
+    assert x["topk_length"].tolist() == valid[:, 1].tolist() == [128, 100, 40]
+
+
 def _picks(pattern: str, visible: int = 8192, k: int = 256, rows: int = 8):
     g = torch.Generator().manual_seed(7)
     return patterns.choose(torch.full((rows,), visible), k, g, pattern)
@@ -143,6 +156,18 @@ def test_lognormal_lengths_sum_to_the_uniform_batch_and_are_reproducible():
     assert sum(a.lengths) == 16 * 65536 and all(n % 128 == 0 and n > 0 for n in a.lengths)
     assert len(set(a.lengths)) > 8 and a.label == "lognormal(mean=65536,sigma=1,seed=3)"
     assert lengths.one_long(1 << 20, 4096, 4).lengths == (1 << 20, 4096, 4096, 4096)
+
+
+def test_lognormal_lengths_spread_as_sigma_says():
+    flat = lengths.lognormal(4096, 0.0, 64, seed=1)
+    assert set(flat.lengths) == {4096}  # sigma 0: every request at the mean
+    spread = {}
+    for sigma in (0.25, 1.5):
+        logs = [math.log(n) for n in lengths.lognormal(1 << 20, sigma, 400, seed=1).lengths]
+        mean = sum(logs) / len(logs)
+        spread[sigma] = math.sqrt(sum((v - mean) ** 2 for v in logs) / len(logs))
+    assert spread[0.25] == pytest.approx(0.25, rel=0.15)
+    assert spread[1.5] == pytest.approx(1.5, rel=0.15)
 
 
 def test_new_params_serialize_and_old_ids_stay(toy):
@@ -303,3 +328,29 @@ def _oracle(case, x):
     from dsv4bench.cases.oracle import oracle_call
 
     return oracle_call(case, x)()
+
+
+def test_the_ragged_ratio_is_ragged_time_over_uniform_time_within_one_run(tmp_path):
+    """`ragged / uniform` above 1 says the ragged batch is slower; a twin of another run is no
+    twin; the time is the winners' timer (makespan where both rows have it), events beside."""
+    from dsv4bench.report.render import Report
+    from dsv4bench.report.sections.workloads import workloads
+
+    base = {"kind": "case", "op": "decode", "status": "ok", "backend": "flashmla"}
+    p = {"op": "decode", "model": "v4-flash", "batch_size": 2, "s_q": 1, "compress_ratio": 4}
+    ragged = {**base, "case_id": "r", "_run": "a", "params": {**p, "context_lens": [1000, 3000],
+              "ragged": "list", "context_len": 3000},
+              "timing": {"median_ms": 0.030, "profiler_ms": 0.026}}  # fmt: skip
+    twin = {**base, "case_id": "u", "_run": "a", "params": {**p, "context_len": 2000},
+            "timing": {"median_ms": 0.020, "profiler_ms": 0.013}}  # fmt: skip
+    other = {**twin, "_run": "b", "timing": {"median_ms": 0.060}}
+    rep = Report([other, ragged, twin], tmp_path, [])
+    workloads(rep)
+    md = rep.doc.to_markdown()
+    assert "| ragged / uniform | events ragged / uniform |" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| decode v4-flash C4 b2 | list"))
+    assert line.endswith("| 0.026 | 0.013 | profiler makespan | 2.00 | 1.50 |"), line
+    rep = Report([other, ragged], tmp_path, [])  # the only uniform row is another run's
+    workloads(rep)
+    line = next(ln for ln in rep.doc.to_markdown().splitlines() if "| list |" in ln)
+    assert line.endswith("| 0.026 |  | profiler makespan |  |  |"), line

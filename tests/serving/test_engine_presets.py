@@ -73,6 +73,13 @@ def test_bf16_candidates_pay_no_dequant_and_fp8_ones_do():
     assert ph.envelope == {(4096, 8192): 9.5, (32768, 8192): 76.0}
 
 
+def test_the_envelope_of_a_point_is_its_fastest_row_whichever_comes_last():
+    fast, slow = srow("envelope", "ttft", 7.0, x=4096), srow("envelope", "ttft", 9.0, x=4096)
+    slow["route"] = "decode-kernel"  # the envelope over the decode route, read after
+    for order in ([fast, slow], [slow, fast]):
+        assert pz.phase(order, "v3.2", 1, "ttft").envelope == {(4096, 8192): 7.0}
+
+
 def test_ranking_leaves_out_a_backend_with_an_incorrect_point():
     r = pz.rank(pz.phase(rows(), "v3.2", 1, "tpot"))
     assert [c.backend for c, _ in r.order] == ["fa3", "flashmla"]
@@ -97,15 +104,35 @@ def test_recommend_names_the_fastest_its_flags_and_each_default():
 
 
 def test_no_rows_for_the_model_is_one_line():
-    (line,) = recommend.lines(rows(), "v4-pro", 1)
-    assert line == "no serving rows for v4-pro at TP 1 (serving rows: v3.2 TP 1)"
+    with pytest.raises(recommend.NothingToRank) as e:
+        recommend.lines(rows(), "v4-pro", 1)
+    assert str(e.value) == "no serving rows for v4-pro at TP 1 (serving rows: v3.2 TP 1)"
 
 
-def test_flags_know_what_each_engine_offers():
-    assert pz.flags_for("triton", "tpot") == "no engine offers it for this model (sglang, vLLM)"
-    assert "--nsa-decode-backend fa3" in pz.flags_for("fa3", "tpot")
-    assert "FLASHMLA_SPARSE_DSV4" in pz.flags_for("flashmla", "tpot", "v4-flash")
-    assert "no engine" in pz.flags_for("fa3", "tpot", "v4-flash")
+def cand(backend, kv, route="decode"):
+    return pz.Candidate(backend, route, kv)
+
+
+def test_flags_select_the_very_candidate_named():
+    """Backend, route and KV dtype: flags keeping an FP8 cache never stand for a bf16-KV
+    candidate, and a route no engine takes gets no flags."""
+    assert pz.flags_for(cand("triton", "fp8"), "tpot") == (
+        "no engine flag selects triton (fp8 KV) (sglang, vLLM)"
+    )
+    assert "--nsa-decode-backend fa3" in pz.flags_for(cand("fa3", "bf16"), "tpot")
+    bf16 = pz.flags_for(cand("flashmla", "bf16", "sparse-prefill"), "ttft")
+    assert bf16 == "sglang: --nsa-prefill-backend flashmla_sparse --kv-cache-dtype bf16"
+    fp8 = pz.flags_for(cand("flashmla", "fp8", "sparse-prefill"), "ttft")
+    assert "fp8_e4m3" in fp8 and "FLASHMLA_SPARSE --kv-cache-dtype fp8" in fp8
+    v4 = pz.flags_for(cand("flashmla", "bf16", "sparse-prefill"), "ttft", "v4-flash")
+    assert v4.startswith("no engine flag selects flashmla sparse-prefill (bf16 KV)")
+    v4 = pz.flags_for(cand("flashmla", "fp8", "sparse-prefill"), "ttft", "v4-flash")
+    assert v4 == "vllm: defaults (FLASHMLA_SPARSE_DSV4)"  # sglang's default is the threshold
+    v4 = pz.flags_for(cand("flashmla", "fp8", "threshold:11673"), "ttft", "v4-flash")
+    assert v4 == "sglang: defaults (DSv4 backend)"
+    assert "no engine" in pz.flags_for(cand("fa3", "bf16"), "tpot", "v4-flash")
+    for f in pz.ENGINE_FLAGS:  # every flag's candidate is one a phase can have
+        assert f.kv in pz.kv_options(f.backend, f.route, f.metric), f
     assert all(p.source and p.flags for p in pz.PRESETS)
     assert {p.name for p in pz.presets_for("v3.2", "sm90")} == {
         "sglang-h200",
@@ -118,6 +145,51 @@ def _run_dir(tmp_path):
     return write_run(tmp_path / "run", rows())
 
 
+def test_the_oracle_is_a_baseline_never_a_candidate():
+    oracle = [srow("torch", "tpot", 0.5 * b, x=b) for b in (1, 32)]  # faster than all
+    text = "\n".join(recommend.lines(rows() + oracle, "v3.2", 1))
+    assert "torch" not in text
+    assert "TPOT: fastest correct fa3 (bf16 KV), 132.000 ms" in text
+
+
+def crashed_rows():
+    """The sglang H200 default (flashmla on a bf16 cache) crashes at the long prompt."""
+    out = [r for r in rows() if r["backend"] != "flashmla" or r["prompt_len"] != 32768]
+    crash = srow("flashmla", "ttft", 0.0, x=32768, status="crash")
+    crash["message"] = (
+        "ttft-v3.2-32768-8192 on flashmla: crash: worker exited with code 1: CUDA error: "
+        "invalid argument (get_decoding_sched_meta.cu)\nTraceback ..."
+    )
+    return [*out, crash]
+
+
+def test_a_candidate_that_crashed_is_listed_with_its_points_never_ranked():
+    ph = pz.phase(crashed_rows(), "v3.2", 1, "ttft")
+    r = pz.rank(ph)
+    assert [c.backend for c, _ in r.order] == ["fa3"] and r.points == [(4096, 8192), (32768, 8192)]
+    assert r.left_out[cand("flashmla", "bf16", "sparse-prefill")] == "crash at 1 of 2 points"
+    text = recommend.lines(crashed_rows(), "v3.2", 1)
+    assert "  not ranked: flashmla sparse-prefill (bf16 KV): crash at 1 of 2 points" in text
+    i = text.index("  failed, flashmla sparse-prefill (bf16 KV): crash at 1 of 2 points:")
+    assert text[i + 1] == (
+        "    prompt 32768, chunk 8192: crash: worker exited with code 1: CUDA error: invalid "
+        "argument (get_decoding_sched_meta.cu)"
+    )
+    line = next(t for t in text if t.startswith("  sglang-h200 default"))
+    assert "crash at 1 of 2 points (below)" in line and "x" not in line.split("points")[-1]
+
+
+def test_runs_of_two_gpus_are_refused_whatever_their_order():
+    h200 = [{**r, "env": {"arch": "sm90", "gpu": "NVIDIA H200"}} for r in rows()]
+    for runs in (rows() + h200, h200 + rows()):
+        with pytest.raises(recommend.NothingToRank) as e:
+            recommend.lines(runs, "v3.2", 1)
+        assert str(e.value) == (
+            "serving rows of v3.2 at TP 1 from 2 GPUs (NVIDIA H100 80GB HBM3, NVIDIA H200): "
+            "recommend ranks one GPU's runs at a time"
+        )
+
+
 def test_recommend_command_and_its_bad_input(tmp_path, capsys):
     d = _run_dir(tmp_path)
     assert cli.main(["recommend", str(d), "--model", "v3.2", "--tp", "1"]) == 0
@@ -127,6 +199,17 @@ def test_recommend_command_and_its_bad_input(tmp_path, capsys):
     assert cli.main(["recommend", str(tmp_path / "none"), "--model", "v3.2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "none" in err
+    assert cli.main(["recommend", str(d), "--model", "v4-pro", "--tp", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no serving rows for v4-pro at TP 1" in err
+    empty = write_run(tmp_path / "empty", [])
+    assert cli.main(["recommend", str(empty), "--model", "v3.2", "--tp", "1"]) == 2
+    assert "(serving rows: none)" in capsys.readouterr().err
+    h200 = write_run(
+        tmp_path / "h200", [{**r, "env": {**ENV, "gpu": "NVIDIA H200"}} for r in rows()]
+    )
+    assert cli.main(["recommend", str(d), str(h200), "--model", "v3.2", "--tp", "1"]) == 2
+    assert "from 2 GPUs" in capsys.readouterr().err
 
 
 def test_report_has_the_presets_section(tmp_path):

@@ -551,13 +551,15 @@ def prepare(case: Case, x: dict, device: str) -> Prepared:
         else:
             finish = lambda raw: Output(raw[0].view(b, s_q, h, D_V), raw[1])
     else:
-        finish = lambda raw: Output(raw[0], raw[1])
+        finish = lambda raw: Output(raw[0], raw[1], max_logits=raw[2])
     info = dict(plan.info)
     info["first_call_s"] = round(warm_up(plan), 3)  # compile (or Triton cache load) + one run
 
     def poison():
         plan.out.fill_(float("nan"))
         plan.lse.fill_(float("nan"))
+        if plan.max_logits is not None:
+            plan.max_logits.fill_(float("nan"))
         return plan.out
 
     return Prepared(run=plan.run, finish=finish, poison=poison, info=info)

@@ -1,12 +1,14 @@
-"""Kernel throughput: median time, TFLOP/s and fraction of peak per case family.
+"""Kernel throughput: GPU time, TFLOP/s and fraction of peak per case family, all by the timer
+the winners rank by (report/timers.py: the profiler's makespan where a row has it), the events
+median beside.
 
 Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 """
 
 from __future__ import annotations
 
-from dsv4bench.measure.metrics import DERIVED
-from dsv4bench.report import grouping, plots
+from dsv4bench.measure.metrics import DERIVED, derived_at
+from dsv4bench.report import grouping, plots, timers
 from dsv4bench.report.fmt import (
     code_span,
     fmt_num,
@@ -16,7 +18,6 @@ from dsv4bench.report.fmt import (
     natural_text_key,
 )
 from dsv4bench.report.load import (
-    median_ms,
     param,
     timed_attention_rows,
 )
@@ -36,7 +37,9 @@ def kernels(rep) -> None:
     d.para(
         "TFLOP/s counts useful heads only (`2 * tokens * heads * topk * (d_qk + d_v)`, "
         "FlashMLA's count). Fraction of peak is the larger of compute/peak bf16 and "
-        "bytes/peak bandwidth (the binding roof, column `bound`)."
+        "bytes/peak bandwidth (the binding roof, column `bound`). Times, plots and rates use "
+        "each row's GPU time by the winners' timer (column `timer`: the profiler's makespan "
+        "where the row has it), the events median beside."
     )
     for op, xkey, xlabel in (
         ("decode", "batch_size", "batch size (requests)"),
@@ -68,8 +71,8 @@ def _figure(rep, op: str, model: str, mrows: list[dict], xkey: str, xlabel: str)
             label_of[id(r)] = (label, full)
         rs = sorted(groups[gkey], key=lambda r: param(r, xkey) or 0)
         xs = [param(r, xkey) for r in rs]
-        tf_series.append(plots.Series(label, xs, [r["derived"]["tflops"] for r in rs], **style))
-        pk = [(param(r, xkey), r["derived"].get("peak_fraction")) for r in rs]
+        tf_series.append(plots.Series(label, xs, [_derived(r)["tflops"] for r in rs], **style))
+        pk = [(param(r, xkey), _derived(r).get("peak_fraction")) for r in rs]
         pk = [(x, y) for x, y in pk if y is not None]
         if pk:
             pk_series.append(plots.Series(label, [x for x, _ in pk], [y for _, y in pk], **style))
@@ -125,10 +128,18 @@ def _table(rep, op: str, model: str, mrows: list[dict], xkey: str, label_of: dic
         ),
     ):
         label, full = label_of.get(id(r), ("", ""))
+        ms, timer = timers.gpu_ms(r)
         table.append(
             [code_span(r["case_id"]), rep.who(r), label, full, param(r, xkey)]
-            + [fmt_num(median_ms(r))]
-            + [m.show(r["derived"].get(m.name)) for m in columns]
+            + [fmt_num(ms), timer, fmt_num(timers.events_ms(r))]
+            + [m.show(_derived(r).get(m.name)) for m in columns]
         )
-    head = ["case_id", "backend", "line (plot label)", "line params", xkey, "median ms"]
+    head = ["case_id", "backend", "line (plot label)", "line params", xkey, "ms", "timer"]
+    head.append("events ms")
     rep.doc.table([*head, *[m.column for m in columns]], table, caption=f"{op} rows, {model}")
+
+
+def _derived(row: dict) -> dict:
+    """The row's derived metrics (computed at run time from the events median) at its GPU time
+    by the winners' timer."""
+    return derived_at(row["derived"], timers.events_ms(row), timers.ms(row))

@@ -68,7 +68,7 @@ def _summary(rep, presets: list[pz.Preset], advice: dict, model: str) -> None:
         a = advice.get(metric)
         if a and a.best:
             cand, value = a.best
-            best_row += [cand.label(), fmt_num(value), pz.flags_for(cand.backend, metric, model)]
+            best_row += [cand.label(), fmt_num(value), pz.flags_for(cand, metric, model)]
         else:
             best_row += ["", "", ""]
     table.append(best_row)

@@ -6,9 +6,9 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
-from dsv4bench.report import plots
+from dsv4bench.report import plots, timers
 from dsv4bench.report.fmt import code_span, fmt_num, kilo, make_slug, sci
-from dsv4bench.report.load import case_rows, median_ms, param, timed_attention_rows
+from dsv4bench.report.load import case_rows, param, timed_attention_rows
 
 LONG = 256 * 1024  # contexts from here on are the long-context curve
 
@@ -65,7 +65,8 @@ def _locality(rep, rows: list[dict]) -> None:
         "indexer over keys with a recency or topic signal (cases/patterns.py). x is the "
         "locality measured on the indices the kernel read: distinct cache pages per query row "
         "(fewer = more local); `adjacent` is the share of picks whose neighbouring slot is "
-        "also picked."
+        "also picked. y and `ms`: each row's GPU time by the winners' timer (column `timer`), "
+        "the events median beside it."
     )
     base = [r for r in rows if not param(r, "context_lens")]
     shapes: dict[tuple, list[dict]] = {}
@@ -83,36 +84,72 @@ def _locality(rep, rows: list[dict]) -> None:
                 key=pages_per_row,
             )
             xs = [pages_per_row(r) for r in mine]
-            series.append(plots.Series(backend, xs, [median_ms(r) for r in mine]))
+            series.append(plots.Series(backend, xs, [timers.ms(r) for r in mine]))
             for r in mine:
                 loc = r["info"]["locality"][drawn_set(r)]
                 pattern = param(r, "index_pattern") or "uniform"
                 row = [_shape(r), kilo(param(r, "context_len")), pattern, backend]
                 row += [fmt_num(loc["pages_per_row"]), fmt_num(loc["adjacent"])]
-                table.append([*row, fmt_num(median_ms(r))])
+                table.append([*row, *_times(r)])
         title = f"{_shape(rs[0])} {kilo(param(rs[0], 'context_len'))}"
-        panels.append(plots.Panel(title, "pages per query row", "median ms", series, logx=True))
+        panels.append(plots.Panel(title, "pages per query row", "GPU ms", series, logx=True))
     if not panels:
         d.para("No shape was measured under more than one index pattern.")
         return
     fig = plots.line_figure("Time against index locality", panels, max_cols=2)
     d.image(rep.save(fig, make_slug("workloads", "locality")), "time against locality")
-    head = ["shape", "context", "pattern", "backend", "pages/row", "adjacent", "median ms"]
+    head = ["shape", "context", "pattern", "backend", "pages/row", "adjacent", *TIMES]
     d.table(head, table, caption="Index patterns: measured locality and time")
 
 
+TIMES = ["ms", "timer", "events ms"]
+
+
+def _times(row: dict) -> list[str]:
+    """A row's time by its winners' timer, that timer's name and the events median beside."""
+    found = timers.gpu_ms(row)
+    if not found:
+        return ["", "", ""]
+    return [fmt_num(found[0]), found[1], fmt_num(timers.events_ms(row))]
+
+
 def _twin(row: dict, uniform: list[dict]) -> dict | None:
-    """The uniform row of the same shape and total tokens on the same backend."""
+    """The uniform row of the same shape and total tokens on the same backend, of the same run
+    (a ratio never divides times of two runs)."""
     total = sum(param(row, "context_lens"))
     for u in uniform:
         same = all(
             param(u, k) == param(row, k)
             for k in ("op", "model", "compress_ratio", "s_q", "batch_size", "tokens")
         )
-        tokens = param(u, "batch_size") * param(u, "context_len")
-        if same and u.get("backend") == row.get("backend") and tokens == total:
+        same = same and (u.get("backend"), u.get("_run")) == (row.get("backend"), row.get("_run"))
+        if same and param(u, "batch_size") * param(u, "context_len") == total:
             return u
     return None
+
+
+def ragged_against_uniform(row: dict, uniform: list[dict]):
+    """(twin, (timer key, name), ragged ms, uniform ms) of a ragged row: its uniform twin (or
+    None) and both times by the first timer both measured; None where there is none."""
+    twin = _twin(row, uniform) if row["status"] == "ok" else None
+    timer = timers.shared([row, twin] if twin else [row])
+    mine = timers.value(row, timer[0]) if timer else None
+    theirs = timers.value(twin, timer[0]) if timer and twin else None
+    return twin, timer, mine, theirs
+
+
+def ragged_ratios(rows: list[dict]) -> list[tuple[dict, float]]:
+    """(ragged row, ragged time / uniform time) for every ragged row with a uniform twin, as
+    the section's table has them."""
+    timed = timed_attention_rows(rows)
+    uniform = [r for r in timed if not param(r, "context_lens")]
+    out = []
+    for r in case_rows(rows):
+        if param(r, "context_lens"):
+            _, _, mine, theirs = ragged_against_uniform(r, uniform)
+            if mine and theirs:
+                out.append((r, mine / theirs))
+    return out
 
 
 def _ragged(rep, ragged: list[dict], rows: list[dict]) -> None:
@@ -120,8 +157,10 @@ def _ragged(rep, ragged: list[dict], rows: list[dict]) -> None:
     d.heading("Ragged batches", 3)
     d.para(
         "Each request its own context (`context_lens`); a decode batch is set beside the "
-        "uniform batch of the same requests and total tokens (uniform / ragged > 1: the ragged "
-        "batch is faster). Ragged prefill is sglang's NSA path: one chunk per request over one "
+        "uniform batch of the same requests and total tokens, of the same run and backend: "
+        "`ragged / uniform` is ragged time / uniform time (above 1: the ragged batch is "
+        "slower), by the first timer both rows measured (column `timer`), the events ratio "
+        "beside it. Ragged prefill is sglang's NSA path: one chunk per request over one "
         "concatenated workspace, request-relative indices offset by cu_seqlens_k; its oracle "
         "attends per request without the offsets."
     )
@@ -129,8 +168,8 @@ def _ragged(rep, ragged: list[dict], rows: list[dict]) -> None:
     table = []
     for r in ragged:
         lens = param(r, "context_lens")
-        twin = _twin(r, uniform) if r["status"] == "ok" else None
-        mine, theirs = median_ms(r), median_ms(twin) if twin else None
+        twin, timer, mine, theirs = ragged_against_uniform(r, uniform)
+        ev, ev_twin = timers.events_ms(r), timers.events_ms(twin)
         table.append(
             [
                 _shape(r),
@@ -141,11 +180,13 @@ def _ragged(rep, ragged: list[dict], rows: list[dict]) -> None:
                 sci((r.get("accuracy") or {}).get("cos_diff")),
                 fmt_num(mine) if mine is not None else "",
                 fmt_num(theirs) if theirs is not None else "",
-                f"{theirs / mine:.2f}" if mine and theirs else "",
+                timer[1] if timer and mine is not None else "",
+                f"{mine / theirs:.2f}" if mine and theirs else "",
+                f"{ev / ev_twin:.2f}" if ev and ev_twin else "",
             ]
         )
     head = ["shape", "lengths", "min..max", "backend", "status", "cos_diff", "ms"]
-    head += ["uniform ms", "uniform / ragged"]
+    head += ["uniform ms", "timer", "ragged / uniform", "events ragged / uniform"]
     d.table(head, table, caption="Ragged batches against uniform ones of equal total tokens")
 
 
@@ -153,7 +194,8 @@ def _long_context(rep, long: list[dict]) -> None:
     d = rep.doc
     d.heading("Long context", 3)
     d.para(
-        "V4 C4 and C128 layers from 256K tokens: median time per call and its GPU memory: the "
+        "V4 C4 and C128 layers from 256K tokens: GPU time per call (the winners' timer, "
+        "column `timer`; the events median beside) and its GPU memory: the "
         "inputs, the peak while the backend prepared and ran it once (info.memory: conversions "
         "such as FlashInfer's bf16 pool included), and the timed call's own scratch above what "
         "it keeps (timing.memory)."
@@ -171,18 +213,18 @@ def _long_context(rep, long: list[dict]) -> None:
             )
             xs = [param(r, "context_len") for r in mine]
             label = f"{who[0]} C{who[1]}"
-            series.append(plots.Series(label, xs, [median_ms(r) for r in mine]))
+            series.append(plots.Series(label, xs, [timers.ms(r) for r in mine]))
             for r in mine:
                 mem = (r.get("info") or {}).get("memory") or {}
                 scratch = ((r.get("timing") or {}).get("memory") or {}).get("scratch_bytes")
-                row = [code_span(r["case_id"]), label, kilo(param(r, "context_len"))]
-                row += [fmt_num(median_ms(r)), mem.get("inputs_mib", ""), mem.get("peak_mib", "")]
+                row = [code_span(r["case_id"]), label, kilo(param(r, "context_len")), *_times(r)]
+                row += [mem.get("inputs_mib", ""), mem.get("peak_mib", "")]
                 row.append(fmt_num(scratch / 2**20) if isinstance(scratch, int) else "")
                 table.append(row)
-        panels.append(plots.Panel(f"{op} {model}", "context tokens", "median ms", series))
+        panels.append(plots.Panel(f"{op} {model}", "context tokens", "GPU ms", series))
     fig = plots.line_figure("Long context", panels, max_cols=2)
     d.image(rep.save(fig, make_slug("workloads", "long-context")), "long context")
-    head = ["case_id", "series", "context", "median ms", "inputs MiB", "peak MiB", "scratch MiB"]
+    head = ["case_id", "series", "context", *TIMES, "inputs MiB", "peak MiB", "scratch MiB"]
     d.table(head, table, caption="Long-context rows")
 
 
@@ -214,8 +256,8 @@ def _ragged_tpot(rep, steps: list[dict]) -> None:
             (
                 u
                 for u in uniform
-                if (u["model"], u["backend"], u["batch_size"])
-                == (r["model"], r["backend"], len(lens))
+                if (u["model"], u["backend"], u["batch_size"], u.get("_run"))
+                == (r["model"], r["backend"], len(lens), r.get("_run"))
                 and u["batch_size"] * u["context_len"] == sum(lens)
             ),
             None,
@@ -229,7 +271,7 @@ def _ragged_tpot(rep, steps: list[dict]) -> None:
                 r["backend"],
                 fmt_num(mine) if mine is not None else r.get("status"),
                 fmt_num(theirs) if theirs is not None else "",
-                f"{theirs / mine:.2f}" if mine and theirs else "",
+                f"{mine / theirs:.2f}" if mine and theirs else "",
             ]
         )
     if not table:
@@ -239,7 +281,8 @@ def _ragged_tpot(rep, steps: list[dict]) -> None:
     d.para(
         "One decode step of every layer (serving model: per-layer-kind attention medians times "
         "the layer counts) over a ragged batch, beside the uniform batch of the same requests "
-        "and total tokens."
+        "and total tokens, of the same run: ragged / uniform is ragged TPOT / uniform TPOT "
+        "(above 1: the ragged batch is slower). Serving rows sum events medians."
     )
     head = ["model", "lengths", "min..max", "backend", "TPOT ms", "uniform TPOT ms"]
-    d.table([*head, "uniform / ragged"], table, caption="TPOT: ragged against uniform batches")
+    d.table([*head, "ragged / uniform"], table, caption="TPOT: ragged against uniform batches")

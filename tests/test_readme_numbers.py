@@ -1,0 +1,44 @@
+"""tools/readme_numbers.py: every figure the READMEs and docs mark is what the committed rows
+say (`.ci/run` runs `--check` too), and a figure that no longer matches fails."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools/readme_numbers.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("readme_numbers", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_marked_figure_matches_the_committed_rows():
+    r = subprocess.run([sys.executable, str(TOOL), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    marked = sum((ROOT / f).read_text().count("<!-- n:") for f in _tool().FILES)
+    assert marked >= 15  # the figures are marked, not left as plain text
+
+
+def test_a_stale_or_unknown_figure_fails_and_write_refreshes_it(tmp_path):
+    tool = _tool()
+    doc = tmp_path / "README.md"
+    doc.write_text(
+        "ragged takes <!-- n:ratio -->0.77-1.10<!-- /n -->x\n"
+        "rows: <!-- n:rows -->276<!-- /n -->, <!-- n:nope -->1<!-- /n -->\n"
+    )
+    figures = {"ratio": lambda: "0.91-1.90", "rows": lambda: "276"}
+    found = tool.problems(tmp_path, ["README.md"], figures)
+    assert found == [
+        "README.md:1: ratio reads '0.77-1.10', the rows say '0.91-1.90'",
+        "README.md:2: unknown figure 'nope'",
+    ]
+    assert tool.write(tmp_path, ["README.md"], figures) == 1
+    assert "<!-- n:ratio -->0.91-1.90<!-- /n -->" in doc.read_text()
+    assert tool.problems(tmp_path, ["README.md"], figures) == ["README.md:2: unknown figure 'nope'"]

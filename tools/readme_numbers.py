@@ -1,0 +1,187 @@
+"""The figures the READMEs and docs cite, recomputed from the committed rows.
+
+A cited figure is marked in its markdown file as `<!-- n:NAME -->VALUE<!-- /n -->`; FIGURES
+says how NAME is computed (with the report's own code, so a figure reads as the report does).
+`--check` (CI, `.ci/run`) fails with one line per figure whose text no longer matches its
+rows, and on a marker of an unknown name; `--write` puts the recomputed values in.
+
+    python3 tools/readme_numbers.py --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dsv4bench.report import winners  # noqa: E402
+from dsv4bench.report.load import is_probe, load_rows, load_runs  # noqa: E402
+from dsv4bench.report.sections.workloads import ragged_ratios  # noqa: E402
+
+# the files whose marked figures are checked
+FILES = (
+    "README.md",
+    "docs/findings.md",
+    "results/sm90/baseline-h100/README.md",
+    "results/sm90/studies/workloads/README.md",
+    "results/sm90/studies/workloads/COMMANDS.md",
+    "results/sm90/studies/engine-kernels/COMMANDS.md",
+)
+MARK = re.compile(r"<!-- n:([a-z0-9_]+) -->(.*?)<!-- /n -->", re.S)
+
+WORKLOADS = "results/sm90/studies/workloads"
+BASELINE = "results/sm90/baseline-h100"
+FA3_RUNS = (
+    "results/sm90/studies/engine-kernels/compare",
+    "results/sm90/studies/engine-kernels/flashinfer-fa3",
+)
+
+
+@cache
+def rows(path: str) -> list[dict]:
+    return load_rows(ROOT / path)
+
+
+def span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def workload_rows() -> str:
+    return str(len(rows(WORKLOADS)))
+
+
+def ragged_ratio_range() -> str:
+    """ragged time / uniform time over every ragged case row with a uniform twin."""
+    return span([ratio for _, ratio in ragged_ratios(rows(WORKLOADS))])
+
+
+def ragged_ratio_max_at() -> str:
+    row, _ = max(ragged_ratios(rows(WORKLOADS)), key=lambda t: t[1])
+    p = row["params"]
+    return f"{row['backend']}, {p['model']} C{p['compress_ratio']} {p['op']}"
+
+
+def _fa3_ratios(op: str) -> list[float]:
+    """fa3 time / FlashMLA time on V4 at 64 and 128 heads, per run (the winners' rule)."""
+    shapes = winners.shapes(load_runs([ROOT / p for p in FA3_RUNS]))
+    return [
+        s.ratio("fa3")
+        for s in shapes
+        if s.params.get("op") == op
+        and str(s.params.get("model")).startswith("v4")
+        and s.params.get("num_heads") in (64, 128)
+        and s.ratio("fa3")
+    ]
+
+
+def fa3_v4_decode_ratio() -> str:
+    return span(_fa3_ratios("decode"))
+
+
+def fa3_v4_prefill_ratio() -> str:
+    return span(_fa3_ratios("prefill"))
+
+
+def baseline_case_rows() -> str:
+    return str(sum(r.get("kind") == "case" for r in rows(BASELINE)))
+
+
+def baseline_limit_rows() -> str:
+    return str(sum(r.get("kind") == "limit" for r in rows(BASELINE)))
+
+
+def baseline_jobs() -> str:
+    """Case jobs the run made (limit probes are the limit searches' own)."""
+    return str(sum(r.get("kind") == "case" and not is_probe(r) for r in rows(BASELINE)))
+
+
+def baseline_wall_s() -> str:
+    """`real` of bench.log's `time`, in seconds."""
+    text = (ROOT / BASELINE / "bench.log").read_text()
+    m = re.search(r"^real\s+(\d+)m([\d.]+)s", text, re.M)
+    return str(round(int(m.group(1)) * 60 + float(m.group(2)))) if m else "?"
+
+
+def baseline_ok_by_backend() -> str:
+    ok = Counter(r["backend"] for r in rows(BASELINE) if r.get("status") == "ok")
+    return ", ".join(f"{b} {n} ok" for b, n in sorted(ok.items(), key=lambda t: (-t[1], t[0])))
+
+
+def _status_count(status: str) -> str:
+    return str(sum(r.get("kind") == "case" and r.get("status") == status for r in rows(BASELINE)))
+
+
+FIGURES: dict[str, Callable[[], str]] = {
+    "workload_rows": workload_rows,
+    "ragged_ratio_range": ragged_ratio_range,
+    "ragged_ratio_max_at": ragged_ratio_max_at,
+    "fa3_v4_decode_ratio": fa3_v4_decode_ratio,
+    "fa3_v4_prefill_ratio": fa3_v4_prefill_ratio,
+    "baseline_case_rows": baseline_case_rows,
+    "baseline_limit_rows": baseline_limit_rows,
+    "baseline_jobs": baseline_jobs,
+    "baseline_wall_s": baseline_wall_s,
+    "baseline_ok_by_backend": baseline_ok_by_backend,
+    "baseline_unsupported": lambda: _status_count("unsupported"),
+    "baseline_crash": lambda: _status_count("crash"),
+}
+
+
+def problems(root: Path = ROOT, files=FILES, figures=FIGURES) -> list[str]:
+    """One line per marked figure whose text differs from its recomputed value."""
+    found = []
+    for name in files:
+        text = (root / name).read_text()
+        for m in MARK.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            key, cited = m.group(1), m.group(2)
+            if key not in figures:
+                found.append(f"{name}:{line}: unknown figure {key!r}")
+                continue
+            value = figures[key]()
+            if cited != value:
+                found.append(f"{name}:{line}: {key} reads {cited!r}, the rows say {value!r}")
+    return found
+
+
+def write(root: Path = ROOT, files=FILES, figures=FIGURES) -> int:
+    """Put every marked figure's recomputed value in; returns how many changed."""
+    changed = 0
+    for name in files:
+        path = root / name
+        text = path.read_text()
+
+        def fill(m: re.Match) -> str:
+            nonlocal changed
+            key = m.group(1)
+            value = figures[key]() if key in figures else m.group(2)
+            changed += value != m.group(2)
+            return f"<!-- n:{key} -->{value}<!-- /n -->"
+
+        path.write_text(MARK.sub(fill, text))
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 on a stale figure")
+    mode.add_argument("--write", action="store_true", help="put the recomputed values in")
+    args = ap.parse_args(argv)
+    if args.write:
+        print(f"{write()} figures changed")
+        return 0
+    found = problems()
+    print("\n".join(found) if found else "README numbers: every marked figure matches its rows")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
