@@ -27,6 +27,7 @@ KNOWN = {
     "fa3",
     "deepgemm",
     "reference-f64",
+    "q8kv8",
 }
 
 # KNOWN with the backends' declared options (backends.catalog()): files with instances load;
@@ -35,6 +36,7 @@ BUILDS = {name for name, _library in known_builds()}
 CATALOG = {name: {} for name in KNOWN | BUILDS} | {
     "flashmla": {"lib": None},
     "flashinfer": {"kv_dtype": ""},
+    "q8kv8": {"lib": None, "time_q_cast": False},
 }
 
 # Expected (cases, jobs, limit searches) per shipped file: a change here is a change in how
@@ -52,6 +54,7 @@ SHIPPED = {
     "sm90/indexer.yaml": (20, 40, 0),  # DeepGEMM and Triton in make bench
     "compare/c128_long_context_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 17)
     "compare/v32_scales_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 16)
+    "compare/q8kv8_sm90.yaml": (25, 100, 0),  # opt-in (issue 32): q8kv8 vs the bf16 kernels
     "measure/sm90.yaml": (15, 45, 0),  # opt-in: not part of `make bench`
     "sm100/decode_batch.yaml": (15, 45, 0),
     "sm120/decode_batch.yaml": (8, 24, 0),
