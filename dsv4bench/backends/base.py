@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv4bench.cases.case import CACHE_OPS, Case, padding_count
+from dsv4bench.cases.case import CACHE_OPS, Case, Tolerance, padding_count
 from dsv4bench.cases.output import Output
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
@@ -40,6 +40,10 @@ class Prepared:
     # (info["kernel_own"]) and the conversion's (info["conversion"]): a lossy conversion fails
     # the row instead of hiding in the values it is judged on.
     reads: dict | None = None
+    # What the kernel claims to compute (its own arithmetic modelled over the operands it
+    # read, e.g. reference/fp8_attention.py for an FP8 kernel): the worker records the answer's
+    # distance to it as accuracy `exact_*`, the kernel's own exactness beside the oracle's.
+    exact: Callable[[], Output] | None = None
 
 
 class Unsupported(Exception):
@@ -151,6 +155,11 @@ class Backend:
     def limit_guess(self, case: Case, axis: str, arch: str) -> int | None:
         """Where this backend is expected to start failing along `axis` from `case` (the last
         size that works), if known: a limit search probes it and the next size first."""
+        return None
+
+    def declared_tolerance(self, case: Case) -> tuple[Tolerance, str] | None:
+        """A lossy kernel's own tolerance against the oracle (an FP8 compute path) and why;
+        its rows are judged with it instead of the case's, and carry it. None: the case's."""
         return None
 
     def build_reason(self) -> str | None:

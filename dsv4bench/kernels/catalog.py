@@ -10,16 +10,30 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Part:
+    """Members of another package's wheel that a build needs beside its own (headers, a
+    runtime): `requirement` names the wheel, `members`/`strip` pick as BuildSpec's do (none:
+    the whole wheel), and they land under `under` in the build's folder."""
+
+    requirement: str
+    members: tuple[str, ...] = ()
+    strip: str = ""
+    under: str = ""
+
+
+@dataclass(frozen=True)
 class BuildSpec:
     """One kernel library inside a package's wheel.
 
     `members`: wheel paths (a trailing `/` takes the whole folder) and `strip`: the prefix cut off
     each, so `vllm/third_party/deep_gemm/x` lands as `<build>/deep_gemm/x`."""
 
-    library: str  # flashmla, fa3, deepgemm, flashinfer
+    library: str  # flashmla, fa3, deepgemm, flashinfer, q8kv8
     members: tuple[str, ...]
     strip: str = ""
     whole_wheel: bool = False  # unpack every member (a site folder for PYTHONPATH)
+    under: str = ""  # the folder of the build its own members land in
+    parts: tuple[Part, ...] = ()  # members of other wheels it needs
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,10 @@ class PackageSpec:
     versions: tuple[str, ...]  # newest first; the first is fetched when no version is named
     builds: tuple[BuildSpec, ...]
     extra_wheels: tuple[str, ...] = ()  # requirements unpacked beside it (whole wheels)
+    # the CPython its wheels exist for, when not the GPU machine's: a build that takes only
+    # plain files (sources) from them runs under any Python
+    python_version: str | None = None
+    wheel_platforms: tuple[str, ...] = ()  # platform tags its wheel may carry beyond fetch's
 
     def build_name(self, build: BuildSpec, version: str) -> str:
         if self.source == build.library:
@@ -69,7 +87,37 @@ FLASHINFER = PackageSpec(
     extra_wheels=("apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0",),
 )
 
-PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER)}
+# sglang's JIT sources of the SM90 FP8 x FP8 sparse prefill kernel, built by nvcc on the GPU
+# machine (dsv4bench/backends/q8kv8/jit.py) against CUTLASS (FlashInfer 0.6.18's copy: the
+# sglang wheel carries none) and apache-tvm-ffi (its C ABI, headers and libtvm_ffi; the
+# version the kernel was verified with on an H100). sglang ships CPython 3.11 wheels only.
+Q8KV8_CSRC = "sglang/kernels/jit/csrc/sparse_mla_q8kv8_prefill_sm90/"
+SGLANG = PackageSpec(
+    dist="sglang",
+    source="sglang",
+    versions=("0.5.23",),
+    builds=(
+        BuildSpec(
+            "q8kv8",
+            (Q8KV8_CSRC,),
+            Q8KV8_CSRC,
+            under="csrc/",
+            parts=(
+                Part(
+                    "flashinfer-python==0.6.18",
+                    ("flashinfer/data/cutlass/include/",),
+                    "flashinfer/data/cutlass/",
+                    "cutlass/",
+                ),
+                Part("apache-tvm-ffi==0.1.15.post2", under="site/"),
+            ),
+        ),
+    ),
+    python_version="3.11",
+    wheel_platforms=("manylinux_2_34_x86_64",),
+)
+
+PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, SGLANG)}
 
 
 class SpecError(ValueError):

@@ -12,7 +12,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dsv4bench.kernels.catalog import BuildSpec, PackageSpec
+from dsv4bench.kernels.catalog import BuildSpec, PackageSpec, Part
 from dsv4bench.kernels.store import Build, KernelFile, sha256_of, write_build, write_manifest
 
 # The GPU machines run CPython 3.12 on x86-64 Linux; pure-Python and abi3 wheels fit any.
@@ -39,15 +39,19 @@ def find_wheel(wheels: Path, requirement: str) -> Path | None:
     return None
 
 
-def download(requirement: str, wheels: Path, python_version: str) -> Path:
-    """The wheel of `requirement` in `wheels`, downloaded there by pip unless it is already."""
+def download(
+    requirement: str, wheels: Path, python_version: str, platforms: tuple[str, ...] = ()
+) -> Path:
+    """The wheel of `requirement` in `wheels`, downloaded there by pip unless it is already
+    (for CPython `python_version` on PLATFORMS and `platforms`)."""
     found = find_wheel(wheels, requirement)
     if found:
         return found
     wheels.mkdir(parents=True, exist_ok=True)
+    tags = [a for p in (*platforms, *PLATFORMS) for a in ("--platform", p)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--python-version", python_version, "--implementation", "cp", "-d", str(wheels),
-           *[a for p in PLATFORMS for a in ("--platform", p)], requirement]  # fmt: skip
+           *tags, requirement]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     found = find_wheel(wheels, requirement)
     if done.returncode or not found:
@@ -100,6 +104,12 @@ def extract(wheel: Path, spec: BuildSpec, dest: Path, under: str = "") -> list[K
     return files
 
 
+def extract_part(wheel: Path, library: str, part: Part, dest: Path) -> list[KernelFile]:
+    """A Part's members of `wheel` (every member when it names none) under dest/part.under."""
+    spec = BuildSpec(library, part.members, part.strip, whole_wheel=not part.members)
+    return extract(wheel, spec, dest, part.under)
+
+
 def fetch_package(
     package: PackageSpec,
     version: str,
@@ -112,7 +122,10 @@ def fetch_package(
     """Every build `package==version` ships, into root/<build name>/ (replacing what was there)."""
     with tempfile.TemporaryDirectory() as tmp:
         wheel_dir = wheels or Path(tmp)
-        wheel = download(f"{package.dist}=={version}", wheel_dir, python_version)
+        own_python = package.python_version or python_version
+        wheel = download(
+            f"{package.dist}=={version}", wheel_dir, own_python, package.wheel_platforms
+        )
         extra = [download(r, wheel_dir, python_version) for r in package.extra_wheels]
         say(f"{wheel.name}: {wheel.stat().st_size / 2**20:.1f} MiB")
         builds = []
@@ -121,12 +134,17 @@ def fetch_package(
             folder = root / name
             partial = root / f".{name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
-            under = "site/" if spec.whole_wheel else ""  # a folder for PYTHONPATH
+            under = "site/" if spec.whole_wheel else spec.under  # site/: for PYTHONPATH
             files = extract(wheel, spec, partial, under)
             for other in extra if spec.whole_wheel else []:
                 files += extract(
                     other, BuildSpec(spec.library, (), whole_wheel=True), partial, under
                 )
+            part_wheels = []
+            for part in spec.parts:
+                part_wheel = download(part.requirement, wheel_dir, python_version)
+                files += extract_part(part_wheel, spec.library, part, partial)
+                part_wheels.append(part_wheel.name)
             build = Build(
                 name=name,
                 library=spec.library,
@@ -134,7 +152,7 @@ def fetch_package(
                 version=version,
                 library_version=_library_version(partial / under, spec, version),
                 files=files,
-                wheels=[wheel.name, *(e.name for e in extra if spec.whole_wheel)],
+                wheels=[wheel.name, *(e.name for e in extra if spec.whole_wheel), *part_wheels],
             )
             shutil.rmtree(folder, ignore_errors=True)
             partial.replace(folder)

@@ -269,6 +269,7 @@ class MetricInput:
     hw: Any  # hardware.GpuSpec (peak_bf16, peak_bw) or None
     padded_heads: int | None
     found: dict = field(default_factory=dict)
+    precision: str = "bf16"  # the kernel's tensor-core inputs: its compute roof (bf16, fp8)
 
 
 @dataclass(frozen=True)
@@ -333,8 +334,9 @@ def _gbps(x: MetricInput) -> float:
 
 def _roofs(x: MetricInput) -> tuple[float, float] | None:
     """(fraction of peak compute, fraction of peak bandwidth), None without both peaks."""
-    # the indexer's logits are an FP8 GEMM; attention runs in bf16
-    peak_flops = getattr(x.hw, "peak_fp8" if x.case.op == "indexer" else "peak_bf16", None)
+    # the indexer's logits are an FP8 GEMM; attention runs in bf16 unless the kernel says fp8
+    fp8 = x.case.op == "indexer" or x.precision == "fp8"
+    peak_flops = getattr(x.hw, "peak_fp8" if fp8 else "peak_bf16", None)
     peak_bw = getattr(x.hw, "peak_bw", None)
     if not (peak_flops and peak_bw):
         return None
@@ -369,11 +371,18 @@ def derived_at(found: dict, from_ms: float | None, to_ms: float | None) -> dict:
     return out
 
 
-def derived(case: Case, timing: dict | None, hw, padded_heads: int | None = None) -> dict:
-    """Every registered metric of one timed case (hw: hardware.GpuSpec)."""
+def derived(
+    case: Case,
+    timing: dict | None,
+    hw,
+    padded_heads: int | None = None,
+    precision: str = "bf16",
+) -> dict:
+    """Every registered metric of one timed case (hw: hardware.GpuSpec; precision: the
+    kernel's tensor-core inputs, which pick its compute roof)."""
     ms = (timing or {}).get("median_ms")
     timed = bool(ms) and math.isfinite(ms) and ms > 0
-    x = MetricInput(case, ms if timed else None, hw, padded_heads)
+    x = MetricInput(case, ms if timed else None, hw, padded_heads, precision=precision)
     for m in DERIVED.values():
         x.found[m.name] = m.compute(x) if timed or not m.timed else None
     return dict(x.found)

@@ -154,8 +154,15 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
         acc.update(
             topk.compare_topk(expected.out, expected.topk, actual.topk, actual_logits=actual.out)
         )
-    status, why = judge.verdict(acc, case.tolerance)
-    tol = asdict(case.tolerance)
+    if prepared.exact is not None:  # the kernel against what it claims to compute
+        own = metrics.accuracy(prepared.exact(), actual)
+        acc.update({f"exact_{k}": own[k] for k in EXACT_KEYS})
+    tolerance = row_tolerance(case, backend)
+    declared = backend.declared_tolerance(case)
+    if declared:
+        info["tolerance_from"] = declared[1]
+    status, why = judge.verdict(acc, tolerance)
+    tol = asdict(tolerance)
     return replace(row, accuracy=acc, tolerance=tol, status=status, message=why, info=info)
 
 
@@ -169,6 +176,15 @@ JUDGED_ON_CACHE = (
 
 def _figures(acc: dict) -> dict:
     return {k: acc[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")}
+
+
+EXACT_KEYS = ("cos_diff", "max_abs", "max_rel", "lse_max_abs", "nonfinite")
+
+
+def row_tolerance(case, backend):
+    """The tolerance a row is judged with: the backend's declared one, else the case's."""
+    declared = backend.declared_tolerance(case)
+    return declared[0] if declared else case.tolerance
 
 
 def _checks(row, case, backend, prepared, actual, cache: Cache, device: str):
@@ -188,7 +204,7 @@ def _checks(row, case, backend, prepared, actual, cache: Cache, device: str):
             inv = {"error": f"a request alone is unsupported: {e}"}
         acc["batch_invariance"] = inv
     if case.timing.determinism or case.timing.batch_invariance:
-        row = replace(row, accuracy=acc, tolerance=asdict(case.tolerance))
+        row = replace(row, accuracy=acc, tolerance=asdict(row_tolerance(case, backend)))
     reading = row.scale_reading
     if reading and not backend.is_oracle:  # how far the reading alone moves the answer
         if None not in cache.expected:
@@ -254,7 +270,8 @@ def run_job(job: dict, cache: Cache) -> dict:
         graph=t.graph,
     )
     padded = row.info.get("padded_heads")
-    derived = metrics.derived(case, measured, hardware.detect(device), padded)
+    precision = row.info.get("compute_precision", "bf16")
+    derived = metrics.derived(case, measured, hardware.detect(device), padded, precision)
     return replace(row, timing=measured, derived=derived).to_dict()
 
 

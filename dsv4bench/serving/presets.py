@@ -24,6 +24,10 @@ from dsv4bench.scenarios.serving_spec import DECODE_ROUTES
 from dsv4bench.serving.aggregate import ENVELOPE
 
 BF16_KV = ("fa3", "flashinfer")  # backends whose kernels read a bf16 cache only
+# backends whose prefill gathers and casts the cache to an e4m3 workspace on every call, so the
+# dequant part is theirs whatever the cache dtype (sglang 0.5.23 flashmla_sparse_q8): an FP8
+# candidate only (the dequant op writes bf16: an upper bound on their e4m3 write)
+CAST_EVERY_CALL = ("q8kv8",)
 KV_DTYPES = ("bf16", "fp8")
 
 
@@ -46,6 +50,10 @@ class Preset:
 SGLANG_V32_DOC = (
     "sglang docs/basic_usage/deepseek_v32.md ('the default configuration on H200 and B200', "
     "sglang main, 2026); python/sglang/srt/layers/attention/nsa_backend.py"
+)
+SGLANG_Q8_SOURCE = (
+    "sglang 0.5.23 srt/layers/attention/dsa_backend.py (_validate_flashmla_sparse_q8_backend, "
+    "_forward_flashmla_sparse_q8kv8; sglang PRs 25751, 30514, 32327)"
 )
 PRESETS: tuple[Preset, ...] = (
     Preset(
@@ -139,6 +147,40 @@ PRESETS: tuple[Preset, ...] = (
         "sglang DSv4 attention backend: chunks of > 11673 tokens to flash_mla_sparse_fwd, "
         "the rest through the decode kernel (sglang #25502; docs/engines.md)",
     ),
+    # What switching sglang's sparse prefill to the FP8 x FP8 kernel saves (docs/kernel-facts.md,
+    # Q8KV8): decode unchanged, prefill through q8kv8 on the sparse-prefill route.
+    Preset(
+        "sglang-hopper-q8",
+        "sglang",
+        "H100/H200",
+        "sm90",
+        ("v3.2",),
+        "fp8",
+        "q8kv8",
+        "sparse-prefill",
+        "flashmla",
+        "--dsa-prefill-backend flashmla_sparse_q8 --dsa-decode-backend flashmla_kv "
+        "--kv-cache-dtype fp8_e4m3",
+        SGLANG_Q8_SOURCE,
+        "q and the gathered KV are cast to e4m3 per call (identity scales); the KV gather is "
+        "the dequant part. sglang also accepts a bf16 cache here, which it casts the same way",
+    ),
+    Preset(
+        "sglang-hopper-v4-q8",
+        "sglang",
+        "H100/H200",
+        "sm90",
+        ("v4-flash", "v4-pro"),
+        "fp8",
+        "q8kv8",
+        "sparse-prefill",
+        "flashmla",
+        "dsv4_prefill_backend flashmla_sparse_q8 (or SGLANG_DSV4_Q8KV8_PREFILL=1)",
+        "sglang 0.5.23 srt/layers/attention/deepseek_v4_backend.py _forward_prefill_sparse_q8kv8; "
+        "dsv4/sparse_prefill_utils.py use_dsv4_q8kv8_sparse_prefill",
+        "sglang sends only the chunks its sparse-prefill rule picks (> 11673 tokens) to Q8KV8, "
+        "the rest to the decode kernel; modelled as every chunk on sparse-prefill",
+    ),
 )
 
 
@@ -178,9 +220,14 @@ ENGINE_FLAGS: tuple[EngineFlags, ...] = (
            "--attention-backend FLASHINFER_MLA_SPARSE_SM90"),
     *_both("v3.2", "flashinfer-e4m3", "vllm", SP, "fp8",
            "--attention-backend FLASHINFER_MLA_SPARSE_SM90 --kv-cache-dtype fp8"),
+    # sglang's FP8 x FP8 sparse prefill (docs/kernel-facts.md, Q8KV8): prefill only
+    EngineFlags("v3.2", "q8kv8", "sglang", "ttft", SP, "fp8",
+                "--dsa-prefill-backend flashmla_sparse_q8"),
     # V4 backends are chosen by the model in both engines: FlashMLA is their Hopper default
     *_both("v4", "flashmla", "sglang", "threshold:11673", "fp8", "defaults (DSv4 backend)"),
     *_both("v4", "flashmla", "vllm", SP, "fp8", "defaults (FLASHMLA_SPARSE_DSV4)"),
+    EngineFlags("v4", "q8kv8", "sglang", "ttft", SP, "fp8",
+                "dsv4_prefill_backend flashmla_sparse_q8 (or SGLANG_DSV4_Q8KV8_PREFILL=1)"),
 )  # fmt: skip
 
 
@@ -234,6 +281,8 @@ def point_key(row: dict) -> tuple:
 def kv_options(backend: str, route: str, metric: str) -> tuple[str, ...]:
     if backend in BF16_KV:
         return ("bf16",)
+    if backend in CAST_EVERY_CALL:
+        return ("fp8",)
     if metric == "tpot" or route in DECODE_ROUTES or route != "sparse-prefill":
         return ("fp8",)
     return KV_DTYPES

@@ -266,3 +266,13 @@ def test_prefill_memory_roof_counts_shared_keys_once():
     assert d["bytes"] > 2 * d["bytes_unique"]  # 4096 queries share one key set
     assert d["gbps"] == pytest.approx(d["bytes_unique"] / 1e-3 / 1e9)
     assert d["bound"] == "compute" and d["peak_fraction"] < 1
+
+
+def test_an_fp8_kernel_is_measured_against_the_fp8_peak():
+    case = make_case(V32, op="prefill", num_heads=128, tokens=4096, topk=2048)
+    hw = hardware.TABLE["h100"]
+    timing = {"median_ms": 3.3}
+    bf16 = metrics.derived(case, timing, hw)
+    fp8 = metrics.derived(case, timing, hw, precision="fp8")
+    assert fp8["tflops"] == bf16["tflops"] and bf16["bound"] == fp8["bound"] == "compute"
+    assert fp8["peak_fraction"] == pytest.approx(bf16["peak_fraction"] / 2, rel=1e-3)

@@ -27,6 +27,7 @@ KNOWN = {
     "fa3",
     "deepgemm",
     "reference-f64",
+    "q8kv8",
 }
 
 # every registered backend with its declared options: files with instances load; every kernel
@@ -52,6 +53,7 @@ SHIPPED = {
     "sm90/topk.yaml": (86, 206, 0),  # the indexer's top-k: torch, FlashInfer, Triton
     "compare/c128_long_context_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 17)
     "compare/v32_scales_sm90.yaml": (4, 8, 0),  # opt-in (issue 22, item 16)
+    "compare/q8kv8_sm90.yaml": (25, 100, 0),  # opt-in (issue 32): q8kv8 vs the bf16 kernels
     "measure/sm90.yaml": (15, 45, 0),  # opt-in: not part of `make bench`
     "sm100/decode_batch.yaml": (15, 45, 0),
     "sm120/decode_batch.yaml": (8, 24, 0),
