@@ -65,6 +65,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
     from dsv4bench.backends.builds import build_instances
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
+    from dsv4bench.backends.tilelang.backend import TileLang
     from dsv4bench.backends.triton.backend import TritonKernels
 
     table: dict[str, Callable[[], Backend]] = {
@@ -77,6 +78,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "triton": TritonKernels,
         "fa3": fa3.FA3,
         "deepgemm": deepgemm.DeepGEMM,
+        "tilelang": TileLang,
         "reference-f64": ReferenceF64,
     }
     return {**table, **build_instances(table)}  # one instance per known build

@@ -1,8 +1,9 @@
 """What each engine package ships that the backends run: which members of its wheel make which
 kernel build. One entry per package; adding a release is adding a version to `versions`.
 
-A build is named `<library>-<source>-<version>` (`flashmla-vllm-0.33.0`): the name of its folder
-in the kernels folder and of the backend instance that runs it."""
+A build is named `<library>-<source>-<version>` (`flashmla-vllm-0.33.0`), or `<library>-<version>`
+when the library is the package's own (`flashinfer-0.7.2.post1`, `tilelang-runtime-0.1.15`): the
+name of its folder in the kernels folder and of the backend instance that runs it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class BuildSpec:
     members: tuple[str, ...]
     strip: str = ""
     whole_wheel: bool = False  # unpack every member (a site folder for PYTHONPATH)
+    # a whole-wheel build's wheels: the package's and its extra wheels ("both"), or one side
+    # ("package", "extras": a build too big for one archive, split in two)
+    wheels: str = "both"
 
 
 @dataclass(frozen=True)
@@ -29,9 +33,12 @@ class PackageSpec:
     versions: tuple[str, ...]  # newest first; the first is fetched when no version is named
     builds: tuple[BuildSpec, ...]
     extra_wheels: tuple[str, ...] = ()  # requirements unpacked beside it (whole wheels)
+    # a wheel for another Python or glibc than the GPU machine's (members taken: source only)
+    python_version: str = ""
+    platforms: tuple[str, ...] = ()  # accepted besides fetch.PLATFORMS
 
     def build_name(self, build: BuildSpec, version: str) -> str:
-        if self.source == build.library:
+        if build.library == self.source or build.library.startswith(f"{self.source}-"):
             return f"{build.library}-{version}"
         return f"{build.library}-{self.source}-{version}"
 
@@ -69,7 +76,42 @@ FLASHINFER = PackageSpec(
     extra_wheels=("apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0",),
 )
 
-PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER)}
+# TileLang, the compiler sglang's `tilelang` DSA kernels run on; more than one GPU call carries
+# as one archive (docs/kernel-facts.md, TileLang), so its requirements are a build of their own
+TILELANG = PackageSpec(
+    dist="tilelang",
+    source="tilelang",
+    versions=("0.1.15",),
+    builds=(
+        BuildSpec("tilelang-runtime", (), whole_wheel=True, wheels="package"),
+        BuildSpec("tilelang-deps", (), whole_wheel=True, wheels="extras"),
+    ),
+    extra_wheels=(  # its METADATA's Requires-Dist beyond torch and numpy
+        "z3-solver>=4.13.0,<4.15.5",
+        "apache-tvm-ffi>=0.1.11,<0.1.13",
+        "torch-c-dlpack-ext",
+        "cloudpickle",
+        "ml-dtypes",
+        "psutil",
+        "tqdm>=4.62.3",
+    ),
+)
+SGLANG = PackageSpec(
+    dist="sglang",
+    source="sglang",
+    versions=("0.5.23",),
+    builds=(
+        BuildSpec(
+            "tilelang",
+            ("sglang/kernels/ops/attention/dsa/tilelang_kernel.py",),
+            "sglang/kernels/ops/attention/dsa/",
+        ),
+    ),
+    python_version="3.11",  # a cp311 wheel on a manylinux_2_34 tag: only Python files taken
+    platforms=("manylinux_2_34_x86_64",),
+)
+
+PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, TILELANG, SGLANG)}
 
 
 class SpecError(ValueError):

@@ -29,25 +29,36 @@ def _wheel_name(requirement: str) -> str:
 
 
 def find_wheel(wheels: Path, requirement: str) -> Path | None:
-    """A wheel in `wheels` for `name==version` (or, for a ranged requirement, any of the name)."""
-    name = _wheel_name(requirement)
-    version = requirement.split("==", 1)[1] if "==" in requirement else None
+    """The newest wheel in `wheels` that `requirement` (`name==version`, `name>=a,<b`, `name`)
+    accepts."""
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion
+
+    wanted = Requirement(requirement)
+    name = _wheel_name(wanted.name)
     for path in sorted(wheels.glob("*.whl"), reverse=True):
         dist, ver = path.name.split("-")[:2]
-        if dist.lower() == name and (version is None or ver == version):
-            return path
+        try:
+            if dist.lower() == name and wanted.specifier.contains(ver, prereleases=True):
+                return path
+        except InvalidVersion:
+            continue
     return None
 
 
-def download(requirement: str, wheels: Path, python_version: str) -> Path:
-    """The wheel of `requirement` in `wheels`, downloaded there by pip unless it is already."""
+def download(
+    requirement: str, wheels: Path, python_version: str, platforms: tuple[str, ...] = ()
+) -> Path:
+    """The wheel of `requirement` in `wheels`, downloaded there by pip unless it is already
+    (for any of PLATFORMS and `platforms`)."""
     found = find_wheel(wheels, requirement)
     if found:
         return found
     wheels.mkdir(parents=True, exist_ok=True)
+    tags = [a for p in (*PLATFORMS, *platforms) for a in ("--platform", p)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--python-version", python_version, "--implementation", "cp", "-d", str(wheels),
-           *[a for p in PLATFORMS for a in ("--platform", p)], requirement]  # fmt: skip
+           *tags, requirement]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     found = find_wheel(wheels, requirement)
     if done.returncode or not found:
@@ -100,6 +111,17 @@ def extract(wheel: Path, spec: BuildSpec, dest: Path, under: str = "") -> list[K
     return files
 
 
+def _wheels_of(spec: BuildSpec, wheel: Path, extra: list[Path]) -> list[Path]:
+    """The wheels a build is cut from: a member list's, the package's; a whole-wheel build's,
+    the package's and its extra wheels, or one side of them (spec.wheels)."""
+    if not spec.whole_wheel:
+        return [wheel]
+    sides = {"both": [wheel, *extra], "package": [wheel], "extras": extra}
+    if spec.wheels not in sides:
+        raise FetchError(f"{spec.library}: wheels {spec.wheels!r} (both, package or extras)")
+    return sides[spec.wheels]
+
+
 def fetch_package(
     package: PackageSpec,
     version: str,
@@ -112,7 +134,12 @@ def fetch_package(
     """Every build `package==version` ships, into root/<build name>/ (replacing what was there)."""
     with tempfile.TemporaryDirectory() as tmp:
         wheel_dir = wheels or Path(tmp)
-        wheel = download(f"{package.dist}=={version}", wheel_dir, python_version)
+        wheel = download(
+            f"{package.dist}=={version}",
+            wheel_dir,
+            package.python_version or python_version,
+            package.platforms,
+        )
         extra = [download(r, wheel_dir, python_version) for r in package.extra_wheels]
         say(f"{wheel.name}: {wheel.stat().st_size / 2**20:.1f} MiB")
         builds = []
@@ -122,11 +149,8 @@ def fetch_package(
             partial = root / f".{name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
             under = "site/" if spec.whole_wheel else ""  # a folder for PYTHONPATH
-            files = extract(wheel, spec, partial, under)
-            for other in extra if spec.whole_wheel else []:
-                files += extract(
-                    other, BuildSpec(spec.library, (), whole_wheel=True), partial, under
-                )
+            taken = _wheels_of(spec, wheel, extra)
+            files = [f for w in taken for f in extract(w, spec, partial, under)]
             build = Build(
                 name=name,
                 library=spec.library,
@@ -134,7 +158,7 @@ def fetch_package(
                 version=version,
                 library_version=_library_version(partial / under, spec, version),
                 files=files,
-                wheels=[wheel.name, *(e.name for e in extra if spec.whole_wheel)],
+                wheels=[w.name for w in taken],
             )
             shutil.rmtree(folder, ignore_errors=True)
             partial.replace(folder)
