@@ -3,6 +3,7 @@ builds it ships out of it into the kernels folder."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -96,18 +97,46 @@ def _library_version(folder: Path, spec: BuildSpec, package_version: str) -> str
     return package_version
 
 
-def extract(wheel: Path, spec: BuildSpec, dest: Path, under: str = "") -> list[KernelFile]:
-    """The build's members of `wheel` under dest/under (their `strip` prefix cut), with
-    checksums; paths relative to `dest`."""
+SAME_FILE_BYTES = 1 << 20  # identical files at least this big become hard links of one
+
+
+def site_path(member: str) -> str | None:
+    """Where pip installs a wheel member relative to site-packages: `<dist>.data/purelib/x` and
+    `.../platlib/x` at `x`; the other .data schemes (scripts, headers, data) outside it: None."""
+    head, _, rest = member.partition("/")
+    if not head.endswith(".data"):
+        return member
+    scheme, _, path = rest.partition("/")
+    return path if scheme in ("purelib", "platlib") else None
+
+
+def extract(
+    wheel: Path, spec: BuildSpec, dest: Path, under: str = "", same: dict | None = None
+) -> list[KernelFile]:
+    """The build's members of `wheel` under dest/under (their `strip` prefix cut; a whole wheel
+    laid out as pip installs it in site-packages), with checksums; paths relative to `dest`.
+    A big file identical to one already in `same` (sha256 -> path, shared by a build's wheels)
+    becomes a hard link of it, so that a packed build holds it once (z3 ships its library as
+    libz3.so and libz3.so.4.15)."""
     files = []
+    same = {} if same is None else same
     with zipfile.ZipFile(wheel) as z:
         for member in _members(z, spec):
-            rel = under + member.removeprefix(spec.strip)
+            inside = site_path(member) if spec.whole_wheel else member
+            if inside is None:
+                continue
+            rel = under + inside.removeprefix(spec.strip)
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(member) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out)
-            files.append(KernelFile(rel, member, sha256_of(target), target.stat().st_size))
+            digest, size = sha256_of(target), target.stat().st_size
+            if size >= SAME_FILE_BYTES and digest in same:
+                target.unlink()
+                os.link(same[digest], target)
+            elif size >= SAME_FILE_BYTES:
+                same[digest] = target
+            files.append(KernelFile(rel, member, digest, size))
     return files
 
 
@@ -150,7 +179,8 @@ def fetch_package(
             shutil.rmtree(partial, ignore_errors=True)
             under = "site/" if spec.whole_wheel else ""  # a folder for PYTHONPATH
             taken = _wheels_of(spec, wheel, extra)
-            files = [f for w in taken for f in extract(w, spec, partial, under)]
+            same: dict = {}
+            files = [f for w in taken for f in extract(w, spec, partial, under, same)]
             build = Build(
                 name=name,
                 library=spec.library,

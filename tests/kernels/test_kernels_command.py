@@ -169,7 +169,6 @@ def _tilelang_wheels(folder: Path) -> None:
     _wheel(folder, "tilelang-0.1.15-cp39-abi3-manylinux_2_28_x86_64.whl",
            {"tilelang/__init__.py": b"", "tilelang/lib/libtvm.so": b"tvm"})  # fmt: skip
     extras = {
-        "z3_solver-4.15.4.0-py3-none-manylinux_2_17_x86_64.whl": "z3",
         "apache_tvm_ffi-0.1.12-cp312-abi3-manylinux_2_28_x86_64.whl": "tvm_ffi",
         "torch_c_dlpack_ext-0.1.5-cp312-cp312-manylinux_2_28_x86_64.whl": "torch_c_dlpack_ext",
         "cloudpickle-3.1.3-py3-none-any.whl": "cloudpickle",
@@ -179,6 +178,15 @@ def _tilelang_wheels(folder: Path) -> None:
     }
     for wheel, module in extras.items():
         _wheel(folder, wheel, {f"{module}/__init__.py": b""})
+    lib = bytes(range(256)) * 4096  # 1 MiB: big enough to be stored once
+    z3 = {
+        "z3/__init__.py": b"",
+        "z3/lib/libz3.so": lib,
+        "z3/lib/libz3.so.4.15": lib,
+        "z3_solver-4.15.4.0.data/data/bin/z3": b"an executable pip puts in bin/",
+        "z3_solver-4.15.4.0.data/purelib/z3extra.py": b"",
+    }
+    _wheel(folder, "z3_solver-4.15.4.0-py3-none-manylinux_2_17_x86_64.whl", z3)
     member = "sglang/kernels/ops/attention/dsa/tilelang_kernel.py"
     _wheel(folder, "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
            {member: b"# kernel\n", "sglang/srt/utils.py": b""})  # fmt: skip
@@ -202,6 +210,16 @@ def test_tilelang_is_a_runtime_and_a_deps_build_and_sglang_the_kernel(tmp_path, 
     assert not any(f.path.startswith("site/tilelang/") for f in deps.files)
     kernel = builds["tilelang-sglang-0.5.23"]
     assert [f.path for f in kernel.files] == ["tilelang_kernel.py"] and kernel.library == "tilelang"
+    paths = {f.path for f in deps.files}
+    assert "site/z3extra.py" in paths and not any(".data/" in p for p in paths)  # as pip lays out
+    _kernels("pack", "tilelang-deps-0.1.15", "--dir", str(root), "--out", str(tmp_path / "p"))
+    _kernels("unpack", str(tmp_path / "p"), "--dir", str(tmp_path / "there"))
+    libs = [
+        tmp_path / "there/tilelang-deps-0.1.15/site/z3/lib" / n
+        for n in ("libz3.so", "libz3.so.4.15")
+    ]
+    assert libs[0].stat().st_ino == libs[1].stat().st_ino  # packed once, both names back
+    assert libs[1].read_bytes() == bytes(range(256)) * 4096
     capsys.readouterr()
     assert _kernels("list", "--dir", str(root)) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -21,8 +21,11 @@ sglang's file; the kernels folder's newest build); TileLang and its requirements
 What is missing is one line, known without importing anything, and every row of the backend is
 unsupported with it.
 
-NOT run here: the kernel itself (no GPU on the machine this adapter was written on); the CPU
-tests use a fake kernel that checks sglang's argument contract and computes the answer.
+Checked on a CPU with TileLang 0.1.15 (docs/kernel-facts.md, TileLang): the factory's asserts,
+by tracing it at 1-128 heads and widths 64-2048; the guarded loads of the padded heads, in the
+CUDA it lowers for sm_90a. NOT run here: the kernel itself (no GPU on the machine this adapter
+was written on); the CPU tests use a fake kernel that checks sglang's argument contract and
+computes the answer.
 """
 
 from __future__ import annotations
