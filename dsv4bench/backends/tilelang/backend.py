@@ -201,14 +201,16 @@ class TileLang(LibraryBackend):
         return self.missing_reason()
 
     def supports(self, case: Case, arch: str) -> str | None:
-        if arch in self.archs and case.op in self.ops and case.d_qk != call.D_QK:
-            return V4_REASON if case.d_qk == 512 else f"{self.name} takes d_qk 576, not {case.d_qk}"
+        if arch in self.archs and case.op in self.ops and case.layout == "v4":
+            return V4_REASON  # rather than the layout declaration's plain refusal
         return super().supports(case, arch) or self.case_reason(case) or self.missing_reason()
 
     def case_reason(self, case: Case) -> str | None:
         """Why the kernel cannot take this case whatever is installed; None if it can."""
-        if case.d_qk != call.D_QK:
+        if case.layout == "v4":
             return V4_REASON
+        if case.d_qk != call.D_QK:
+            return f"sglang's TileLang kernel takes d_qk 576 (V3.2), not {case.d_qk}"
         if case.d_v != call.D_V:
             return f"sglang's TileLang kernel returns d_v 512 (the latent), not {case.d_v}"
         if case.sink:
