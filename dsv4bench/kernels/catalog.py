@@ -76,8 +76,9 @@ FLASHINFER = PackageSpec(
     extra_wheels=("apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0",),
 )
 
-# TileLang, the compiler sglang's `tilelang` DSA kernels run on; more than one GPU call carries
-# as one archive (docs/kernel-facts.md, TileLang), so its requirements are a build of their own
+# TileLang, the compiler sglang's `tilelang` DSA kernels run on; its requirements are a build of
+# their own, so that each archive can travel in a GPU call of its own (docs/kernel-facts.md,
+# TileLang: 28.3 MiB and 9.1 MiB packed)
 TILELANG = PackageSpec(
     dist="tilelang",
     source="tilelang",
