@@ -69,6 +69,7 @@ def _fetch(args) -> int:
 
 
 def _list(args) -> int:
+    from dsv4bench.backends.builds import PINNABLE
     from dsv4bench.kernels.instances import default_builds
     from dsv4bench.kernels.store import read_builds, verify
 
@@ -82,9 +83,12 @@ def _list(args) -> int:
         problems = verify(root, b)
         whole = "damaged: " + problems[0] if problems else "ok"
         default = f" (default {b.library})" if defaults.get(b.library) == b.name else ""
+        role = "(a runtime, no backend)"
+        if b.library in PINNABLE:
+            role = f"-> backend {b.name}{default}"
         print(
             f"{b.name:28} {b.library} {b.library_version:12} from {b.package}=={b.version:12} "
-            f"{b.size / 2**20:7.1f} MiB  {whole}  -> backend {b.name}{default}"
+            f"{b.size / 2**20:7.1f} MiB  {whole}  {role}"
         )
     return 0
 

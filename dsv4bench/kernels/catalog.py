@@ -1,8 +1,9 @@
 """What each engine package ships that the backends run: which members of its wheel make which
 kernel build. One entry per package; adding a release is adding a version to `versions`.
 
-A build is named `<library>-<source>-<version>` (`flashmla-vllm-0.33.0`): the name of its folder
-in the kernels folder and of the backend instance that runs it."""
+A build is named `<library>-<source>-<version>` (`flashmla-vllm-0.33.0`), or `<library>-<version>`
+when the library is the package's own (`flashinfer-0.7.2.post1`, `tilelang-runtime-0.1.15`): the
+name of its folder in the kernels folder and of the backend instance that runs it."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ class BuildSpec:
     whole_wheel: bool = False  # unpack every member (a site folder for PYTHONPATH)
     under: str = ""  # the folder of the build its own members land in
     parts: tuple[Part, ...] = ()  # members of other wheels it needs
+    # a whole-wheel build's wheels: the package's and its extra wheels ("both"), or one side
+    # ("package", "extras": a build too big for one archive, split in two)
+    wheels: str = "both"
 
 
 @dataclass(frozen=True)
@@ -43,13 +47,12 @@ class PackageSpec:
     versions: tuple[str, ...]  # newest first; the first is fetched when no version is named
     builds: tuple[BuildSpec, ...]
     extra_wheels: tuple[str, ...] = ()  # requirements unpacked beside it (whole wheels)
-    # the CPython its wheels exist for, when not the GPU machine's: a build that takes only
-    # plain files (sources) from them runs under any Python
-    python_version: str | None = None
-    wheel_platforms: tuple[str, ...] = ()  # platform tags its wheel may carry beyond fetch's
+    # a wheel for another Python or glibc than the GPU machine's (members taken: source only)
+    python_version: str = ""
+    platforms: tuple[str, ...] = ()  # accepted besides fetch.PLATFORMS
 
     def build_name(self, build: BuildSpec, version: str) -> str:
-        if self.source == build.library:
+        if build.library == self.source or build.library.startswith(f"{self.source}-"):
             return f"{build.library}-{version}"
         return f"{build.library}-{self.source}-{version}"
 
@@ -92,6 +95,27 @@ FLASHINFER = PackageSpec(
 # sglang wheel carries none) and apache-tvm-ffi (its C ABI, headers and libtvm_ffi; the
 # version the kernel was verified with on an H100). sglang ships CPython 3.11 wheels only.
 Q8KV8_CSRC = "sglang/kernels/jit/csrc/sparse_mla_q8kv8_prefill_sm90/"
+# TileLang, the compiler sglang's `tilelang` DSA kernels run on; its requirements are a build of
+# their own, so that each archive can travel in a GPU call of its own (docs/kernel-facts.md,
+# TileLang: 28.3 MiB and 9.1 MiB packed)
+TILELANG = PackageSpec(
+    dist="tilelang",
+    source="tilelang",
+    versions=("0.1.15",),
+    builds=(
+        BuildSpec("tilelang-runtime", (), whole_wheel=True, wheels="package"),
+        BuildSpec("tilelang-deps", (), whole_wheel=True, wheels="extras"),
+    ),
+    extra_wheels=(  # its METADATA's Requires-Dist beyond torch and numpy
+        "z3-solver>=4.13.0,<4.15.5",
+        "apache-tvm-ffi>=0.1.11,<0.1.13",
+        "torch-c-dlpack-ext",
+        "cloudpickle",
+        "ml-dtypes",
+        "psutil",
+        "tqdm>=4.62.3",
+    ),
+)
 SGLANG = PackageSpec(
     dist="sglang",
     source="sglang",
@@ -112,12 +136,17 @@ SGLANG = PackageSpec(
                 Part("apache-tvm-ffi==0.1.15.post2", under="site/"),
             ),
         ),
+        BuildSpec(
+            "tilelang",
+            ("sglang/kernels/ops/attention/dsa/tilelang_kernel.py",),
+            "sglang/kernels/ops/attention/dsa/",
+        ),
     ),
-    python_version="3.11",
-    wheel_platforms=("manylinux_2_34_x86_64",),
+    python_version="3.11",  # a cp311 wheel on a manylinux_2_34 tag: only plain files taken
+    platforms=("manylinux_2_34_x86_64",),
 )
 
-PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, SGLANG)}
+PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, TILELANG, SGLANG)}
 
 
 class SpecError(ValueError):

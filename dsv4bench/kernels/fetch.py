@@ -3,6 +3,7 @@ builds it ships out of it into the kernels folder."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -29,13 +30,20 @@ def _wheel_name(requirement: str) -> str:
 
 
 def find_wheel(wheels: Path, requirement: str) -> Path | None:
-    """A wheel in `wheels` for `name==version` (or, for a ranged requirement, any of the name)."""
-    name = _wheel_name(requirement)
-    version = requirement.split("==", 1)[1] if "==" in requirement else None
+    """The newest wheel in `wheels` that `requirement` (`name==version`, `name>=a,<b`, `name`)
+    accepts."""
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion
+
+    wanted = Requirement(requirement)
+    name = _wheel_name(wanted.name)
     for path in sorted(wheels.glob("*.whl"), reverse=True):
         dist, ver = path.name.split("-")[:2]
-        if dist.lower() == name and (version is None or ver == version):
-            return path
+        try:
+            if dist.lower() == name and wanted.specifier.contains(ver, prereleases=True):
+                return path
+        except InvalidVersion:
+            continue
     return None
 
 
@@ -43,12 +51,12 @@ def download(
     requirement: str, wheels: Path, python_version: str, platforms: tuple[str, ...] = ()
 ) -> Path:
     """The wheel of `requirement` in `wheels`, downloaded there by pip unless it is already
-    (for CPython `python_version` on PLATFORMS and `platforms`)."""
+    (for CPython `python_version` on any of PLATFORMS and `platforms`)."""
     found = find_wheel(wheels, requirement)
     if found:
         return found
     wheels.mkdir(parents=True, exist_ok=True)
-    tags = [a for p in (*platforms, *PLATFORMS) for a in ("--platform", p)]
+    tags = [a for p in (*PLATFORMS, *platforms) for a in ("--platform", p)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--python-version", python_version, "--implementation", "cp", "-d", str(wheels),
            *tags, requirement]  # fmt: skip
@@ -89,18 +97,46 @@ def _library_version(folder: Path, spec: BuildSpec, package_version: str) -> str
     return package_version
 
 
-def extract(wheel: Path, spec: BuildSpec, dest: Path, under: str = "") -> list[KernelFile]:
-    """The build's members of `wheel` under dest/under (their `strip` prefix cut), with
-    checksums; paths relative to `dest`."""
+SAME_FILE_BYTES = 1 << 20  # identical files at least this big become hard links of one
+
+
+def site_path(member: str) -> str | None:
+    """Where pip installs a wheel member relative to site-packages: `<dist>.data/purelib/x` and
+    `.../platlib/x` at `x`; the other .data schemes (scripts, headers, data) outside it: None."""
+    head, _, rest = member.partition("/")
+    if not head.endswith(".data"):
+        return member
+    scheme, _, path = rest.partition("/")
+    return path if scheme in ("purelib", "platlib") else None
+
+
+def extract(
+    wheel: Path, spec: BuildSpec, dest: Path, under: str = "", same: dict | None = None
+) -> list[KernelFile]:
+    """The build's members of `wheel` under dest/under (their `strip` prefix cut; a whole wheel
+    laid out as pip installs it in site-packages), with checksums; paths relative to `dest`.
+    A big file identical to one already in `same` (sha256 -> path, shared by a build's wheels)
+    becomes a hard link of it, so that a packed build holds it once (z3 ships its library as
+    libz3.so and libz3.so.4.15)."""
     files = []
+    same = {} if same is None else same
     with zipfile.ZipFile(wheel) as z:
         for member in _members(z, spec):
-            rel = under + member.removeprefix(spec.strip)
+            inside = site_path(member) if spec.whole_wheel else member
+            if inside is None:
+                continue
+            rel = under + inside.removeprefix(spec.strip)
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(member) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out)
-            files.append(KernelFile(rel, member, sha256_of(target), target.stat().st_size))
+            digest, size = sha256_of(target), target.stat().st_size
+            if size >= SAME_FILE_BYTES and digest in same:
+                target.unlink()
+                os.link(same[digest], target)
+            elif size >= SAME_FILE_BYTES:
+                same[digest] = target
+            files.append(KernelFile(rel, member, digest, size))
     return files
 
 
@@ -108,6 +144,17 @@ def extract_part(wheel: Path, library: str, part: Part, dest: Path) -> list[Kern
     """A Part's members of `wheel` (every member when it names none) under dest/part.under."""
     spec = BuildSpec(library, part.members, part.strip, whole_wheel=not part.members)
     return extract(wheel, spec, dest, part.under)
+
+
+def _wheels_of(spec: BuildSpec, wheel: Path, extra: list[Path]) -> list[Path]:
+    """The wheels a build is cut from: a member list's, the package's; a whole-wheel build's,
+    the package's and its extra wheels, or one side of them (spec.wheels)."""
+    if not spec.whole_wheel:
+        return [wheel]
+    sides = {"both": [wheel, *extra], "package": [wheel], "extras": extra}
+    if spec.wheels not in sides:
+        raise FetchError(f"{spec.library}: wheels {spec.wheels!r} (both, package or extras)")
+    return sides[spec.wheels]
 
 
 def fetch_package(
@@ -122,9 +169,11 @@ def fetch_package(
     """Every build `package==version` ships, into root/<build name>/ (replacing what was there)."""
     with tempfile.TemporaryDirectory() as tmp:
         wheel_dir = wheels or Path(tmp)
-        own_python = package.python_version or python_version
         wheel = download(
-            f"{package.dist}=={version}", wheel_dir, own_python, package.wheel_platforms
+            f"{package.dist}=={version}",
+            wheel_dir,
+            package.python_version or python_version,
+            package.platforms,
         )
         extra = [download(r, wheel_dir, python_version) for r in package.extra_wheels]
         say(f"{wheel.name}: {wheel.stat().st_size / 2**20:.1f} MiB")
@@ -135,16 +184,13 @@ def fetch_package(
             partial = root / f".{name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
             under = "site/" if spec.whole_wheel else spec.under  # site/: for PYTHONPATH
-            files = extract(wheel, spec, partial, under)
-            for other in extra if spec.whole_wheel else []:
-                files += extract(
-                    other, BuildSpec(spec.library, (), whole_wheel=True), partial, under
-                )
-            part_wheels = []
+            taken = list(_wheels_of(spec, wheel, extra))
+            same: dict = {}
+            files = [f for w in taken for f in extract(w, spec, partial, under, same)]
             for part in spec.parts:
                 part_wheel = download(part.requirement, wheel_dir, python_version)
                 files += extract_part(part_wheel, spec.library, part, partial)
-                part_wheels.append(part_wheel.name)
+                taken.append(part_wheel)
             build = Build(
                 name=name,
                 library=spec.library,
@@ -152,7 +198,7 @@ def fetch_package(
                 version=version,
                 library_version=_library_version(partial / under, spec, version),
                 files=files,
-                wheels=[wheel.name, *(e.name for e in extra if spec.whole_wheel), *part_wheels],
+                wheels=[w.name for w in taken],
             )
             shutil.rmtree(folder, ignore_errors=True)
             partial.replace(folder)

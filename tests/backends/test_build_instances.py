@@ -10,6 +10,7 @@ import pytest
 
 from dsv4bench import backends
 from dsv4bench.backends import Unsupported, deepgemm, flashmla, library
+from dsv4bench.backends.builds import PINNABLE
 from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.kernels.store import kernels_dir
 from tests.factories import load_scenario
@@ -17,14 +18,14 @@ from tests.factories import load_scenario
 
 def test_every_pinnable_build_is_an_instance():
     names = backends.names()
-    pinned = [
-        (n, lib)
-        for n, lib in known_builds()
-        if lib in ("flashmla", "fa3", "deepgemm", "flashinfer")
-    ]
-    assert {"flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.26.0"} <= {
-        n for n, _ in pinned
-    }
+    pinned = [(n, lib) for n, lib in known_builds() if lib in PINNABLE]
+    assert {
+        "flashmla-vllm-0.33.0",
+        "flashmla-sgl-1.0.0",
+        "fa3-vllm-0.26.0",
+        "tilelang-sglang-0.5.23",
+    } <= {n for n, _ in pinned}
+    assert "tilelang-runtime-0.1.15" not in names  # a runtime, not a kernel build
     keys = set()
     for name, lib in pinned:
         b = backends.get(name)

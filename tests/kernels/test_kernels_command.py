@@ -148,3 +148,101 @@ def test_catalog_names_every_release_the_engines_ship():
         assert spec in specs
     assert {"flashinfer-python==0.7.2.post1", "flashinfer-python==0.6.18"} <= set(specs)
     assert catalog.parse_spec("vllm")[0][1] == "0.33.0"
+
+
+def test_a_ranged_requirement_takes_a_wheel_it_accepts(tmp_path):
+    from dsv4bench.kernels.fetch import find_wheel
+
+    for name in (
+        "apache_tvm_ffi-0.1.15.post2-cp312-cp312-x.whl",
+        "apache_tvm_ffi-0.1.12-cp312-abi3-x.whl",
+    ):
+        (tmp_path / name).write_bytes(b"")
+    assert find_wheel(tmp_path, "apache-tvm-ffi>=0.1.11,<0.1.13").name.startswith(
+        "apache_tvm_ffi-0.1.12"
+    )
+    assert "0.1.15.post2" in find_wheel(tmp_path, "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8").name
+    assert find_wheel(tmp_path, "apache-tvm-ffi==0.1.13") is None
+
+
+def _tilelang_wheels(folder: Path) -> None:
+    _wheel(folder, "tilelang-0.1.15-cp39-abi3-manylinux_2_28_x86_64.whl",
+           {"tilelang/__init__.py": b"", "tilelang/lib/libtvm.so": b"tvm"})  # fmt: skip
+    extras = {
+        "apache_tvm_ffi-0.1.12-cp312-abi3-manylinux_2_28_x86_64.whl": "tvm_ffi",
+        "torch_c_dlpack_ext-0.1.5-cp312-cp312-manylinux_2_28_x86_64.whl": "torch_c_dlpack_ext",
+        "cloudpickle-3.1.3-py3-none-any.whl": "cloudpickle",
+        "ml_dtypes-0.6.0-cp312-cp312-manylinux_2_28_x86_64.whl": "ml_dtypes",
+        "psutil-7.2.2-cp36-abi3-manylinux_2_28_x86_64.whl": "psutil",
+        "tqdm-4.70.1-py3-none-any.whl": "tqdm",
+    }
+    for wheel, module in extras.items():
+        _wheel(folder, wheel, {f"{module}/__init__.py": b""})
+    lib = bytes(range(256)) * 4096  # 1 MiB: big enough to be stored once
+    z3 = {
+        "z3/__init__.py": b"",
+        "z3/lib/libz3.so": lib,
+        "z3/lib/libz3.so.4.15": lib,
+        "z3_solver-4.15.4.0.data/data/bin/z3": b"an executable pip puts in bin/",
+        "z3_solver-4.15.4.0.data/purelib/z3extra.py": b"",
+    }
+    _wheel(folder, "z3_solver-4.15.4.0-py3-none-manylinux_2_17_x86_64.whl", z3)
+    # the sglang wheel holds the q8kv8 build's sources too, which take two more wheels' parts
+    from tests.kernels import test_sglang_build as q8kv8
+
+    q8kv8.write_wheels(folder)  # sglang (both kernels), FlashInfer 0.6.18, apache-tvm-ffi
+
+
+def test_tilelang_is_a_runtime_and_a_deps_build_and_sglang_the_kernel(tmp_path, capsys):
+    wheels, root = tmp_path / "wheels", tmp_path / "k"
+    wheels.mkdir()
+    _tilelang_wheels(wheels)
+    args = ("--wheels", str(wheels), "--dir", str(root))
+    assert _kernels("fetch", "tilelang", "sglang", *args) == 0
+    builds = {b.name: b for b in read_builds(root)}
+    assert sorted(builds) == ["q8kv8-sglang-0.5.23", "tilelang-deps-0.1.15",
+                              "tilelang-runtime-0.1.15", "tilelang-sglang-0.5.23"]  # fmt: skip
+    runtime, deps = builds["tilelang-runtime-0.1.15"], builds["tilelang-deps-0.1.15"]
+    assert {f.path for f in runtime.files} == {
+        "site/tilelang/__init__.py",
+        "site/tilelang/lib/libtvm.so",
+    }
+    assert len(deps.wheels) == 7 and "site/z3/__init__.py" in {f.path for f in deps.files}
+    assert not any(f.path.startswith("site/tilelang/") for f in deps.files)
+    kernel = builds["tilelang-sglang-0.5.23"]
+    assert [f.path for f in kernel.files] == ["tilelang_kernel.py"] and kernel.library == "tilelang"
+    assert builds["q8kv8-sglang-0.5.23"].library == "q8kv8"
+    paths = {f.path for f in deps.files}
+    assert "site/z3extra.py" in paths and not any(".data/" in p for p in paths)  # as pip lays out
+    _kernels("pack", "tilelang-deps-0.1.15", "--dir", str(root), "--out", str(tmp_path / "p"))
+    _kernels("unpack", str(tmp_path / "p"), "--dir", str(tmp_path / "there"))
+    libs = [
+        tmp_path / "there/tilelang-deps-0.1.15/site/z3/lib" / n
+        for n in ("libz3.so", "libz3.so.4.15")
+    ]
+    assert libs[0].stat().st_ino == libs[1].stat().st_ino  # packed once, both names back
+    assert libs[1].read_bytes() == bytes(range(256)) * 4096
+    capsys.readouterr()
+    assert _kernels("list", "--dir", str(root)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("(a runtime, no backend)" in line for line in lines) == 2
+    assert any("-> backend tilelang-sglang-0.5.23" in line for line in lines)
+
+
+def test_sglang_is_downloaded_for_its_own_python_and_glibc(tmp_path, monkeypatch):
+    import subprocess
+
+    from dsv4bench.kernels import fetch
+
+    commands = []
+
+    def pip(cmd, **kw):
+        commands.append(cmd)
+        _tilelang_wheels(Path(cmd[cmd.index("-d") + 1]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(fetch.subprocess, "run", pip)
+    fetch.fetch_package(catalog.SGLANG, "0.5.23", tmp_path / "k", say=lambda _: None)
+    (cmd,) = commands
+    assert cmd[cmd.index("--python-version") + 1] == "3.11"
+    assert "manylinux_2_34_x86_64" in cmd and cmd[-1] == "sglang==0.5.23"

@@ -16,6 +16,7 @@ from dsv4bench.kernels.store import read_builds, verify
 CSRC = catalog.Q8KV8_CSRC
 SGLANG = {f"{CSRC}{n}": f"// {n}\n".encode() for n in sources.KERNEL_FILES}
 SGLANG["sglang/srt/server.py"] = b"# not the kernel\n"
+SGLANG["sglang/kernels/ops/attention/dsa/tilelang_kernel.py"] = b"# the tilelang build's\n"
 FLASHINFER = {
     "flashinfer/data/cutlass/include/cute/tensor.hpp": b"// cute\n",
     "flashinfer/data/cutlass/include/cutlass/cutlass.h": b"// cutlass\n",
@@ -37,10 +38,15 @@ def _wheel(folder: Path, name: str, members: dict[str, bytes]) -> None:
 def _wheels(tmp_path: Path) -> Path:
     folder = tmp_path / "wheels"
     folder.mkdir(exist_ok=True)  # download() makes it first
+    write_wheels(folder)
+    return folder
+
+
+def write_wheels(folder: Path) -> None:
+    """sglang 0.5.23 (both its kernel builds' members), FlashInfer 0.6.18, apache-tvm-ffi."""
     _wheel(folder, "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl", SGLANG)
     _wheel(folder, "flashinfer_python-0.6.18-py3-none-any.whl", FLASHINFER)
     _wheel(folder, "apache_tvm_ffi-0.1.15.post2-cp312-cp312-manylinux_2_28_x86_64.whl", TVM)
-    return folder
 
 
 def test_the_build_holds_sources_cutlass_and_tvm_ffi_where_the_jit_looks(tmp_path):
@@ -48,8 +54,8 @@ def test_the_build_holds_sources_cutlass_and_tvm_ffi_where_the_jit_looks(tmp_pat
     root.mkdir()
     built = fetch.fetch_package(catalog.SGLANG, "0.5.23", root, wheels=_wheels(tmp_path),
                                 say=lambda _: None)  # fmt: skip
-    assert [b.name for b in built] == ["q8kv8-sglang-0.5.23"]
-    build = read_builds(root)[0]
+    assert [b.name for b in built] == ["q8kv8-sglang-0.5.23", "tilelang-sglang-0.5.23"]
+    (build,) = [b for b in read_builds(root) if b.library == "q8kv8"]
     assert build.library == "q8kv8" and not verify(root, build)
     paths = {f.path for f in build.files}
     assert "csrc/entry.cuh" in paths and "cutlass/include/cute/tensor.hpp" in paths

@@ -294,22 +294,12 @@ def caches_from_reads(reads, caches, case: Case, scale_rounding: str | None = No
 # ---- prepare ------------------------------------------------------------------------------
 
 
-def prepare(
-    case: Case,
-    inputs: dict,
-    device: str,
-    wrapper_cls,
-    kv_dtype: str,
-    past_planner_limit: bool = False,
-) -> Prepared:
+def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str,
+            past_planner_limit: bool = False) -> Prepared:  # fmt: skip
     """The timed call (run + sink), with conversion and plan done here, outside it."""
     import torch
 
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-    reason = supports(case, past_planner_limit)
-    if reason:
-        raise Unsupported(reason)
+    _check(case, kv_dtype, past_planner_limit)
     decode_form = case.decode_shape is not None
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     info: dict = {"kernel": "BatchMLAPagedAttentionWrapper(backend='fa3')", "kv_dtype": kv_dtype}
@@ -375,6 +365,14 @@ def prepare(
         lse.fill_(math.nan)
 
     return Prepared(run, finish, poison, info, reads=reads)
+
+
+def _check(case: Case, kv_dtype: str, past_planner_limit: bool) -> None:
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    reason = supports(case, past_planner_limit)
+    if reason:
+        raise Unsupported(reason)
 
 
 def _plan(wrapper, plan_args: tuple, kv_type) -> None:
