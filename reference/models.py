@@ -157,9 +157,8 @@ GLM_5_2 = ModelConfig(
     ),
 )
 
-# GLM-5.3-Flash (glm5_next): NoPE MLA, keys of 512 latent values and no rope. Hopper engines
-# keep plain E4M3 / bf16 rows (vLLM's FlashInfer sm90 backend) or FlashMLA's 528-byte
-# V32_NO_ROPE record (sglang), which the layout table does not have yet: bf16 rows here.
+# GLM-5.3-Flash (glm5_next): NoPE MLA, keys of 512 latent values and no rope, in FlashMLA's
+# 528-byte V32_NO_ROPE record (sglang; vLLM's FlashInfer sm90 backend keeps plain E4M3 rows).
 GLM_5_3_FLASH = ModelConfig(
     name="glm-5.3-flash",
     num_layers=0,
@@ -170,7 +169,7 @@ GLM_5_3_FLASH = ModelConfig(
     index_topk=2048,
     window=0,
     softmax_scale=512**-0.5,
-    cache_layout="bf16",
+    cache_layout="v32-nope",
     page_size=64,
     sources=(
         f"d_rope 0 (NoPE, head_dim_kpe=0), d_qk = d_v = 512 latent: {_GLM_FLASH}",
