@@ -34,13 +34,16 @@ def _rows(run_dir: str | None) -> list[dict]:
     return [r for r in read_rows(run_dir) if isinstance(r, dict)]
 
 
-def _probe(jobs):
-    """A decode case with an extra cache and a sink (the capability probe), else None."""
-    for job in jobs:
-        c = job.case
-        if c.op == "decode" and c.compress_ratio and c.sink and c.s_q == 1:
-            return c
-    return None
+def _probe():
+    """The capability probe: one V4-Flash C4 decode step (window, extra cache, sink)."""
+    from dsv4bench.cases.case import Case
+    from reference.models import V4_FLASH as m
+
+    return Case(
+        "capabilities", "decode", m.name, m.d_qk, m.d_v, m.num_heads, topk=m.window,
+        extra_topk=m.index_topk, context_len=4096, page_size=m.page_size,
+        layout=m.cache_layout, sink=True, window=m.window, compress_ratio=4,
+    )  # fmt: skip
 
 
 def cmd_envelope(args) -> int:
@@ -61,11 +64,10 @@ def cmd_envelope(args) -> int:
     cells = envelope.cells(jobs, args.arch, supports, rows)
     envelope.write_cells(cells, out / "envelope.jsonl")
     plot.draw(cells, out / "envelope.png", f"Support envelope on {args.arch}")
-    probe = _probe(jobs)
-    if probe is not None:
-        names = dict.fromkeys(job.backend for job in jobs)
-        table = {n: capabilities.capability_row(backends.get(n), probe, args.arch) for n in names}
-        (out / "capabilities.md").write_text(capabilities.table(table))
+    probe = _probe()
+    names = dict.fromkeys(job.backend for job in jobs)
+    table = {n: capabilities.capability_row(backends.get(n), probe, args.arch) for n in names}
+    (out / "capabilities.md").write_text(capabilities.table(table))
     for name, by_status in envelope.counts(cells).items():
         print(f"{name}: " + ", ".join(f"{n} {s}" for s, n in by_status.items() if n))
     print(f"{len(cells)} cells -> {out}")

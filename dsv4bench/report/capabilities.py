@@ -15,35 +15,35 @@ DECLARED = ("lse out", "CUDA graphs", "batch invariance")
 NOT_DECLARED = "not declared"
 
 
-def _yes(backend, case, arch: str) -> str:
+def _answer(backend, case, baseline, arch: str) -> str:
+    """yes; no (the case is refused, the baseline without the feature is not); or no with the
+    reason (both refused: the probe says nothing about the feature itself)."""
     reason = backend.supports(case, arch)
-    return "yes" if reason is None else f"no ({reason})"
+    if reason is None:
+        return "yes"
+    return "no" if backend.supports(baseline, arch) is None else f"no ({reason})"
 
 
 def capability_row(backend, probe, arch: str) -> dict[str, str]:
     """One backend's row; `probe`: a decode case of a compressed-cache model (V4) with an
     extra cache, a sink and one query token."""
-    ragged = dataclasses.replace(probe, context_lens=(probe.context_len // 2, probe.context_len))
-    ragged = dataclasses.replace(ragged, batch_size=2)
+    plain = dataclasses.replace(probe, sink=False)
+    bare = dataclasses.replace(plain, compress_ratio=0, extra_topk=0)
+    ragged = dataclasses.replace(
+        plain, batch_size=2, context_lens=(probe.context_len // 2, probe.context_len)
+    )
     layouts = backend.layouts
     guess = backend.limit_guess(probe, "batch_size", arch)
     declared = getattr(backend, "capabilities", {}) or {}
-    row = {
+    return {
         "FP8 layouts": "any" if layouts is None else ", ".join(layouts) or "none",
-        "sink": _yes(backend, probe, arch),
-        "extra cache": _yes(backend, probe, arch),
-        "topk_length": _yes(backend, ragged, arch),
-        "s_q > 1": _yes(backend, dataclasses.replace(probe, s_q=2), arch),
+        "sink": _answer(backend, probe, plain, arch),
+        "extra cache": _answer(backend, plain, bare, arch),
+        "topk_length": _answer(backend, ragged, plain, arch),
+        "s_q > 1": _answer(backend, dataclasses.replace(plain, s_q=2), plain, arch),
         "max rows": str(guess) if guess is not None else "no limit known",
+        **{name: str(declared.get(name, NOT_DECLARED)) for name in DECLARED},
     }
-    without_sink = dataclasses.replace(probe, sink=False)
-    if row["sink"] != "yes" and backend.supports(without_sink, arch) is None:
-        row["sink"] = "no"
-    no_extra = dataclasses.replace(probe, compress_ratio=0, extra_topk=0, sink=False)
-    if row["extra cache"] != "yes" and backend.supports(no_extra, arch) is None:
-        row["extra cache"] = "no"
-    row.update({name: str(declared.get(name, NOT_DECLARED)) for name in DECLARED})
-    return row
 
 
 def table(rows: dict[str, dict[str, str]]) -> str:
