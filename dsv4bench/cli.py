@@ -1,4 +1,5 @@
-"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels (and report/compare).
+"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels, envelope (and
+report/compare).
 
 The parser and the exit codes; each job lives in dsv4bench/commands/."""
 
@@ -9,6 +10,7 @@ import signal
 import sys
 
 from dsv4bench.cases.case import ARCHS
+from dsv4bench.commands import envelope as envelope_command
 from dsv4bench.commands import kernels as kernels_command
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
@@ -127,6 +129,7 @@ def parser() -> argparse.ArgumentParser:
     _add_run_jobs(sub)
     _add_result_jobs(sub)
     kernels_command.add_parser(sub)
+    envelope_command.add_parser(sub, _common)
     return top
 
 

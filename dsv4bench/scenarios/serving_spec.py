@@ -149,6 +149,11 @@ class ServingSpec:
         if self.model not in MODELS:
             raise ValueError(f"model: unknown model {self.model!r} (known: {', '.join(MODELS)})")
         cfg = self.config
+        if not cfg.layers_known:
+            raise ValueError(
+                f"model: {self.model} has no per-layer structure here (its layer list is in "
+                "the checkpoint's config): serving plans need one"
+            )
         for key in ("prompt_lens", "chunk_sizes", "batch_sizes", "contexts"):
             for v in getattr(self, key):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

@@ -1,0 +1,86 @@
+"""The support envelope: one cell per (backend, phase, layout, heads, top-k, s_q), each ok,
+unsupported (with the kernel's or adapter's reason), crash or incorrect.
+
+Plan time decides most cells (`Backend.supports`, CPU only); rows of a run of the same
+scenario fill in the rest. The top-k axis is the width the kernel sees from the indexer: a
+V3.2-style case's `topk`, a compressed-cache case's `extra_topk`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENVELOPE_STATUSES = ("ok", "unsupported", "crash", "incorrect", "planned")
+_FAILED = {"crash", "timeout", "oom", "error"}  # a row status the grid draws as a crash
+
+
+@dataclass(frozen=True)
+class Cell:
+    backend: str
+    arch: str
+    phase: str  # the case's op: decode or prefill
+    layout: str
+    num_heads: int
+    topk: int
+    s_q: int
+    status: str  # one of ENVELOPE_STATUSES; "planned": supported, not run yet
+    reason: str = ""  # why unsupported, or the crash / mismatch message
+    case_id: str = ""
+
+
+def indexer_width(case) -> int:
+    """The top-k axis value of a case: the compressed cache's width where there is one."""
+    return case.extra_topk if case.compress_ratio else case.topk
+
+
+def row_status(row: dict) -> tuple[str, str]:
+    """A result row's cell status and its message."""
+    status = row.get("status", "")
+    message = str(row.get("message") or "")
+    if status in _FAILED:
+        return "crash", f"{status}: {message}".rstrip(": ")
+    if status in ("ok", "unsupported", "incorrect"):
+        return status, message
+    raise ValueError(f"row {row.get('case_id')!r} has unknown status {status!r}")
+
+
+def cells(jobs, arch: str, supports, rows: list[dict] = ()) -> list[Cell]:
+    """One cell per job: its plan verdict (`supports(job) -> reason or None`), replaced by its
+    row's status where `rows` has one (the last row of a (case, backend) wins)."""
+    by_job = {(r["case_id"], r["backend"]): r for r in rows if r.get("kind", "case") == "case"}
+    out = []
+    for job in jobs:
+        c = job.case
+        reason = supports(job)
+        status = "unsupported" if reason else "planned"
+        row = by_job.get((c.case_id, job.backend))
+        if row is not None:
+            status, reason = row_status(row)
+        out.append(
+            Cell(
+                job.backend, arch, c.op, c.layout, c.num_heads, indexer_width(c), c.s_q,
+                status, reason or "", c.case_id,
+            )
+        )  # fmt: skip
+    return out
+
+
+def write_cells(cells_: list[Cell], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for cell in cells_:
+            f.write(json.dumps(asdict(cell), sort_keys=True) + "\n")
+
+
+def read_cells(path: Path) -> list[Cell]:
+    return [Cell(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def counts(cells_: list[Cell]) -> dict[str, dict[str, int]]:
+    """backend -> status -> number of cells."""
+    out: dict[str, dict[str, int]] = {}
+    for cell in cells_:
+        by_status = out.setdefault(cell.backend, dict.fromkeys(ENVELOPE_STATUSES, 0))
+        by_status[cell.status] += 1
+    return out
