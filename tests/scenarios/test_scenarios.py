@@ -32,7 +32,8 @@ KNOWN = {
 
 # every registered backend with its declared options: files with instances load; every kernel
 # build the catalog knows is a shipped instance too (backends/builds.py)
-BUILDS = {name for name, _library in known_builds()}
+# (a runtime build, TileLang's compiler or its requirements, is no backend of its own)
+BUILDS = {name for name, library in known_builds() if not library.startswith("tilelang-")}
 CATALOG = backends.catalog()
 assert set(CATALOG) >= BUILDS | KNOWN
 
