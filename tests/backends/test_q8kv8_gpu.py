@@ -25,7 +25,11 @@ pytestmark = [
     pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU (H100/H200)"),
 ]
 
-EXACT_COS_DIFF = 2e-5  # bf16 output rounding (~1.4e-6) and fp32 summation order, with margin
+# Measured on an H100 (results/sm90/studies/q8kv8): 2.0e-5..2.2e-5 against the P-rounded model on
+# all 27 q8kv8 rows, where the bf16 oracle is 5.0e-4..6.0e-4 away and an fp32 model that does not
+# round P ~3e-4. bf16 output rounding explains ~1.4e-6 of it: the rest the model does not
+# capture yet (an open question, docs/kernel-facts.md Q8KV8). The bound holds that level.
+EXACT_COS_DIFF = 3e-5
 
 SHAPES = {
     "v32-h64-t256-k2048": make_case(
