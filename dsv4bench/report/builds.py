@@ -1,14 +1,16 @@
 """Instances of one backend side by side (two FlashMLA builds in one run): per instance its
 measured limits, its speed against the first instance (geometric mean of time ratios over the
-cases both ran ok) and its accuracy (largest cos_diff)."""
+cases both ran ok, each pair by the timer both rows measured: report/timers.py) and its
+accuracy (largest cos_diff)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from dsv4bench.report import timers
 from dsv4bench.report.limit_lanes import merge_limits
-from dsv4bench.report.load import case_rows, is_probe, median_ms, param
+from dsv4bench.report.load import case_rows, is_probe, param
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Instance:
     reasons: list[str] = field(default_factory=list)  # distinct `unsupported` messages
     max_cos_diff: float | None = None
     ratios: list[float] = field(default_factory=list)  # its time / the reference's, per case
+    timers: set[str] = field(default_factory=set)  # the timers those ratios divide
     limits: list[Limit] = field(default_factory=list)
 
     @property
@@ -79,8 +82,8 @@ def instance_groups(rows: list[dict]) -> list[list[Instance]]:
 
 def _summarize(name: str, base: str, reference: str, rows: list[dict]) -> Instance:
     inst = Instance(name, base, reference)
-    ref_ms = {
-        r["case_id"]: median_ms(r)
+    ref_rows = {
+        r["case_id"]: r
         for r in case_rows(rows)
         if r["backend"] == reference and r["status"] == "ok" and not is_probe(r)
     }
@@ -98,9 +101,11 @@ def _summarize(name: str, base: str, reference: str, rows: list[dict]) -> Instan
         cos = (r.get("accuracy") or {}).get("cos_diff")
         if isinstance(cos, (int, float)) and math.isfinite(cos):
             inst.max_cos_diff = cos if inst.max_cos_diff is None else max(inst.max_cos_diff, cos)
-        mine, ref = median_ms(r), ref_ms.get(r["case_id"])
-        if r["status"] == "ok" and mine and ref:
-            inst.ratios.append(mine / ref)
+        ref = ref_rows.get(r["case_id"])
+        timer = timers.shared([r, ref]) if r["status"] == "ok" and ref else None
+        if timer:
+            inst.ratios.append(timers.value(r, timer[0]) / timers.value(ref, timer[0]))
+            inst.timers.add(timer[1])
     for r in merge_limits(rows):
         if r.get("kind") == "limit" and r["backend"] == name:
             inst.limits.append(
@@ -129,7 +134,7 @@ def paragraph(inst: Instance) -> str:
         lo, hi = min(inst.ratios), max(inst.ratios)
         parts.append(
             f"time {inst.speed:.3f}x {inst.reference}'s (geometric mean over {len(inst.ratios)} "
-            f"cases, {lo:.2f}..{hi:.2f})"
+            f"cases, {lo:.2f}..{hi:.2f}; {' / '.join(sorted(inst.timers))})"
         )
     for lim in inst.limits:
         parts.append(f"{lim.what} limit: {lim.text()}")

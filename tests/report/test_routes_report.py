@@ -122,7 +122,7 @@ def test_two_builds_side_by_side():
     assert (new.ok, new.incorrect, new.cases, new.max_cos_diff) == (2, 1, 3, 3e-6)
     text = paragraph(new)
     assert "**flashmla-0.33**: 2 of 3 cases ok, 1 incorrect" in text
-    assert "time 0.900x flashmla-0.26's (geometric mean over 2 cases, 0.90..0.90)" in text
+    assert "time 0.900x flashmla-0.26's (geometric mean over 2 cases, 0.90..0.90; events)" in text
     assert "decode-kernel v3.2 h64 tokens limit: last ok 11600, first fail 11616 (to 16)" in text
     assert "last ok 11622, first fail 11623 (crash)" in paragraph(old)
     (lim,) = [r for r in rows if r["kind"] == "limit" and r["backend"] == "flashmla-0.33"]
@@ -130,6 +130,18 @@ def test_two_builds_side_by_side():
     (group,) = instance_groups(rows)
     assert "limit: not searched (unsupported)" in paragraph(group[1])
     assert math.isclose(new.speed, 0.9)
+
+
+def test_build_ratios_divide_by_the_timer_both_rows_measured():
+    old, new = build("flashmla-0.26", 1.0), build("flashmla-0.33", 0.9)
+    for r, makespan in ((old[0], 1.0), (new[0], 0.5)):  # c64: both profiled
+        r["timing"]["profiler_ms"] = makespan
+    new[1]["timing"]["profiler_ms"] = 0.1  # c32: only one side profiled -> events
+    (group,) = instance_groups(old + new)
+    inst = group[1]
+    assert sorted(inst.ratios) == pytest.approx([0.5, 0.9, 0.9])  # c64 by makespan, not 0.9
+    assert inst.timers == {"profiler makespan", "events"}
+    assert "; events / profiler makespan)" in paragraph(inst)
 
 
 def test_an_instance_that_runs_nothing_says_why():

@@ -18,8 +18,9 @@ def builds(rep) -> None:
     d.para(
         "Instances of one backend in one run (for example two FlashMLA builds, each with its "
         "own library): cases ok, the largest cos_diff against the oracle, the time against the "
-        "first instance (geometric mean of per-case time ratios over the cases both ran ok: "
-        "below 1 is faster) and each instance's limit searches. "
+        "first instance (geometric mean of per-case time ratios over the cases both ran ok, "
+        "each by the timer both rows measured: below 1 is faster) and each instance's limit "
+        "searches. "
         "`dsv4bench compare RUN --backends A B` lists every case."
     )
     for group in groups:
