@@ -609,3 +609,17 @@ def test_ttft_shows_where_the_sglang_threshold_and_safe_part_ways(tmp_path, kept
     build_report([write_run(tmp_path / "last", rows)], tmp_path / "last-out")
     md = (tmp_path / "last-out" / "report.md").read_text()
     assert "Chunks of 11650 tokens lie between the measured decode-route limit (11622)" in md
+
+
+def test_head_padding_divides_by_the_timer_every_row_of_a_line_measured(tmp_path):
+    rows = []
+    for heads, events, makespan in ((64, 0.5, 0.25), (16, 0.4, 0.125)):
+        r = plausible_row("decode", "flashmla", ms=events, num_heads=heads)
+        r["timing"]["profiler_ms"] = makespan
+        rows.append(r)
+    run = write_run(tmp_path / "run", rows)
+    build_report([run], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md[md.index("### Head padding") :]
+    # ms/head by the makespan (0.125 / 16), the events median beside it
+    assert "| 0.125 | profiler makespan | 0.4 | 0.00781" in section

@@ -5,7 +5,7 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
-from dsv4bench.report import grouping, plots
+from dsv4bench.report import grouping, plots, timers
 from dsv4bench.report.fmt import (
     code_span,
     fmt_num,
@@ -13,7 +13,6 @@ from dsv4bench.report.fmt import (
     pct,
 )
 from dsv4bench.report.load import (
-    median_ms,
     param,
     timed_attention_rows,
 )
@@ -35,7 +34,9 @@ def head_padding(rep) -> None:
     d = rep.doc
     d.heading("Head-padding overhead")
     d.para(
-        "Time per useful head = median time / useful heads per rank. Kernels pad heads "
+        "Time per useful head = time / useful heads per rank, each line by the timer all its "
+        "rows measured (the winners' rule: profiler makespan, else graph replay, else events; "
+        "the table gives the events median beside it). Kernels pad heads "
         "(FP8 decode to 64 or 128), so below the padded count the time per useful head "
         "grows as heads shrink (tensor parallelism divides heads across ranks)."
     )
@@ -48,11 +49,13 @@ def head_padding(rep) -> None:
         for gkey, label, style, _full in styled:
             rs = sorted(mgroups[gkey], key=lambda r: param(r, "num_heads"))
             hs = [param(r, "num_heads") for r in rs]
-            ys = [median_ms(r) / h for r, h in zip(rs, hs, strict=True)]
+            key, timer = timers.shared(rs) or (timers.EVENTS, "events")
+            ms = [timers.value(r, key) or 0.0 for r in rs]
+            ys = [t / h for t, h in zip(ms, hs, strict=True)]
             per_head.append(plots.Series(label, hs, ys, **style))
             if ys[-1] > 0:
                 relative.append(plots.Series(label, hs, [y / ys[-1] for y in ys], **style))
-            for r, h, y in zip(rs, hs, ys, strict=True):
+            for r, h, t, y in zip(rs, hs, ms, ys, strict=True):
                 padded = (r.get("info") or {}).get("padded_heads")
                 table.append(
                     [
@@ -60,7 +63,9 @@ def head_padding(rep) -> None:
                         label,
                         h,
                         padded or "",
-                        fmt_num(median_ms(r)),
+                        fmt_num(t),
+                        timer,
+                        fmt_num(timers.events_ms(r)),
                         fmt_num(y),
                         f"{y / ys[-1]:.2f}" if ys[-1] > 0 else "",
                         pct(h / padded) if isinstance(padded, int) and padded else "",
@@ -77,7 +82,9 @@ def head_padding(rep) -> None:
                 "series",
                 "heads",
                 "padded heads",
-                "median ms",
+                "ms",
+                "timer",
+                "events ms",
                 "ms/head",
                 "relative",
                 "useful",
