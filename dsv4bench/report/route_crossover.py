@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dsv4bench.report.load import case_rows, is_probe, median_ms, param
+from dsv4bench.report import timers
+from dsv4bench.report.load import case_rows, is_probe, param
 
 SPARSE = "sparse-prefill"
 DECODE_ROUTES = ("decode-mixed", "decode-kernel")
@@ -30,6 +31,7 @@ class Crossover:
     heads: list[int]
     ms: dict[int, dict[str, float]] = field(default_factory=dict)  # heads -> route -> ms (ok)
     failed: dict[int, dict[str, str]] = field(default_factory=dict)  # heads -> route -> status
+    timer: str = "events"  # the timer every ok row of this crossover measured (timers.TIMERS)
 
     def ratio(self, heads: int, route: str) -> float | None:
         """route's time / sparse-prefill's at this head count (< 1: the decode route wins)."""
@@ -110,13 +112,15 @@ def crossovers(rows: list[dict], who=lambda r: str(r.get("backend"))) -> list[Cr
         c = groups.setdefault(key, Crossover(key[0], key[1], key[2], []))
         if heads not in c.heads:
             c.heads.append(heads)
-        ms = median_ms(r)
-        if r.get("status") == "ok" and ms is not None:
-            c.ms.setdefault(heads, {})[route] = ms
+        if r.get("status") == "ok" and timers.events_ms(r) is not None:
+            c.ms.setdefault(heads, {})[route] = r  # a row until its group's timer is known
         else:
             c.failed.setdefault(heads, {})[route] = str(r.get("status"))
     found = []
     for c in groups.values():
+        ok = [row for by_route in c.ms.values() for row in by_route.values()]
+        key, c.timer = timers.shared(ok) or (timers.EVENTS, "events")
+        c.ms = {h: {rt: timers.value(row, key) for rt, row in rs.items()} for h, rs in c.ms.items()}
         c.heads.sort(reverse=True)
         if len(c.heads) > 1 and any(c.compared(route) for route in DECODE_ROUTES):
             found.append(c)

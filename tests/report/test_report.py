@@ -298,7 +298,7 @@ def test_full_report(full_report):
             _check_png(f)
     md = (out / "report.md").read_text()
     assert "Backend instances side by side" in md and "**flashmla-b**: 2 of 2 cases ok" in md
-    assert "flashmla v4-flash chunk 4K: decode-mixed wins at h <= 8" in md
+    assert "flashmla v4-flash chunk 4K (events): decode-mixed wins at h <= 8" in md
     for section in (
         "Serving: TPOT",
         "Serving: TTFT",

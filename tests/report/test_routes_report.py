@@ -173,9 +173,26 @@ def test_report_has_both_sections(tmp_path):
     files = build_report([run], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## TP x route crossover" in md and "## Backend instances side by side" in md
-    assert "fm v3.2 chunk 8K: decode-mixed wins at h <= 32" in md
+    assert "fm v3.2 chunk 8K (events): decode-mixed wins at h <= 32" in md
     assert "| v3.2 | 4K | decode-mixed | 2.00 | 2.05 | 2.05 | **0.90** | **0.50** | h <= 16 |" in md
     assert "| v3.2 | 8K | decode-kernel | crash | crash | crash | crash | crash | none |" in md
     assert "time 1.100x flashmla-0.26's" in md
     assert "| flashmla-0.33 | 3/3 | 1.100 | 2e-06 | last ok 11622, first fail 11623 (crash) |" in md
     assert any(f.name == "crossover-fm.png" for f in files)
+
+
+def test_a_crossover_divides_by_the_timer_all_its_rows_measured():
+    rows = sweep({64: (1.0, 0.9, 1.2), 32: (1.0, 0.8, 1.2)})
+    for r in rows:  # every row profiled: the decode-mixed makespans lose at 64 heads
+        makespan = 1.5 if (param_of(r) == ("decode-mixed", 64)) else 1.0
+        r["timing"]["profiler_ms"] = makespan
+    (c,) = crossovers(rows)
+    assert c.timer == "profiler makespan"
+    assert c.ratio(64, "decode-mixed") == pytest.approx(1.5)  # events alone: 0.9
+    rows[0]["timing"].pop("profiler_ms")  # one row without it: the whole chunk by events
+    (c,) = crossovers(rows)
+    assert c.timer == "events" and c.ratio(64, "decode-mixed") == pytest.approx(0.9)
+
+
+def param_of(r: dict) -> tuple:
+    return (r["params"]["route"], r["params"]["num_heads"])

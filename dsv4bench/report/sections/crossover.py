@@ -33,7 +33,8 @@ def crossover(rep) -> None:
         "against the FP8 decode kernel, as one request of s_q = chunk tokens (decode-mixed, "
         "vLLM) or as chunk-many requests of one token (decode-kernel, sglang), per heads per "
         "rank (tensor parallelism divides heads; both kernels pad to 64 or 128). Ratio = "
-        "decode route time / sparse-prefill time, kernel calls only (the sparse-prefill "
+        "decode route time / sparse-prefill time, each chunk's rows by the timer all of them "
+        "measured (named per line below), kernel calls only (the sparse-prefill "
         "route's FP8 -> bf16 dequant and index remap come on top: see the serving curves), "
         "so below 1 the decode route wins outright. vLLM's FlashMLA "
         f"sparse backend takes decode-mixed below {VLLM_MIN_HEADS_FOR_BF16_PREFILL} heads per "
@@ -65,8 +66,8 @@ def _sentence(c: Crossover) -> str:
         parts.append(f"{route} {where}")
     verdict = c.vllm_verdict()
     return (
-        f"{c.backend} {c.model} chunk {kilo(c.tokens)}: {'; '.join(parts)}; vLLM's "
-        f"h < {VLLM_MIN_HEADS_FOR_BF16_PREFILL}: {verdict}."
+        f"{c.backend} {c.model} chunk {kilo(c.tokens)} ({c.timer}): {'; '.join(parts)}; "
+        f"vLLM's h < {VLLM_MIN_HEADS_FOR_BF16_PREFILL}: {verdict}."
     )
 
 
