@@ -302,17 +302,7 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    if case.decode_shape is not None:
-        b, s_q, h, d = x["q"].shape
-        q = x["q"].reshape(b * s_q, h, d)
-        caches, idx, ok = paged_rows.decode_lists(x)
-        rows = paged_rows.bf16_pool(caches, case.d_qk, case.layout)[0]
-    else:
-        q = x["q"]
-        kv = x["kv"].reshape(x["kv"].shape[0], -1)
-        idx = x["indices"].reshape(x["indices"].shape[0], -1)
-        ok = paged_rows.row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
-        rows = kv.to(torch.bfloat16).contiguous()
+    q, rows, idx, ok = paged_rows.bf16_rows(case, x)
     t, h, _ = q.shape
     table, lens = paged_rows.page_table(idx, ok)
     qk, qv = split_query(pad_heads(q, heads, 1).to(torch.bfloat16), case.d_qk)

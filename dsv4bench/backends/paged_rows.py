@@ -55,6 +55,20 @@ def decode_lists(x: dict):
     return caches, idx, ok
 
 
+def bf16_rows(case, x: dict):
+    """(q (T, h, d), bf16 key rows (slots, d_qk), idx (T, k), ok mask) of a case's inputs, one
+    query row per token: decode caches dequantized into one pool, prefill's kv as it is."""
+    import torch
+
+    if case.decode_shape is not None:
+        b, s_q, h, d = x["q"].shape
+        caches, idx, ok = decode_lists(x)
+        return x["q"].reshape(b * s_q, h, d), bf16_pool(caches, case.d_qk, case.layout)[0], idx, ok
+    rows = x["kv"].reshape(x["kv"].shape[0], -1).to(torch.bfloat16).contiguous()
+    idx = x["indices"].reshape(x["indices"].shape[0], -1)
+    return x["q"], rows, idx, row_lists(idx, x.get("topk_length"), limit=rows.shape[0])
+
+
 def page_table(idx, ok):
     """(table int32 (T, width), lens int32 (T,)): each row's listed slots first, 0 after."""
     import torch

@@ -174,9 +174,9 @@ class ScenarioLoader(Parser):
                 self.integer(child, 1)
             elif key == "backend":  # a name, or an instance of its own ({name, as, OPTION})
                 if child.kind == "map":
-                    self.instance(child)
+                    backend = self.instance(child)
                 else:
-                    self.choice(child, [*self.known_backends, *self.instances], "backend")
+                    backend = self.choice(child, [*self.known_backends, *self.instances], "backend")
         if limit:
             self.check_keys(n, LIMIT_KEYS, ("axis", "lo", "hi", "backend"))
             axis, lo, hi = m["axis"].value, m["lo"].value, m["hi"].value
@@ -191,9 +191,7 @@ class ScenarioLoader(Parser):
                 )
             lo_at = Origin(m["lo"].line, m["lo"].path, 4)
             hi_at = Origin(m["hi"].line, m["hi"].path, 4)
-            backend = m["backend"]
-            name = self.instance(backend) if backend.kind == "map" else backend.value
-            found.limit = (axis, lo, hi, name, lo_at, hi_at)
+            found.limit = (axis, lo, hi, backend, lo_at, hi_at)
             found.step = m["step"].value if "step" in m else 1
             if "step" in m and found.step >= hi - lo:  # hi = lo + 1 needs no step
                 raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")

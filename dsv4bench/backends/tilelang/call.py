@@ -46,16 +46,7 @@ def kernel_inputs(case: Case, x: dict, heads: int) -> dict:
     """The keyword arguments of tilelang_sparse_fwd for the case's inputs."""
     import torch
 
-    if case.decode_shape is not None:
-        b, s_q, h, d = x["q"].shape
-        q = x["q"].reshape(b * s_q, h, d)
-        caches, idx, ok = paged_rows.decode_lists(x)
-        rows = paged_rows.bf16_pool(caches, case.d_qk, case.layout)[0]
-    else:
-        q = x["q"]
-        rows = x["kv"].reshape(x["kv"].shape[0], -1).to(torch.bfloat16)
-        idx = x["indices"].reshape(x["indices"].shape[0], -1)
-        ok = paged_rows.row_lists(idx, x.get("topk_length"), limit=rows.shape[0])
+    q, rows, idx, ok = paged_rows.bf16_rows(case, x)
     return dict(
         q=pad_heads(q, heads, 1).to(torch.bfloat16),
         kv=rows.view(rows.shape[0], 1, rows.shape[1]).contiguous(),
