@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dsv4bench.report import timers
 from dsv4bench.report.limit_lanes import merge_limits
 from dsv4bench.report.load import case_rows, is_probe, param
+from dsv4bench.rows import timers
 
 
 @dataclass

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dsv4bench.report import timers
 from dsv4bench.report.load import case_rows, is_probe, param
+from dsv4bench.rows import timers
 
 SPARSE = "sparse-prefill"
 DECODE_ROUTES = ("decode-mixed", "decode-kernel")

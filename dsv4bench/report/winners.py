@@ -19,10 +19,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4bench.report import grouping, plots, timers
+from dsv4bench.report import grouping, plots
 from dsv4bench.report.doc import Doc
 from dsv4bench.report.fmt import natural_text_key
-from dsv4bench.rows import ORACLE_BACKENDS
+from dsv4bench.rows import ORACLE_BACKENDS, timers
 
 BASELINE = "flashmla"
 

@@ -140,7 +140,7 @@ class LimitRow(CaseRow):
 
 @dataclass
 class ServingRow(Row):
-    """One TTFT or TPOT point: a sum of measured kernel medians (dsv4bench.serving)."""
+    """One TTFT or TPOT point: a sum of measured kernel times by one timer (dsv4bench.serving)."""
 
     kind: ClassVar[str] = "serving"
     scenario: str | None = None
@@ -166,6 +166,7 @@ class ServingRow(Row):
     parts: list = field(default_factory=list)
     label: str | None = None
     env: dict | None = None
+    timer: str | None = None  # what the parts' times are (rows.timers); None: events (older rows)
 
     def __post_init__(self, validate: bool = True) -> None:
         if self.status is None:

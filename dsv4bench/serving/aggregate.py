@@ -1,12 +1,16 @@
 """Serving rows (TTFT/TPOT points) from measured case rows: one per curve point and backend,
 plus, where several backends have attention rows, one per point for ENVELOPE: every attention
 part on the fastest backend that ran it ok (per layer kind and chunk shape), what an engine could
-reach by picking the best kernel per call."""
+reach by picking the best kernel per call.
+
+A point sums its parts' times by one timer for the whole run (rows.timers, the winners' rule):
+the first of the profiler makespan, the graph replay and the events median that every ok case
+row of the plan measured; each serving row names it (`timer`)."""
 
 from __future__ import annotations
 
 from dsv4bench.cases import topk_case
-from dsv4bench.rows import ServingRow
+from dsv4bench.rows import ServingRow, timers
 from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
 
@@ -15,19 +19,25 @@ ENVELOPE = "envelope"  # the backend name of the fastest-per-part rows
 # ---- aggregation ----------------------------------------------------------------------------
 
 
-def _median(row: dict) -> float | None:
-    t = row.get("timing") or {}
-    m = t.get("median_ms")
-    return float(m) if isinstance(m, (int, float)) and not isinstance(m, bool) else None
+def _usable(row: dict | None, key: str) -> bool:
+    return row is not None and row.get("status") == "ok" and timers.value(row, key) is not None
 
 
-def _usable(row: dict | None) -> bool:
-    return row is not None and row.get("status") == "ok" and _median(row) is not None
+def run_timer(plan: ServingPlan, rows: list[dict]) -> tuple[str, str]:
+    """(timing key, name) that every ok case row of the plan's cases measured; events if none."""
+    cases = {c.case_id for c in plan.cases}
+    ok = [
+        r
+        for r in rows
+        if r.get("kind", "case") == "case" and r.get("case_id") in cases and r.get("status") == "ok"
+    ]
+    return timers.shared(ok) or (timers.EVENTS, dict(timers.TIMERS)[timers.EVENTS])
 
 
 def aggregate(plan: ServingPlan, rows: list[dict], *, envelope: bool = True) -> list[dict]:
     """Serving rows, one per (curve point, backend), from case rows of a run; with `envelope`
     and more than one attention backend, also one ENVELOPE row per point."""
+    key, timer = run_timer(plan, rows)
     by_key: dict[tuple[str, str], dict] = {}
     for r in rows:
         if r.get("kind", "case") == "case" and "case_id" in r and "backend" in r:
@@ -53,26 +63,30 @@ def aggregate(plan: ServingPlan, rows: list[dict], *, envelope: bool = True) -> 
         for point in curve.points:
             for backend in backends:
                 pool = fastest_of if backend == ENVELOPE else by_case
-                out.append(_point_row(plan, curve, point, backend, by_key, pool))
+                out.append(_point_row(plan, curve, point, backend, by_key, pool, (key, timer)))
     return out
 
 
-def _pick(part: Part, backend: str, by_key: dict, by_case: dict) -> tuple[str | None, dict | None]:
+def _pick(
+    part: Part, backend: str, by_key: dict, by_case: dict, key: str
+) -> tuple[str | None, dict | None]:
     """The row a part takes: the backend's own (attention), the fastest ok one (dequant, remap,
     indexer; and attention parts of the ENVELOPE, among the attention backends)."""
     if part.role == "attention" and backend != ENVELOPE:
         return backend, by_key.get((part.case_id, backend))
     candidates = by_case.get(part.case_id, [])
-    ok = [r for r in candidates if _usable(r)]
+    ok = [r for r in candidates if _usable(r, key)]
     if ok:
-        best = min(ok, key=lambda r: (_median(r), r["backend"] != backend, r["backend"]))
+        best = min(ok, key=lambda r: (timers.value(r, key), r["backend"] != backend, r["backend"]))
         return best["backend"], best
     own = by_key.get((part.case_id, backend))
     failed = own or (sorted(candidates, key=lambda r: r["backend"])[0] if candidates else None)
     return (failed["backend"] if failed else None), failed
 
 
-def indexer_topk_ms(plan: ServingPlan, point, by_case: dict) -> float | None:
+def indexer_topk_ms(
+    plan: ServingPlan, point, by_case: dict, key: str = timers.EVENTS
+) -> float | None:
     """The top-k share of a point's indexer parts, from `topk` rows: per indexer part the
     fastest ok row of its top-k alone (topk_case.of_indexer: the same shape, plain form), times
     the part's multiplicity, summed; None unless every indexer part has such a row. The
@@ -80,25 +94,27 @@ def indexer_topk_ms(plan: ServingPlan, point, by_case: dict) -> float | None:
     total, found = 0.0, False
     for part in (p for p in point.parts if p.role == "indexer"):
         twin = topk_case.of_indexer(plan.case(part.case_id)).case_id
-        ok = [r for r in by_case.get(twin, []) if _usable(r)]
+        ok = [r for r in by_case.get(twin, []) if _usable(r, key)]
         if not ok:
             return None
-        total += part.multiplicity * min(_median(r) for r in ok)
+        total += part.multiplicity * min(timers.value(r, key) for r in ok)
         found = True
     return total if found else None
 
 
-def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
-    """One point's serving row (a ServingRow, checked, as the dict a results file holds)."""
+def _point_row(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]) -> dict:
+    """One point's serving row (a ServingRow, checked, as the dict a results file holds), its
+    parts summed by `timer` (timing key, name)."""
+    key = timer[0]
     parts, total, status, message, env = [], 0.0, "ok", "", None
     breakdown = dict.fromkeys(ROLES, 0.0)
     for part in point.parts:
-        used, row = _pick(part, backend, by_key, by_case)
-        median = _median(row) if row is not None else None
+        used, row = _pick(part, backend, by_key, by_case, key)
+        median = timers.value(row, key) if row is not None else None
         if row is None:
             p_status, p_msg = "missing", f"no result row for {part.case_id} on {backend}"
         elif row.get("status") == "ok" and median is None:
-            p_status, p_msg = "missing", f"{part.case_id} on {used}: row has no timing"
+            p_status, p_msg = "missing", f"{part.case_id} on {used}: row has no {timer[1]} time"
         else:
             p_status, p_msg = row.get("status", "error"), row.get("message") or ""
         if p_status == "ok":
@@ -118,12 +134,12 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
                 "multiplicity": part.multiplicity,
                 "role": part.role,
                 "backend": used,
-                "median_ms": median,
+                "ms": median,
                 "status": p_status,
             }
         )
     ok = status == "ok"
-    topk_ms = indexer_topk_ms(plan, point, by_case) if ok and breakdown["indexer"] else None
+    topk_ms = indexer_topk_ms(plan, point, by_case, key) if ok and breakdown["indexer"] else None
     if topk_ms is not None:  # beside the indexer's whole time, never added to the total
         breakdown["indexer_topk"] = topk_ms
     spec = plan.spec
@@ -151,4 +167,5 @@ def _point_row(plan, curve, point, backend, by_key, by_case) -> dict:
         parts=parts,
         label=LABEL_INDEXER if spec.indexer else LABEL,
         env=env,
+        timer=timer[1],
     ).to_dict()

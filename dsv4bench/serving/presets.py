@@ -35,6 +35,7 @@ KV_DTYPES = ("bf16", "fp8")
 class Preset:
     name: str
     engine: str  # sglang | vllm
+    versions: tuple[str, ...]  # the engine versions whose code `source` was read from
     gpu: str  # what the engine's defaults are for
     arch: str
     models: tuple[str, ...]
@@ -43,85 +44,137 @@ class Preset:
     prefill_route: str  # serving route of its TTFT rows
     decode: str  # suite backend of TPOT
     flags: str
-    source: str
+    source: str  # the file (and function) the default was read from
     note: str = ""
 
+    def engine_label(self) -> str:
+        """`sglang 0.5.23`, `vllm 0.26.0/0.33.0`: whose default this is."""
+        return f"{self.engine} {'/'.join(self.versions)}"
 
-SGLANG_V32_DOC = (
-    "sglang docs/basic_usage/deepseek_v32.md ('the default configuration on H200 and B200', "
-    "sglang main, 2026); python/sglang/srt/layers/attention/nsa_backend.py"
+
+# sglang 0.5.23 resolves the DSA (V3.2, GLM-5) backends in srt/arg_groups/overrides.py:
+# _dsa_kv_cache_dtype_default makes `--kv-cache-dtype auto` bfloat16 below sm100 (fp8_e4m3 from
+# sm100 on, models without learnable sinks), _dsa_split_backend_resolution then picks
+# fp8_e4m3: flashmla_kv (Hopper) / trtllm (Blackwell) for both phases; bfloat16: flashmla_sparse
+# prefill, fa3 (Hopper) / trtllm (Blackwell) decode. The flags are `--dsa-*` (formerly `--nsa-*`).
+SGLANG_DSA = (
+    "sglang 0.5.23 srt/arg_groups/overrides.py (_dsa_kv_cache_dtype_default, "
+    "_dsa_split_backend_resolution)"
 )
 SGLANG_Q8_SOURCE = (
     "sglang 0.5.23 srt/layers/attention/dsa_backend.py (_validate_flashmla_sparse_q8_backend, "
     "_forward_flashmla_sparse_q8kv8; sglang PRs 25751, 30514, 32327)"
 )
+# vLLM picks the first backend of _get_backend_priorities (vllm/platforms/cuda.py) that takes the
+# layer's head size and KV dtype: on sm90 FLASH_ATTN_MLA_SPARSE (bf16 caches only),
+# FLASHMLA_SPARSE, FLASHINFER_MLA_SPARSE_SM90, except that 0.33.0 puts FlashInfer first for head
+# size 512 (NoPE: GLM-5.3-Flash). Unchanged for head size 576 from 0.26.0 (then in
+# vllm/v1/attention/selector.py) to 0.33.0.
+VLLM_SM90 = "vllm/platforms/cuda.py _get_backend_priorities (sm90 sparse tail)"
+DSA = ("v3.2", "glm-5.2")  # the DSA models (576-wide rows) whose defaults these are
 PRESETS: tuple[Preset, ...] = (
     Preset(
-        "sglang-h200",
+        "sglang-hopper",
         "sglang",
-        "H200",
+        ("0.5.23",),
+        "H100/H200",
         "sm90",
-        ("v3.2",),
+        DSA,
         "bf16",
         "flashmla",
         "sparse-prefill",
         "fa3",
-        "defaults: --nsa-prefill-backend flashmla_sparse --nsa-decode-backend fa3 "
-        "--kv-cache-dtype bf16",
-        SGLANG_V32_DOC,
+        "defaults (kv-cache-dtype auto = bfloat16 on sm90): --dsa-prefill-backend "
+        "flashmla_sparse --dsa-decode-backend fa3",
+        SGLANG_DSA,
         "prefills of <= 2048 tokens run FA3 varlen MHA (dense, on decompressed K/V), which the "
         "suite does not time: their TTFT here is the sparse path's",
     ),
     Preset(
-        "sglang-b200",
+        "sglang-hopper-fp8",
         "sglang",
-        "B200",
-        "sm100",
-        ("v3.2",),
+        ("0.5.23",),
+        "H100/H200",
+        "sm90",
+        DSA,
         "fp8",
         "flashmla",
-        "sparse-prefill",
+        "decode-kernel",
         "flashmla",
-        "defaults: --nsa-prefill-backend flashmla_auto --nsa-decode-backend flashmla_kv "
-        "--kv-cache-dtype fp8_e4m3",
-        SGLANG_V32_DOC,
-        "flashmla_auto takes flashmla_sparse while total_kv_tokens < total_q_tokens * 512, else "
-        "flashmla_kv (the FP8 decode kernel); modelled as the sparse-prefill route",
+        "--kv-cache-dtype fp8_e4m3 (then --dsa-prefill-backend flashmla_kv "
+        "--dsa-decode-backend flashmla_kv)",
+        f"{SGLANG_DSA}; srt/layers/attention/dsa_backend.py _forward_flashmla_kv "
+        "(q viewed (T, 1, h, d): the decode kernel with b = T)",
+    ),
+    Preset(
+        "sglang-b200",
+        "sglang",
+        ("0.5.23",),
+        "B200",
+        "sm100",
+        DSA,
+        "fp8",
+        "flashinfer",
+        "sparse-prefill",
+        "flashinfer",
+        "defaults (kv-cache-dtype auto = fp8_e4m3 on sm100): --dsa-prefill-backend trtllm "
+        "--dsa-decode-backend trtllm",
+        f"{SGLANG_DSA}; srt/layers/attention/dsa_backend.py _forward_trtllm (FlashInfer's "
+        "trtllm-gen sparse MLA)",
+        "earlier sglang (docs/basic_usage/deepseek_v32.md, mid-2026) defaulted to flashmla_auto "
+        "/ flashmla_kv here",
     ),
     Preset(
         "vllm-hopper",
         "vllm",
+        ("0.26.0", "0.33.0"),
         "H100/H200",
         "sm90",
-        ("v3.2",),
+        DSA,
         "bf16",
         "fa3",
         "sparse-prefill",
         "fa3",
         "defaults (kv-cache-dtype auto = bf16): FLASH_ATTN_MLA_SPARSE "
         "(--attention-backend FLASH_ATTN_MLA_SPARSE)",
-        "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py; vllm/platforms/cuda.py "
-        "_get_backend_priorities, sparse MLA on sm90: FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE, "
-        "FLASHINFER_MLA_SPARSE_SM90 (vLLM 0.26.0, docs/kernel-facts.md, Engine presets)",
+        f"{VLLM_SM90}; vllm/v1/attention/backends/mla/flashattn_mla_sparse.py",
     ),
     Preset(
         "vllm-hopper-fp8",
         "vllm",
+        ("0.26.0", "0.33.0"),
         "H100/H200",
         "sm90",
-        ("v3.2",),
+        DSA,
         "fp8",
         "flashmla",
         "sparse-prefill",
         "flashmla",
-        "--kv-cache-dtype fp8 (fp8_ds_mla: FLASHMLA_SPARSE is the only sparse backend left)",
-        "vllm/v1/attention/backends/mla/flashmla_sparse.py (vLLM 0.26.0)",
+        "--kv-cache-dtype fp8 (fp8_ds_mla: FLASHMLA_SPARSE is the first sparse backend that "
+        "takes it)",
+        f"{VLLM_SM90}; vllm/v1/attention/backends/mla/flashmla_sparse.py",
         "below 32 heads per rank vLLM runs prefill through the FP8 decode kernel as one mixed "
         "batch (route decode-mixed)",
     ),
     Preset(
+        "vllm-hopper-nope",
+        "vllm",
+        ("0.33.0",),
+        "H100/H200",
+        "sm90",
+        ("glm-5.3-flash",),
+        "bf16",
+        "flashinfer",
+        "sparse-prefill",
+        "flashinfer",
+        "defaults for head size 512: FLASHINFER_MLA_SPARSE_SM90",
+        f"{VLLM_SM90}; vllm/v1/attention/backends/mla/flashinfer_mla_sparse_sm90.py",
+        "vLLM issue 56564: this default arrived with FlashInfer 0.6.18 support",
+    ),
+    Preset(
         "vllm-hopper-v4",
         "vllm",
+        ("0.26.0", "0.33.0"),
         "H100/H200",
         "sm90",
         ("v4-flash", "v4-pro"),
@@ -130,12 +183,13 @@ PRESETS: tuple[Preset, ...] = (
         "sparse-prefill",
         "flashmla",
         "defaults: FLASHMLA_SPARSE_DSV4 (model-driven)",
-        "vllm/models/deepseek_v4/sparse_mla.py DeepseekV4FlashMLABackend; "
-        "vllm/v1/attention/backends/registry.py (vLLM 0.26.0)",
+        "vllm/models/deepseek_v4/attention.py (FLASHMLA_SPARSE_DSV4 on CUDA), "
+        "vllm/models/deepseek_v4/sparse_mla.py DeepseekV4FlashMLABackend",
     ),
     Preset(
         "sglang-hopper-v4",
         "sglang",
+        ("0.5.23",),
         "H100/H200",
         "sm90",
         ("v4-flash", "v4-pro"),
@@ -144,17 +198,19 @@ PRESETS: tuple[Preset, ...] = (
         "threshold:11673",
         "flashmla",
         "defaults (DSv4 backend)",
-        "sglang DSv4 attention backend: chunks of > 11673 tokens to flash_mla_sparse_fwd, "
-        "the rest through the decode kernel (sglang #25502; docs/engines.md)",
+        "sglang 0.5.23 srt/layers/attention/deepseek_v4_backend.py _use_sparse_prefill "
+        "(chunks of > _LARGE_INDEXER_QUERY_THRESHOLD = 11673 tokens, dsv4/metadata.py, to "
+        "flash_mla_sparse_fwd; the rest through the decode kernel; sglang #25502)",
     ),
     # What switching sglang's sparse prefill to the FP8 x FP8 kernel saves (docs/kernel-facts.md,
     # Q8KV8): decode unchanged, prefill through q8kv8 on the sparse-prefill route.
     Preset(
         "sglang-hopper-q8",
         "sglang",
+        ("0.5.23",),
         "H100/H200",
         "sm90",
-        ("v3.2",),
+        DSA,
         "fp8",
         "q8kv8",
         "sparse-prefill",
@@ -168,6 +224,7 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "sglang-hopper-v4-q8",
         "sglang",
+        ("0.5.23",),
         "H100/H200",
         "sm90",
         ("v4-flash", "v4-pro"),
@@ -175,9 +232,10 @@ PRESETS: tuple[Preset, ...] = (
         "q8kv8",
         "sparse-prefill",
         "flashmla",
-        "dsv4_prefill_backend flashmla_sparse_q8 (or SGLANG_DSV4_Q8KV8_PREFILL=1)",
-        "sglang 0.5.23 srt/layers/attention/deepseek_v4_backend.py _forward_prefill_sparse_q8kv8; "
-        "dsv4/sparse_prefill_utils.py use_dsv4_q8kv8_sparse_prefill",
+        "--dsv4-prefill-backend flashmla_sparse_q8 (or SGLANG_DSV4_Q8KV8_PREFILL=1)",
+        "sglang 0.5.23 srt/layers/attention/deepseek_v4_backend.py "
+        "_forward_prefill_sparse_q8kv8; dsv4/sparse_prefill_utils.py "
+        "use_dsv4_q8kv8_sparse_prefill; srt/arg_groups/fields/exec_.py dsv4_prefill_backend",
         "sglang sends only the chunks its sparse-prefill rule picks (> 11673 tokens) to Q8KV8, "
         "the rest to the decode kernel; modelled as every chunk on sparse-prefill",
     ),
@@ -188,9 +246,9 @@ PRESETS: tuple[Preset, ...] = (
 class EngineFlags:
     """Flags that make one engine run one candidate: a backend on a route with a KV dtype."""
 
-    family: str  # the models: "v3.2" or "v4" (V4-Flash, V4-Pro)
+    family: str  # the models: "v3.2" (DSA: V3.2, GLM-5) or "v4" (V4-Flash, V4-Pro)
     backend: str
-    engine: str  # sglang | vllm
+    engine: str  # sglang | vllm, with the versions whose flags these are
     metric: str  # ttft | tpot
     route: str  # the serving route of its TTFT rows; "decode" for TPOT
     kv: str  # the KV-cache dtype the flags keep
@@ -205,35 +263,39 @@ def _both(family, backend, engine, prefill_route, kv, ttft, tpot=None) -> tuple[
 
 
 SP = "sparse-prefill"
+SGL = "sglang 0.5.23"  # srt/arg_groups/fields/exec_.py: --dsa-* (earlier releases: --nsa-*)
+VLLM = "vllm 0.26.0/0.33.0"
 ENGINE_FLAGS: tuple[EngineFlags, ...] = (
-    *_both("v3.2", "fa3", "sglang", SP, "bf16", "--nsa-prefill-backend fa3 --kv-cache-dtype bf16",
-           "--nsa-decode-backend fa3 --kv-cache-dtype bf16"),
-    *_both("v3.2", "fa3", "vllm", SP, "bf16", "--attention-backend FLASH_ATTN_MLA_SPARSE"),
-    EngineFlags("v3.2", "flashmla", "sglang", "ttft", SP, "bf16",
-                "--nsa-prefill-backend flashmla_sparse --kv-cache-dtype bf16"),
-    *_both("v3.2", "flashmla", "sglang", SP, "fp8",
-           "--nsa-prefill-backend flashmla_sparse --kv-cache-dtype fp8_e4m3",
-           "--nsa-decode-backend flashmla_kv --kv-cache-dtype fp8_e4m3"),
-    *_both("v3.2", "flashmla", "vllm", SP, "fp8",
+    *_both("v3.2", "fa3", SGL, SP, "bf16", "--dsa-prefill-backend fa3 --kv-cache-dtype bfloat16",
+           "--dsa-decode-backend fa3 --kv-cache-dtype bfloat16"),
+    *_both("v3.2", "fa3", VLLM, SP, "bf16", "--attention-backend FLASH_ATTN_MLA_SPARSE"),
+    EngineFlags("v3.2", "flashmla", SGL, "ttft", SP, "bf16",
+                "--dsa-prefill-backend flashmla_sparse --kv-cache-dtype bfloat16"),
+    *_both("v3.2", "flashmla", SGL, SP, "fp8",
+           "--dsa-prefill-backend flashmla_sparse --kv-cache-dtype fp8_e4m3",
+           "--dsa-decode-backend flashmla_kv --kv-cache-dtype fp8_e4m3"),
+    EngineFlags("v3.2", "flashmla", SGL, "ttft", "decode-kernel", "fp8",
+                "--dsa-prefill-backend flashmla_kv --kv-cache-dtype fp8_e4m3"),
+    *_both("v3.2", "flashmla", VLLM, SP, "fp8",
            "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"),
-    *_both("v3.2", "flashinfer", "vllm", SP, "bf16",
+    *_both("v3.2", "flashinfer", VLLM, SP, "bf16",
            "--attention-backend FLASHINFER_MLA_SPARSE_SM90"),
-    *_both("v3.2", "flashinfer-e4m3", "vllm", SP, "fp8",
+    *_both("v3.2", "flashinfer-e4m3", VLLM, SP, "fp8",
            "--attention-backend FLASHINFER_MLA_SPARSE_SM90 --kv-cache-dtype fp8"),
     # sglang's FP8 x FP8 sparse prefill (docs/kernel-facts.md, Q8KV8): prefill only
-    EngineFlags("v3.2", "q8kv8", "sglang", "ttft", SP, "fp8",
+    EngineFlags("v3.2", "q8kv8", SGL, "ttft", SP, "fp8",
                 "--dsa-prefill-backend flashmla_sparse_q8"),
     # V4 backends are chosen by the model in both engines: FlashMLA is their Hopper default
-    *_both("v4", "flashmla", "sglang", "threshold:11673", "fp8", "defaults (DSv4 backend)"),
-    *_both("v4", "flashmla", "vllm", SP, "fp8", "defaults (FLASHMLA_SPARSE_DSV4)"),
-    EngineFlags("v4", "q8kv8", "sglang", "ttft", SP, "fp8",
-                "dsv4_prefill_backend flashmla_sparse_q8 (or SGLANG_DSV4_Q8KV8_PREFILL=1)"),
+    *_both("v4", "flashmla", SGL, "threshold:11673", "fp8", "defaults (DSv4 backend)"),
+    *_both("v4", "flashmla", VLLM, SP, "fp8", "defaults (FLASHMLA_SPARSE_DSV4)"),
+    EngineFlags("v4", "q8kv8", SGL, "ttft", SP, "fp8",
+                "--dsv4-prefill-backend flashmla_sparse_q8 (or SGLANG_DSV4_Q8KV8_PREFILL=1)"),
 )  # fmt: skip
 
 
 def flags_for(cand: Candidate, metric: str, model: str = "") -> str:
-    """`engine: flags` for every engine whose flags run this very candidate (backend, route
-    and KV dtype) in this phase, or a line saying that no engine flag does."""
+    """`engine version: flags` for every engine whose flags run this very candidate (backend,
+    route and KV dtype) in this phase, or a line saying that no engine flag does."""
     family = "v4" if model.startswith("v4") else "v3.2"
     found = [
         f"{f.engine}: {f.flags}"
@@ -241,7 +303,7 @@ def flags_for(cand: Candidate, metric: str, model: str = "") -> str:
         if (f.family, f.backend, f.metric, f.route, f.kv)
         == (family, cand.backend, metric, cand.route, cand.kv)
     ]
-    return "; ".join(found) or f"no engine flag selects {cand.label()} (sglang, vLLM)"
+    return "; ".join(found) or f"no engine flag selects {cand.label()} ({SGL}, {VLLM})"
 
 
 # ---- candidates -----------------------------------------------------------------------------

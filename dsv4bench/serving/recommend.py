@@ -58,7 +58,7 @@ def best_pair(advice: dict[str, PhaseAdvice]) -> tuple[str, float, float] | None
 
 
 class NothingToRank(ValueError):
-    """No serving rows for the model and TP, or rows of several GPUs: one line, exit 2."""
+    """No serving rows for the model and TP, or rows of several GPUs or runs: one line, exit 2."""
 
 
 def _gpus(rows: list[dict]) -> list[str]:
@@ -71,8 +71,9 @@ def _arch(rows: list[dict]) -> str:
 
 def lines(rows: list[dict], model: str, tp: int) -> list[str]:
     """The recommendation as text lines. Raises NothingToRank (one line) when no serving row
-    is of this model and TP, or when they come from more than one GPU: a ranking never mixes
-    GPUs, and which GPU's row of a point wins would depend on the argument order."""
+    is of this model and TP, or when they come from more than one GPU or run: a ranking pairs
+    rows of one run only (times of two runs differ by more than the candidates may), and which
+    run's row of a point wins would depend on the argument order."""
     serving = [r for r in rows if r.get("kind") == "serving"]
     mine = [r for r in serving if r.get("model") == model and (r.get("tp") or 1) == tp]
     gpus = _gpus(mine)
@@ -80,6 +81,12 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
         raise NothingToRank(
             f"serving rows of {model} at TP {tp} from {len(gpus)} GPUs ({', '.join(gpus)}): "
             "recommend ranks one GPU's runs at a time"
+        )
+    runs = sorted({str(r["_run"]) for r in mine if r.get("_run") is not None})
+    if len(runs) > 1:
+        raise NothingToRank(
+            f"serving rows of {model} at TP {tp} from {len(runs)} runs ({', '.join(runs)}): "
+            "recommend pairs the rows of one run; pass one run directory per call"
         )
     advice = advise(mine, model, tp)
     if not advice:
@@ -123,8 +130,11 @@ def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str) -> list[str
 def _preset_line(p: pz.Preset, metric: str, a: PhaseAdvice, total: float, arch: str) -> str:
     cand = pz.preset_candidate(p, metric)
     if arch and p.arch != arch:
-        return f"  {p.name} default ({cand.label()}): for {p.gpu} ({p.arch}), not {arch}"
-    head = f"  {p.name} default ({cand.label()}, {p.gpu}):"
+        return (
+            f"  {p.name} default ({p.engine_label()}: {cand.label()}): for {p.gpu} ({p.arch}), "
+            f"not {arch}"
+        )
+    head = f"  {p.name} default ({p.engine_label()}: {cand.label()}, {p.gpu}):"
     failed = pz.failures(a.phase, cand)
     value = pz.value_on(a.phase, cand, a.ranking.points)
     if value is None:

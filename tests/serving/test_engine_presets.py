@@ -4,6 +4,8 @@ flags, the one-KV-dtype pair, the CLI's bad input, and the report section."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dsv4bench import cli
@@ -93,10 +95,17 @@ def test_recommend_names_the_fastest_its_flags_and_each_default():
     assert "TTFT: fastest correct fa3 sparse-prefill (bf16 KV), 76.500 ms" in text
     assert "--attention-backend FLASH_ATTN_MLA_SPARSE" in text
     # sglang H200: flashmla_sparse prefill on a bf16 cache; vLLM's fp8 preset pays the dequant
-    assert "sglang-h200 default (flashmla sparse-prefill (bf16 KV), H200): 81.000 ms" in text
-    assert "vllm-hopper-fp8 default (flashmla sparse-prefill (fp8 KV), H100/H200): 90.000" in text
-    assert "sglang-b200 default (flashmla sparse-prefill (fp8 KV)): for B200 (sm100), not sm90" in (
-        text
+    assert (
+        "sglang-hopper default (sglang 0.5.23: flashmla sparse-prefill (bf16 KV), H100/H200): "
+        "81.000 ms" in text
+    )
+    assert (
+        "vllm-hopper-fp8 default (vllm 0.26.0/0.33.0: flashmla sparse-prefill (fp8 KV), "
+        "H100/H200): 90.000" in text
+    )
+    assert (
+        "sglang-b200 default (sglang 0.5.23: flashinfer sparse-prefill (fp8 KV)): for B200 "
+        "(sm100), not sm90" in text
     )
     assert "not ranked: flashinfer (bf16 KV): incorrect at 1 points" in text
     assert text.endswith("one KV dtype for both phases: bf16 — TTFT fa3 sparse-prefill (bf16 KV), "
@@ -117,25 +126,29 @@ def test_flags_select_the_very_candidate_named():
     """Backend, route and KV dtype: flags keeping an FP8 cache never stand for a bf16-KV
     candidate, and a route no engine takes gets no flags."""
     assert pz.flags_for(cand("triton", "fp8"), "tpot") == (
-        "no engine flag selects triton (fp8 KV) (sglang, vLLM)"
+        "no engine flag selects triton (fp8 KV) (sglang 0.5.23, vllm 0.26.0/0.33.0)"
     )
-    assert "--nsa-decode-backend fa3" in pz.flags_for(cand("fa3", "bf16"), "tpot")
+    assert "--dsa-decode-backend fa3" in pz.flags_for(cand("fa3", "bf16"), "tpot")
     bf16 = pz.flags_for(cand("flashmla", "bf16", "sparse-prefill"), "ttft")
-    assert bf16 == "sglang: --nsa-prefill-backend flashmla_sparse --kv-cache-dtype bf16"
+    assert bf16 == (
+        "sglang 0.5.23: --dsa-prefill-backend flashmla_sparse --kv-cache-dtype bfloat16"
+    )
     fp8 = pz.flags_for(cand("flashmla", "fp8", "sparse-prefill"), "ttft")
     assert "fp8_e4m3" in fp8 and "FLASHMLA_SPARSE --kv-cache-dtype fp8" in fp8
     v4 = pz.flags_for(cand("flashmla", "bf16", "sparse-prefill"), "ttft", "v4-flash")
     assert v4.startswith("no engine flag selects flashmla sparse-prefill (bf16 KV)")
     v4 = pz.flags_for(cand("flashmla", "fp8", "sparse-prefill"), "ttft", "v4-flash")
-    assert v4 == "vllm: defaults (FLASHMLA_SPARSE_DSV4)"  # sglang's default is the threshold
+    # sglang's default is the threshold
+    assert v4 == "vllm 0.26.0/0.33.0: defaults (FLASHMLA_SPARSE_DSV4)"
     v4 = pz.flags_for(cand("flashmla", "fp8", "threshold:11673"), "ttft", "v4-flash")
-    assert v4 == "sglang: defaults (DSv4 backend)"
+    assert v4 == "sglang 0.5.23: defaults (DSv4 backend)"
     assert "no engine" in pz.flags_for(cand("fa3", "bf16"), "tpot", "v4-flash")
     for f in pz.ENGINE_FLAGS:  # every flag's candidate is one a phase can have
         assert f.kv in pz.kv_options(f.backend, f.route, f.metric), f
     assert all(p.source and p.flags for p in pz.PRESETS)
     assert {p.name for p in pz.presets_for("v3.2", "sm90")} == {
-        "sglang-h200",
+        "sglang-hopper",
+        "sglang-hopper-fp8",
         "vllm-hopper",
         "vllm-hopper-fp8",
         "sglang-hopper-q8",
@@ -144,7 +157,7 @@ def test_flags_select_the_very_candidate_named():
 
 def test_switching_sglang_to_q8kv8_is_an_fp8_prefill_preset():
     q8 = pz.Candidate("q8kv8", "sparse-prefill", "fp8")
-    assert pz.flags_for(q8, "ttft") == "sglang: --dsa-prefill-backend flashmla_sparse_q8"
+    assert pz.flags_for(q8, "ttft") == "sglang 0.5.23: --dsa-prefill-backend flashmla_sparse_q8"
     assert "flashmla_sparse_q8" in pz.flags_for(q8, "ttft", "v4-flash")
     assert "no engine flag selects" in pz.flags_for(q8, "tpot")  # a prefill kernel only
     bf16 = pz.Candidate("q8kv8", "sparse-prefill", "bf16")
@@ -193,7 +206,7 @@ def test_a_candidate_that_crashed_is_listed_with_its_points_never_ranked():
         "    prompt 32768, chunk 8192: crash: worker exited with code 1: CUDA error: invalid "
         "argument (get_decoding_sched_meta.cu)"
     )
-    line = next(t for t in text if t.startswith("  sglang-h200 default"))
+    line = next(t for t in text if t.startswith("  sglang-hopper default"))
     assert "crash at 1 of 2 points (below)" in line and "x" not in line.split("points")[-1]
 
 
@@ -228,6 +241,36 @@ def test_recommend_command_and_its_bad_input(tmp_path, capsys):
     )
     assert cli.main(["recommend", str(d), str(h200), "--model", "v3.2", "--tp", "1"]) == 2
     assert "from 2 GPUs" in capsys.readouterr().err
+    # two runs of one GPU: a ranking never pairs rows of two runs, whatever their order
+    again = write_run(tmp_path / "again", rows())
+    for order in ([d, again], [again, d]):
+        args = ["recommend", *map(str, order), "--model", "v3.2", "--tp", "1"]
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "from 2 runs" in err and "one run directory" in err
+
+
+def test_the_report_pairs_preset_rows_within_one_run(tmp_path):
+    from dsv4bench.report import build_report
+
+    slow = [{**r, "value_ms": r["value_ms"] * 10} if r.get("value_ms") else r for r in rows()]
+    runs = [_run_dir(tmp_path), write_run(tmp_path / "slow", slow)]
+    build_report(runs, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.count("### v3.2, TP 1, run ") == 2
+    # each run's own ratio: the x10 run's sglang default is as far from its own fastest
+    assert md.count("| sglang-hopper | sglang 0.5.23 | H100/H200 | bf16 | flashmla sparse-prefill "
+                    "(bf16 KV) |") == 2  # fmt: skip
+    assert md.count(" | 1.06x |") >= 2
+
+
+def test_every_preset_names_the_file_and_engine_version_it_was_read_from():
+    for p in pz.PRESETS:
+        assert p.versions and all(re.fullmatch(r"\d+\.\d+\.\d+", v) for v in p.versions), p.name
+        assert re.search(r"[\w/]+\.(py|md)\b", p.source), f"{p.name}: source names no file"
+        assert p.engine in ("sglang", "vllm") and p.engine_label().startswith(p.engine), p.name
+    for f in pz.ENGINE_FLAGS:  # flags are of an engine version too
+        assert re.fullmatch(r"(sglang|vllm) \d+\.\d+\.\d+(/\d+\.\d+\.\d+)*", f.engine), f
 
 
 def test_report_has_the_presets_section(tmp_path):
@@ -236,5 +279,8 @@ def test_report_has_the_presets_section(tmp_path):
     files = build_report([_run_dir(tmp_path)], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Engine presets against the envelope" in md and "### v3.2, TP 1" in md
-    assert "| sglang-h200 | H200 | bf16 | flashmla sparse-prefill (bf16 KV) | 81 | 1.06x |" in md
+    assert (
+        "| sglang-hopper | sglang 0.5.23 | H100/H200 | bf16 | flashmla sparse-prefill (bf16 KV) "
+        "| 81 | 1.06x |" in md
+    )
     assert any(f.name.startswith("presets-tpot-v3") for f in files)

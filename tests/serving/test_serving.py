@@ -477,10 +477,25 @@ def test_aggregate_hand_sum():
             "multiplicity": 61,
             "role": "attention",
             "backend": "kern",
-            "median_ms": 0.5,
+            "ms": 0.5,
             "status": "ok",
         }
     ]
+
+
+def test_a_point_sums_the_timer_every_row_of_the_run_measured():
+    """Makespans when every ok row of the run has one; one row without (the oracle skips the
+    profiler) puts the whole run on the events median, never a mix within a run."""
+    p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096]))
+    (case,) = p.cases
+    fast = case_row(case.case_id, "kern", 0.5)
+    fast["timing"]["profiler_ms"] = 0.4
+    out = sv.aggregate(p, [fast])
+    assert out[0]["value_ms"] == pytest.approx(61 * 0.4)
+    assert out[0]["timer"] == "profiler makespan" and out[0]["parts"][0]["ms"] == 0.4
+    out = sv.aggregate(p, [fast, case_row(case.case_id, "torch", 9.0)])
+    (kern,) = [r for r in out if r["backend"] == "kern"]
+    assert kern["value_ms"] == pytest.approx(61 * 0.5) and kern["timer"] == "events"
 
 
 def test_helper_parts_take_fastest_ok_row():
@@ -495,7 +510,7 @@ def test_helper_parts_take_fastest_ok_row():
     (row,) = sv.aggregate(p, rows)
     assert row["status"] == "ok"
     helpers = [x for x in row["parts"] if x["role"] != "attention"]
-    assert helpers and all(x["backend"] == "torch" and x["median_ms"] == 2.0 for x in helpers)
+    assert helpers and all(x["backend"] == "torch" and x["ms"] == 2.0 for x in helpers)
 
 
 def test_failing_part_makes_point_null():
@@ -509,7 +524,7 @@ def test_failing_part_makes_point_null():
     assert row["value_ms"] is None and row["status"] == "crash"
     assert crashed.case_id in row["message"] and "sched_meta" in row["message"]
     bad = [x for x in row["parts"] if x["status"] != "ok"]
-    assert [x["case_id"] for x in bad] == [crashed.case_id] and bad[0]["median_ms"] is None
+    assert [x["case_id"] for x in bad] == [crashed.case_id] and bad[0]["ms"] is None
 
 
 def test_missing_rows_and_backends():

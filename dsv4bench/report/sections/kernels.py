@@ -8,7 +8,7 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 from __future__ import annotations
 
 from dsv4bench.measure.metrics import DERIVED, derived_at
-from dsv4bench.report import grouping, plots, timers
+from dsv4bench.report import grouping, plots
 from dsv4bench.report.fmt import (
     code_span,
     fmt_num,
@@ -21,6 +21,7 @@ from dsv4bench.report.load import (
     param,
     timed_attention_rows,
 )
+from dsv4bench.rows import timers
 
 
 def kernels(rep) -> None:

@@ -27,10 +27,13 @@ INTRO = (
 
 
 def engine_presets(rep) -> None:
-    rows = [r for r in rep.rows if r.get("kind") == "serving"]
-    combos = sorted({(r.get("model"), r.get("tp") or 1) for r in rows}, key=str)
+    serving = [r for r in rep.rows if r.get("kind") == "serving"]
+    runs = sorted({r.get("_run") for r in serving}, key=str)
     shown = False
-    for model, tp in combos:
+    # one run at a time: a phase pairs the rows of one run only
+    for run, model, tp in sorted({(r.get("_run"), r.get("model"), r.get("tp") or 1)
+                                  for r in serving}, key=str):  # fmt: skip
+        rows = [r for r in serving if r.get("_run") == run]
         arch = next((r["env"]["arch"] for r in rows if (r.get("env") or {}).get("arch")), None)
         presets = pz.presets_for(model, arch)
         advice = recommend.advise(rows, model, tp)
@@ -40,7 +43,7 @@ def engine_presets(rep) -> None:
             rep.doc.heading("Engine presets against the envelope")
             rep.doc.para(INTRO)
             shown = True
-        title = f"{model}, TP {tp}"
+        title = f"{model}, TP {tp}" + (f", run {run}" if len(runs) > 1 else "")
         rep.doc.heading(title, 3)
         _summary(rep, presets, advice, model)
         for metric, a in advice.items():
@@ -54,7 +57,7 @@ def engine_presets(rep) -> None:
 def _summary(rep, presets: list[pz.Preset], advice: dict, model: str) -> None:
     table = []
     for p in presets:
-        cells = [p.name, p.gpu, p.kv]
+        cells = [p.name, p.engine_label(), p.gpu, p.kv]
         for metric in ("ttft", "tpot"):
             a = advice.get(metric)
             cand = pz.preset_candidate(p, metric)
@@ -63,7 +66,7 @@ def _summary(rep, presets: list[pz.Preset], advice: dict, model: str) -> None:
             cells += [cand.label(), fmt_num(value) if value is not None else "not measured"]
             cells.append(f"{value / best[1]:.2f}x" if value is not None and best else "")
         table.append(cells)
-    best_row = ["fastest correct", "", ""]
+    best_row = ["fastest correct", "", "", ""]
     for metric in ("ttft", "tpot"):
         a = advice.get(metric)
         if a and a.best:
@@ -73,8 +76,8 @@ def _summary(rep, presets: list[pz.Preset], advice: dict, model: str) -> None:
             best_row += ["", "", ""]
     table.append(best_row)
     rep.doc.table(
-        ["preset", "for", "KV", "TTFT from", "TTFT ms", "vs fastest", "TPOT from", "TPOT ms"]
-        + ["vs fastest"],
+        ["preset", "engine", "for", "KV", "TTFT from", "TTFT ms", "vs fastest", "TPOT from"]
+        + ["TPOT ms", "vs fastest"],
         table,
         caption="each phase summed over the points every ranked candidate ran ok; the last row: "
         "the fastest correct candidate and, under `vs fastest`, the flags selecting it",
@@ -144,5 +147,7 @@ def _sources() -> list[str]:
     out = []
     for p in pz.PRESETS:
         note = f" Not modelled: {p.note}." if p.note else ""
-        out.append(f"**{p.name}** ({p.engine}, {p.gpu}): {p.flags}. Source: {p.source}.{note}")
+        out.append(
+            f"**{p.name}** ({p.engine_label()}, {p.gpu}): {p.flags}. Source: {p.source}.{note}"
+        )
     return out

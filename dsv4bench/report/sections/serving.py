@@ -62,12 +62,13 @@ def line_suffix(r: dict) -> str:
 
 def _label_line(rep, rows: list[dict]) -> str:
     labels = sorted({r["label"] for r in rows if r.get("label")})
-    return "; ".join(labels)
+    timed = sorted({r.get("timer") or "events" for r in rows})
+    return "; ".join([*labels, f"kernel times by {' and '.join(timed)}"])
 
 
 def _parts_table(rep, points: list[tuple[str, dict]], caption: str) -> None:
     rep.doc.table(
-        ["point", "case_id", "role", "row of", "multiplicity", "median ms", "status"],
+        ["point", "case_id", "role", "row of", "multiplicity", "ms", "status"],
         [
             [
                 pid,
@@ -75,7 +76,7 @@ def _parts_table(rep, points: list[tuple[str, dict]], caption: str) -> None:
                 p.get("role") or "",
                 p.get("backend") or "",
                 p.get("multiplicity"),
-                fmt_num(p.get("median_ms")),
+                fmt_num(p.get("ms", p.get("median_ms"))),
                 p.get("status"),
             ]
             for pid, r in points

@@ -6,9 +6,10 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
-from dsv4bench.report import plots, timers
+from dsv4bench.report import plots
 from dsv4bench.report.fmt import code_span, fmt_num, kilo, make_slug, sci
 from dsv4bench.report.load import case_rows, param, timed_attention_rows
+from dsv4bench.rows import timers
 
 LONG = 256 * 1024  # contexts from here on are the long-context curve
 
