@@ -95,6 +95,11 @@ FLASHINFER = PackageSpec(
 # sglang wheel carries none) and apache-tvm-ffi (its C ABI, headers and libtvm_ffi; the
 # version the kernel was verified with on an H100). sglang ships CPython 3.11 wheels only.
 Q8KV8_CSRC = "sglang/kernels/jit/csrc/sparse_mla_q8kv8_prefill_sm90/"
+# sglang's JIT top-k kernels (dsv4bench/backends/sgl_topk): their two sources, the header-only
+# sgl_kernel library they include, and apache-tvm-ffi, built by nvcc on the GPU machine; the
+# folders land as csrc/ and include/ as in sglang's own jit/ folder.
+SGL_TOPK_JIT = "sglang/kernels/jit/"
+SGL_TOPK_SOURCES = ("csrc/elementwise/fast_topk.cuh", "csrc/deepseek_v4/topk_v2.cuh")
 # TileLang, the compiler sglang's `tilelang` DSA kernels run on; its requirements are a build of
 # their own, so that each archive can travel in a GPU call of its own (docs/kernel-facts.md,
 # TileLang: 28.3 MiB and 9.1 MiB packed)
@@ -140,6 +145,12 @@ SGLANG = PackageSpec(
             "tilelang",
             ("sglang/kernels/ops/attention/dsa/tilelang_kernel.py",),
             "sglang/kernels/ops/attention/dsa/",
+        ),
+        BuildSpec(
+            "sglang-topk",
+            (*(SGL_TOPK_JIT + f for f in SGL_TOPK_SOURCES), f"{SGL_TOPK_JIT}include/"),
+            SGL_TOPK_JIT,
+            parts=(Part("apache-tvm-ffi==0.1.15.post2", under="site/"),),
         ),
     ),
     python_version="3.11",  # a cp311 wheel on a manylinux_2_34 tag: only plain files taken

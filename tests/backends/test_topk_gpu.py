@@ -1,6 +1,7 @@
 """The `topk` backends on a CUDA GPU at real sizes against the oracle (by selected scores,
-ties allowed): the compiled Triton kernel and FlashInfer's flashinfer.topk where it loads
-(unsupported: skipped with FlashInfer's reason), each form, decode and prefill rows."""
+ties allowed): the compiled Triton kernel, FlashInfer's flashinfer.topk and sglang's JIT top-k
+(built by nvcc from the kernels folder's sglang-topk build) where they load (unsupported:
+skipped with the backend's reason), each form, decode and prefill rows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from dsv4bench.backends import Unsupported
 from dsv4bench.backends.flashinfer.backend import FlashInfer
+from dsv4bench.backends.sgl_topk.backend import SglangTopK
 from dsv4bench.cases import inputs
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import judge
@@ -38,13 +40,15 @@ def _case(point: str, form: str):
 def _backend(name: str):
     if name == "flashinfer":
         return FlashInfer()
+    if name == "sglang-topk":
+        return SglangTopK()
     pytest.importorskip("triton", reason="needs triton")
     from dsv4bench.backends.triton.backend import TritonKernels
 
     return TritonKernels()
 
 
-@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("backend", ["triton", "flashinfer", "sglang-topk"])
 @pytest.mark.parametrize("form", ["plain", "page_table", "ragged"])
 @pytest.mark.parametrize("name", list(POINTS))
 def test_backends_match_the_oracle(backend: str, form: str, name: str) -> None:

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 from dsv4bench.backends.q8kv8 import sources
+from dsv4bench.backends.sgl_topk import sources as topk_sources
 from dsv4bench.kernels import catalog, fetch
 from dsv4bench.kernels.store import read_builds, verify
 
@@ -17,6 +18,9 @@ CSRC = catalog.Q8KV8_CSRC
 SGLANG = {f"{CSRC}{n}": f"// {n}\n".encode() for n in sources.KERNEL_FILES}
 SGLANG["sglang/srt/server.py"] = b"# not the kernel\n"
 SGLANG["sglang/kernels/ops/attention/dsa/tilelang_kernel.py"] = b"# the tilelang build's\n"
+for _name in (*catalog.SGL_TOPK_SOURCES, topk_sources.HEADER_PROBE, "include/sgl_kernel/utils.h"):
+    SGLANG[catalog.SGL_TOPK_JIT + _name] = b"// the sglang-topk build's\n"
+SGLANG[catalog.SGL_TOPK_JIT + "csrc/elementwise/other.cuh"] = b"// not taken\n"
 FLASHINFER = {
     "flashinfer/data/cutlass/include/cute/tensor.hpp": b"// cute\n",
     "flashinfer/data/cutlass/include/cutlass/cutlass.h": b"// cutlass\n",
@@ -54,7 +58,11 @@ def test_the_build_holds_sources_cutlass_and_tvm_ffi_where_the_jit_looks(tmp_pat
     root.mkdir()
     built = fetch.fetch_package(catalog.SGLANG, "0.5.23", root, wheels=_wheels(tmp_path),
                                 say=lambda _: None)  # fmt: skip
-    assert [b.name for b in built] == ["q8kv8-sglang-0.5.23", "tilelang-sglang-0.5.23"]
+    assert [b.name for b in built] == [
+        "q8kv8-sglang-0.5.23",
+        "tilelang-sglang-0.5.23",
+        "sglang-topk-0.5.23",
+    ]
     (build,) = [b for b in read_builds(root) if b.library == "q8kv8"]
     assert build.library == "q8kv8" and not verify(root, build)
     paths = {f.path for f in build.files}
@@ -88,3 +96,18 @@ def test_catalog_names_the_build_and_its_parts():
     assert spec.python_version == "3.11"
     requirements = [p.requirement for p in spec.builds[0].parts]
     assert requirements == ["flashinfer-python==0.6.18", "apache-tvm-ffi==0.1.15.post2"]
+
+
+def test_the_topk_build_holds_its_sources_the_headers_and_tvm_ffi(tmp_path):
+    root = tmp_path / "k"
+    root.mkdir()
+    fetch.fetch_package(catalog.SGLANG, "0.5.23", root, wheels=_wheels(tmp_path), say=print)
+    (build,) = [b for b in read_builds(root) if b.library == "sglang-topk"]
+    assert not verify(root, build)
+    paths = {f.path for f in build.files}
+    assert {"csrc/elementwise/fast_topk.cuh", "csrc/deepseek_v4/topk_v2.cuh"} <= paths
+    assert {topk_sources.HEADER_PROBE, "include/sgl_kernel/utils.h"} <= paths
+    assert "site/tvm_ffi/lib/libtvm_ffi.so" in paths
+    assert not any("other.cuh" in p or "server.py" in p or "cutlass" in p for p in paths)
+    found = topk_sources.from_build(root / build.name)  # what the backend reads
+    assert found.version == "0.5.23" and found.jit == root / build.name

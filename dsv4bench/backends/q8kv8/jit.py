@@ -74,11 +74,11 @@ def command(nvcc: str, src: Sources, capability, wrapper: Path, out: Path) -> li
             "-L", str(lib), "-ltvm_ffi"]  # fmt: skip
 
 
-def nvcc_version(nvcc: str) -> str:
+def nvcc_version(nvcc: str, what: str = "Q8KV8") -> str:
     done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
-        raise Unsupported(f"Q8KV8: {nvcc} --version failed (rc {done.returncode})")
+        raise Unsupported(f"{what}: {nvcc} --version failed (rc {done.returncode})")
     return lines[-1]
 
 
@@ -94,8 +94,8 @@ def cache_key(src: Sources, cmd: list[str], version: str) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_dir(src: Sources) -> Path:
-    """The build's jit/ folder when writable, else the user's cache folder."""
+def cache_dir(src, name: str = "q8kv8") -> Path:
+    """The build's jit/ folder (src.cache) when writable, else the user's cache folder."""
     if src.cache is not None:
         try:
             src.cache.mkdir(parents=True, exist_ok=True)
@@ -104,36 +104,50 @@ def cache_dir(src: Sources) -> Path:
         except OSError:
             pass
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    folder = base / "dsv4bench" / "q8kv8"
+    folder = base / "dsv4bench" / name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 def build(src: Sources, nvcc: str, capability, run: Callable = subprocess.run) -> tuple[Path, dict]:
     """The module file (built now, or found in the cache) and what the row records."""
-    folder = cache_dir(src)
     probe = command(nvcc, src, capability, Path("wrapper.cu"), Path("q8kv8.so"))
     version = nvcc_version(nvcc)
-    key = cache_key(src, probe, version)
-    module = folder / f"q8kv8-{key}.so"
+    return compile_cached(
+        cache_dir(src), f"q8kv8-{cache_key(src, probe, version)}", WRAPPER,
+        lambda wrapper, out: command(nvcc, src, capability, wrapper, out),
+        f"Q8KV8 from {src.label}", version, run,
+    )  # fmt: skip
+
+
+def compile_cached(
+    folder: Path,
+    stem: str,
+    wrapper_text: str,
+    make_command: Callable[[Path, Path], list[str]],
+    what: str,
+    version: str,
+    run: Callable = subprocess.run,
+) -> tuple[Path, dict]:
+    """folder/stem.so, built by make_command(wrapper, out) unless already there; the build
+    info a row records (module, nvcc, built_s: 0 when cached)."""
+    module = folder / f"{stem}.so"
     info = {"module": str(module), "nvcc": version, "built_s": 0.0}
-    with open(folder / f"q8kv8-{key}.lock", "w") as lock:
+    with open(folder / f"{stem}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait, then find the file
         if module.is_file():
             return module, info
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             wrapper = Path(tmp) / "wrapper.cu"
-            wrapper.write_text(WRAPPER)
-            partial = Path(tmp) / "q8kv8.so"
+            wrapper.write_text(wrapper_text)
+            partial = Path(tmp) / "module.so"
             start = time.perf_counter()
-            done = run(command(nvcc, src, capability, wrapper, partial), capture_output=True,
-                       text=True)  # fmt: skip
+            done = run(make_command(wrapper, partial), capture_output=True, text=True)
             info["built_s"] = round(time.perf_counter() - start, 1)
             if done.returncode or not partial.is_file():
                 tail = (done.stdout + done.stderr).strip().splitlines()[-TAIL_LINES:]
                 raise CompileError(
-                    f"nvcc failed (rc {done.returncode}) building Q8KV8 from {src.label}: "
-                    + " | ".join(tail)
+                    f"nvcc failed (rc {done.returncode}) building {what}: " + " | ".join(tail)
                 )
             os.replace(partial, module)
     return module, info

@@ -118,18 +118,18 @@ def discover(lib: str | None = None) -> Sources:
     return from_installed()
 
 
-def find_nvcc() -> str:
+def find_nvcc(what: str = "Q8KV8") -> str:
     """$DSV4BENCH_NVCC, nvcc on PATH, $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc."""
     explicit = os.environ.get(ENV_NVCC)
     if explicit:
         if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
-            raise Unsupported(f"Q8KV8 is built by nvcc: ${ENV_NVCC}={explicit} is no program")
+            raise Unsupported(f"{what} is built by nvcc: ${ENV_NVCC}={explicit} is no program")
         return explicit
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     for candidate in (shutil.which("nvcc"), str(Path(cuda_home) / "bin" / "nvcc")):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise Unsupported(
-        f"Q8KV8 is built on first use by nvcc: no nvcc on PATH or in {cuda_home}/bin "
+        f"{what} is built on first use by nvcc: no nvcc on PATH or in {cuda_home}/bin "
         f"(install the CUDA toolkit, or set ${ENV_NVCC})"
     )

@@ -1,0 +1,207 @@
+"""sglang 0.5.23's JIT top-k kernels for the `topk` op (cases/topk_case.py), one entry per form,
+called as sglang's indexers call them:
+
+  plain       fast_topk (sglang/kernels/ops/attention/fast_topk.py; the QSA indexer's):
+              module.fast_topk(score (rows, width) fp32, row_starts (rows,) int32, indices
+              (rows, k) int32, lengths (rows,) int32); k is compiled in, 512 or 2048. Picks
+              are relative to row_starts, -1 past the row's length, unordered; finish() adds
+              row_starts back (untimed: sglang's callers read them relative).
+  page_table  topk_transform_paged_v2 (dsv4/topk.py; DSA decode's _topk_transform_v2_paged
+              and the V4 C4 indexer with use_topk_v2): module.topk_transform_paged(scores,
+              seq_lens, page_table (rows, pages) int32, page_indices (rows, k) int32,
+              page_size, metadata (rows + 1, 2) int32, raw_indices None) writes
+              page_table[i, p // page_size] * page_size + p % page_size, -1 padded. The page
+              table has one row per score row (the request's block table row, gathered by
+              row_to_batch) and the plan (module.topk_plan(seq_lens, metadata, -1), sglang's
+              plan_topk_v2) is made once per forward in sglang: both are made here outside
+              the timed call.
+  ragged      topk_transform_ragged_v2 (DSA prefill's _topk_transform_v2_ragged):
+              module.topk_transform_ragged(scores, seq_lens, row_starts or None, out_offsets,
+              out_indices) writes p + out_offsets[i], -1 padded; no plan.
+
+v2 takes 0 < k <= 2048, a score row stride that is a multiple of 4 and a power-of-two page
+size. The v2 kernels write the <= 3 columns ahead of an unaligned window (masked); the case's
+windows start at column 0.
+"""
+
+from __future__ import annotations
+
+from dsv4bench.backends.base import Backend, LazyOps, Prepared, Provider, Unsupported
+from dsv4bench.backends.q8kv8.jit import CompileError
+from dsv4bench.backends.q8kv8.sources import find_nvcc
+from dsv4bench.backends.sgl_topk import jit, sources
+from dsv4bench.cases.case import Case
+from dsv4bench.cases.output import Output
+
+V2_MAX_K = 2048  # topk_v2.cuh: "topk must be in (0, 2048]"
+STRIDE_MULTIPLE = 4  # topk_v2.cuh: 16-byte vectorized loads of the score rows
+POISON = -3  # neither -1 nor an index: an output the kernel never wrote shows
+FORMS = {
+    "plain": ("fast_topk", "fast_topk"),
+    "page_table": ("topk_v2", "topk_transform_paged"),
+    "ragged": ("topk_v2", "topk_transform_ragged"),
+}
+
+
+def module_spec(case: Case) -> jit.ModuleSpec:
+    return jit.fast_topk(case.topk) if case.form == "plain" else jit.topk_v2()
+
+
+class Toolchain:
+    """The sources and nvcc found (no build), then each module built and loaded once; a
+    failed build is remembered, so later cases fail at once with the same lines."""
+
+    def __init__(self, lib: str | None):
+        self.lib = lib
+        self._found = LazyOps(None, self._find)
+        self._modules: dict[str, object] = {}
+        self._errors: dict[str, Exception] = {}
+        self.build_info: dict[str, dict] = {}
+
+    def _find(self):
+        return sources.discover(self.lib), find_nvcc(sources.WHAT)
+
+    def provider(self) -> Provider:
+        src, _ = self._found.get()
+        return Provider("sglang top-k (JIT)", f"sglang {src.version}", f"{src.label}: {src.jit}")
+
+    def module(self, spec: jit.ModuleSpec, device):
+        import torch
+
+        if spec.name in self._errors:
+            raise self._errors[spec.name]
+        if spec.name not in self._modules:
+            src, nvcc = self._found.get()
+            try:
+                capability = torch.cuda.get_device_capability(device)
+                path, self.build_info[spec.name] = jit.build(src, spec, nvcc, capability)
+            except (CompileError, Unsupported) as e:
+                self._errors[spec.name] = e
+                raise
+            self._modules[spec.name] = jit.load(src, path)
+        return self._modules[spec.name]
+
+
+class SglangTopK(Backend):
+    name = "sglang-topk"
+    description = "sglang's JIT top-k (fast_topk, DeepSeek-V4 top-k v2), built by nvcc"
+    archs = ("sm90",)
+    ops = ("topk",)
+    options = {"lib": None}
+
+    def __init__(self, lib: str | None = None, modules: dict | None = None):
+        self.lib = lib
+        self._injected = modules  # tests: module name ("fast_topk_512", "topk_v2") -> module
+        self._toolchain = Toolchain(lib)
+
+    def process_key(self) -> str:
+        # its own tvm_ffi: never in a process that imported another (FlashInfer's)
+        return f"sglang-topk.lib={self.lib}"
+
+    def provider(self) -> Provider:
+        if self._injected is not None:
+            return Provider("sglang top-k (injected)")
+        return self._toolchain.provider()
+
+    def build_reason(self) -> str | None:
+        """A missing piece (sources, tvm-ffi, nvcc), found without building."""
+        if self._injected is not None:
+            return None
+        try:
+            self._toolchain.provider()
+        except Unsupported as e:
+            return str(e)
+        return None
+
+    def supports(self, case: Case, arch: str) -> str | None:
+        reason = super().supports(case, arch)
+        if reason:
+            return reason
+        if case.form not in FORMS:
+            return f"unknown top-k form {case.form!r} (known: {', '.join(FORMS)})"
+        if case.form == "plain":
+            try:
+                jit.fast_topk(case.topk)
+            except Unsupported as e:
+                return str(e)
+            return None
+        if not 0 < case.topk <= V2_MAX_K:
+            return f"sglang's top-k v2 takes 0 < k <= {V2_MAX_K}, not {case.topk}"
+        page = case.page_size
+        if case.form == "page_table" and (page <= 0 or page & (page - 1)):
+            return f"sglang's top-k v2 takes a power-of-two page size, not {page}"
+        return None
+
+    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        import torch
+
+        reason = self.supports(case, "sm90")
+        if reason:
+            raise Unsupported(reason)
+        x = inputs
+        logits, k = x["logits"], case.topk
+        if logits.dtype != torch.float32 or logits.stride(1) != 1:
+            raise Unsupported("sglang's top-k reads fp32 scores with unit column stride")
+        rows, width = logits.shape
+        i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+        lengths = i32(x["lengths"])
+        starts = x.get("row_starts")
+        starts = torch.zeros_like(lengths) if starts is None else i32(starts)
+        dev = logits.device
+        out = torch.empty(rows, k, dtype=torch.int32, device=dev)
+        spec = module_spec(case)
+        fn = self._module(spec, dev)[FORMS[case.form][1]]
+        info = {"kernel": f"sglang {spec.name}.{FORMS[case.form][1]}", "form": case.form}
+        finish = Output
+        if case.form == "plain":
+
+            def run():
+                fn(logits, starts, out, lengths)
+                return out
+
+            finish = lambda raw: Output(_add_starts(raw, starts))  # noqa: E731
+            info["picks"] = "relative to row_starts (added back untimed)"
+        else:
+            if logits.stride(0) % STRIDE_MULTIPLE:
+                raise Unsupported(
+                    f"sglang's top-k v2 takes a score row stride that is a multiple of "
+                    f"{STRIDE_MULTIPLE}, not {logits.stride(0)}"
+                )
+            if case.form == "page_table":
+                if bool(starts.any()):
+                    raise Unsupported("sglang's paged top-k v2 takes no row starts")
+                table = i32(x["block_table"][x["row_to_batch"].long()])
+                plan = torch.zeros(rows + 1, 2, dtype=torch.int32, device=dev)
+                self._module(spec, dev)["topk_plan"](lengths, plan, -1)
+                page = case.page_size
+
+                def run():
+                    fn(logits, lengths, table, out, page, plan, None)
+                    return out
+
+                info["untimed"] = "page table rows by row_to_batch, plan_topk_v2 (per forward)"
+            else:
+                offsets = i32(x["offsets"])
+                row_starts = starts if bool(starts.any()) else None
+
+                def run():
+                    fn(logits, lengths, row_starts, offsets, out)
+                    return out
+
+        info.update(self._toolchain.build_info.get(spec.name, {}))
+        return Prepared(run=run, finish=finish, poison=lambda: out.fill_(POISON), info=info)
+
+    def _module(self, spec: jit.ModuleSpec, device):
+        if self._injected is not None:
+            if spec.name not in self._injected:
+                raise Unsupported(f"no injected module {spec.name}")
+            return self._injected[spec.name]
+        return self._toolchain.module(spec, device)
+
+
+def _add_starts(local, starts):
+    """fast_topk's row-relative picks as columns of the score rows (-1 and anything the
+    kernel did not write below 0 stay as they are)."""
+    import torch
+
+    return torch.where(local >= 0, local + starts[:, None], local)

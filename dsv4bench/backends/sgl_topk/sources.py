@@ -1,0 +1,101 @@
+"""What building sglang's top-k kernels needs, found without building them: the two kernel
+sources, sglang's header-only sgl_kernel library, apache-tvm-ffi (headers, libtvm_ffi and its
+Python loader) and nvcc. Each missing piece is one line (Unsupported), so `backends`, `plan`
+and the rows say it.
+
+Where from, in order: the `lib` option or $DSV4BENCH_SGL_TOPK_LIB (a `kernels fetch` build
+folder: csrc/, include/, site/tvm_ffi/), else the kernels folder's newest sglang-topk build, else
+installed packages (sglang's kernels/jit folder, tvm_ffi)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.q8kv8.sources import _package_dir
+from dsv4bench.kernels.catalog import SGL_TOPK_JIT, SGL_TOPK_SOURCES
+from dsv4bench.kernels.store import kernels_dir
+
+ENV_LIB = "DSV4BENCH_SGL_TOPK_LIB"
+HEADER_PROBE = "include/sgl_kernel/deepseek_v4/topk_impl.cuh"
+HOW = "dsv4bench kernels fetch sglang==0.5.23 (or --backend-opt sglang-topk.lib=BUILD)"
+WHAT = "sglang's top-k"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The files a build reads; `site` is put on sys.path to import tvm_ffi."""
+
+    label: str  # where they came from: a build name or "installed packages"
+    version: str  # sglang's
+    jit: Path  # holds csrc/ and include/ (sglang's kernels/jit folder)
+    tvm_ffi: Path  # the tvm_ffi package folder (include/, lib/)
+    site: Path | None = None
+    cache: Path | None = None  # where compiled modules go; None: the user's cache folder
+
+    @property
+    def includes(self) -> list[Path]:
+        return [
+            self.jit / "csrc",
+            self.jit / "include",
+            self.tvm_ffi / "include",
+            self.tvm_ffi / "3rdparty" / "dlpack" / "include",
+        ]
+
+
+def _check(src: Sources) -> Sources:
+    wanted = (*SGL_TOPK_SOURCES, HEADER_PROBE)
+    missing = [f"sglang kernel sources ({n})" for n in wanted if not (src.jit / n).is_file()]
+    if not (src.tvm_ffi / "include" / "tvm" / "ffi" / "function.h").is_file():
+        missing.append("tvm-ffi headers (include/tvm/ffi/function.h)")
+    if not any((src.tvm_ffi / "lib").glob("libtvm_ffi.*")):
+        missing.append("libtvm_ffi (tvm_ffi/lib)")
+    if missing:
+        raise Unsupported(f"{WHAT} {src.label}: no {', '.join(missing)}; {HOW}")
+    return src
+
+
+def from_build(folder: Path) -> Sources:
+    """A `kernels fetch` build folder (csrc/, include/, site/tvm_ffi/)."""
+    if not folder.is_dir():
+        raise Unsupported(f"{WHAT} build not found: no folder {folder}; {HOW}")
+    return _check(
+        Sources(
+            label=f"build {folder.name}",
+            version=folder.name.rsplit("-", 1)[-1],
+            jit=folder,
+            tvm_ffi=folder / "site" / "tvm_ffi",
+            site=folder / "site",
+            cache=folder / "jit",
+        )
+    )
+
+
+def from_installed() -> Sources:
+    """sglang's kernels/jit folder and tvm_ffi as installed (never imported here)."""
+    sglang, tvm = _package_dir("sglang"), _package_dir("tvm_ffi")
+    missing = [n for n, d in (("sglang", sglang), ("apache-tvm-ffi", tvm)) if d is None]
+    if missing:
+        raise Unsupported(f"{WHAT} sources not found: no {', '.join(missing)} installed; {HOW}")
+    from importlib import metadata
+
+    return _check(
+        Sources(
+            label="installed packages",
+            version=metadata.version("sglang"),
+            jit=sglang.parent / SGL_TOPK_JIT,
+            tvm_ffi=tvm,
+        )
+    )
+
+
+def discover(lib: str | None = None) -> Sources:
+    explicit = lib or os.environ.get(ENV_LIB)
+    if explicit:
+        return from_build(Path(explicit))
+    builds = sorted(kernels_dir().glob(f"sglang-topk-*/{SGL_TOPK_SOURCES[0]}"), reverse=True)
+    if builds:
+        return from_build(builds[0].parents[2])
+    return from_installed()
