@@ -87,7 +87,7 @@ def _attend(q: torch.Tensor, sets, case: Case, x: dict) -> Callable[[], Output]:
     keys = torch.cat([k for k, _, _ in sets])
     picked, offset = [[] for _ in range(b * s_q)], 0
     for k, idx, lengths in sets:
-        rows = idx.reshape(b * s_q, -1)
+        rows = idx.reshape(b * s_q, idx.shape[-1])  # -1 cannot size a 0-row call
         for n, row in enumerate(rows):
             used = row.shape[-1] if lengths is None else max(0, int(lengths[n // s_q]))
             row = row[:used]
