@@ -29,6 +29,12 @@ class ReferenceF64(Backend):
     archs = ("cpu",)
     ops = ("decode", "prefill", "dequant", "remap")
     layouts = ("v32", "v4")  # parse.RECORD_BYTES
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "yes: float64",
+        "CUDA graphs": "no: CPU only",
+        "batch invariance": "yes: each query row is computed alone, in float64",
+    }
 
     def provider(self) -> Provider:
         return Provider("slow_f64", f"torch {torch.__version__} float64", "dsv4bench/backends")
@@ -54,7 +60,7 @@ class ReferenceF64(Backend):
         if case.op == "prefill" and case.route == "sparse-prefill":
             kv = x["kv"].reshape(x["kv"].shape[0], -1).double()
             rows = x["q"].shape[0]  # a ragged batch: one chunk per request, back to back
-            sets = [(kv, x["indices"].reshape(rows, -1), x.get("topk_length"))]
+            sets = [(kv, x["indices"].reshape(rows, x["indices"].shape[-1]), x.get("topk_length"))]
             queries = x["q"].double()[:, None]  # (tokens, 1, h, d): one query per "request"
             run = _attend(queries, sets, case, x)
             return Prepared(run=run, finish=_prefill_output)
