@@ -45,7 +45,7 @@ def capability_row(backend, probe, arch: str, rows=()) -> dict[str, str]:
         "s_q > 1": _answer(backend, dataclasses.replace(plain, s_q=2), plain, arch),
         "max rows": str(guess) if guess is not None else "no limit known",
         **{name: _declared(declared, name) for name in DECLARED},
-        **measured(rows, backend.name),
+        **measured(rows, getattr(backend, "name", "")),
     }
 
 

@@ -134,3 +134,21 @@ def test_a_kernel_fix_is_read_against_the_build_version():
     tagged = make_case(V32, tags=("vllm-52339",))
     assert [i.tag for i in engine_issues.issues_of(tagged)] == ["vllm-52339"]
     assert engine_issues.issues_of(make_case(V32)) == []
+
+
+def test_the_prefill_context_limit_searches_plan_per_build():
+    from pathlib import Path
+
+    from dsv4bench import backends, scenarios
+
+    path = Path(__file__).parents[2] / "scenarios/failures/prefill_context_limit_sm90.yaml"
+    sc = scenarios.load(path, known_backends=backends.catalog())
+    assert [s.backend for s in sc.limits] == [
+        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
+    ]  # fmt: skip
+    for s in sc.limits:
+        assert (s.axis, s.lo, s.hi, s.step) == ("context_len", 131072, 262144, 16384)
+        assert s.base.op == "prefill" and "vllm-52339" in s.base.tags
+        probe = s.at(163840)  # near the issue's 161K
+        assert probe.context_len == 163840 and probe.tokens == s.base.tokens
+        assert [i.tag for i in engine_issues.issues_of(probe)] == ["vllm-52339"]
