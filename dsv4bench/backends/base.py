@@ -111,6 +111,10 @@ class Backend:
     is_oracle: bool = False
 
     options: dict[str, Any] = {}  # option name -> default (a constructor keyword, an attribute)
+    # What no probe case finds, as short text (report/capabilities.py DECLARED: "lse out",
+    # "CUDA graphs", "batch invariance"), each read from the adapter's code or the kernel's
+    # API; a test fails for a registered backend that leaves one out.
+    capabilities: dict[str, str] = {}
 
     @property
     def base(self) -> str:

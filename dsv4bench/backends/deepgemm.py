@@ -204,6 +204,12 @@ class DeepGEMM(Backend):
     layouts = ()  # the indexer's own key cache, no attention cache
 
     options = {"lib": None}  # a folder holding deep_gemm/ (a `kernels fetch` build)
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "n/a: indexer logits and top-k, no attention",
+        "CUDA graphs": "yes: the schedule metadata made in prepare(), the call is the op",
+        "batch invariance": "not promised: the schedule metadata is per batch",
+    }
 
     def __init__(self, module=None, lib: str | None = None):
         self.lib = lib

@@ -258,6 +258,14 @@ class FA3(LibraryBackend):
     archs = ("sm90",)
     ops = ("decode", "prefill")
     options = {"lib": None, "kv_dtype": "bf16"}
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "yes: softmax_lse (h, T), natural log",
+        "CUDA graphs": "yes: index lists and page table made in prepare(), the call is the op "
+        "(+ the sink scaling on the GPU)",
+        "batch invariance": "not promised: num_splits is left to FA3's heuristic, which reads "
+        "the batch",
+    }
 
     def __init__(self, lib: str | None = None, kv_dtype: str = "bf16", ops=None):
         if kv_dtype not in KV_DTYPES:

@@ -227,6 +227,13 @@ class FlashMLA(LibraryBackend):
     archs = ("sm90", "sm100")
     ops = ("decode", "prefill")
     layouts = ("v32", "v4")
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "yes: decode lse (b, h, s_q), prefill lse and max_logits",
+        "CUDA graphs": "yes: the decode schedule is made in prepare(), the call is the op",
+        "batch invariance": "no by default: the split-KV schedule follows the batch; option "
+        "batch_invariant (enable_batch_invariant, 2026.09.30 kernels, not sm90)",
+    }
     options = {
         "lib": None,  # a FlashMLA op library (.so or its directory); None: discover()
         "batch_invariant": False,  # decode with enable_batch_invariant (no split-KV)

@@ -14,6 +14,12 @@ class TorchReference(Backend):
     ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk")
     layouts = None  # any layout with a writer and reader in reference/layout_table.py
     is_oracle = True
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "yes: the oracle's",
+        "CUDA graphs": "no: its gathers sync with the host (nonzero, reference/attention.py)",
+        "batch invariance": "not promised: rows are attended in blocks (reference/attention.py)",
+    }
 
     def provider(self) -> Provider:
         import torch

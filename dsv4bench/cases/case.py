@@ -25,6 +25,10 @@ ROUTES = ("sparse-prefill", "decode-kernel", "decode-mixed")
 SCALE_CONVENTIONS = tuple(c for lay in LAYOUT_TABLE.values() for c in lay.conventions)
 ARCHS = ("cpu", "sm90", "sm100", "sm120")
 HEAD_PADDINGS = ("engine", "none", "64", "128")  # Case.head_padding
+# The engines' failure shapes (Case.edge; dsv4bench/cases/edges.py): a prefill call of 0 query
+# tokens, a batch with one request of no context, a decode batch padded to a captured CUDA
+# graph's size the way vLLM or sglang pad it.
+EDGES = ("empty-chunk", "empty-request", "graph-pad-vllm", "graph-pad-sglang")
 
 
 def padding_count(head_padding: str) -> int | None:
@@ -73,7 +77,14 @@ class Tolerance:
 
 
 # Case fields left out of params() at these values: cases made before them keep their ids.
-WORKLOAD_DEFAULTS = {"context_lens": (), "ragged": "", "index_pattern": "uniform", "form": ""}
+WORKLOAD_DEFAULTS = {
+    "context_lens": (),
+    "ragged": "",
+    "index_pattern": "uniform",
+    "form": "",
+    "edge": "",
+    "graph_batch": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,10 @@ class Case:
     ragged: str = ""
     index_pattern: str = "uniform"
     form: str = ""  # topk only: plain | page_table | ragged; in params() only when set
+    # A failure shape engines produce (EDGES; cases/edges.py), "" = none; graph_batch: the
+    # captured batch a graph-pad case is padded to (> batch_size). In params() only when set.
+    edge: str = ""
+    graph_batch: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
     tags: tuple[str, ...] = ()  # free labels a scenario gives its cases (family names for reports)
@@ -145,6 +160,8 @@ class Case:
     @property
     def query_tokens(self) -> int:
         """Query tokens in one call: b * s_q for decode, the chunk for prefill."""
+        if self.edge == "empty-chunk":  # the call gets none of the chunk's tokens
+            return 0
         if self.op == "prefill":  # a ragged prefill batch: one chunk per request
             return self.tokens * (len(self.context_lens) or 1)
         if self.op in ("indexer", "topk") and self.tokens:

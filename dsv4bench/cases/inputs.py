@@ -84,7 +84,12 @@ def make_inputs(case: Case, device: str | torch.device) -> dict:
         "page_split": _dequant,  # the same cache: context_len * batch_size tokens
         "topk": _topk,
     }
-    return make[case.op](case, torch.device(device), g)
+    x = make[case.op](case, torch.device(device), g)
+    if case.edge:  # an engine's failure shape (cases/edges.py)
+        from dsv4bench.cases import edges
+
+        x = edges.apply(case, x)
+    return x
 
 
 def fingerprint(inputs: dict) -> str:

@@ -66,7 +66,7 @@ def cmd_envelope(args) -> int:
     plot.draw(cells, out / "envelope.png", f"Support envelope on {args.arch}")
     probe = _probe()
     names = dict.fromkeys(job.backend for job in jobs)
-    table = {n: capabilities.capability_row(backends.get(n), probe, args.arch) for n in names}
+    table = {n: capabilities.capability_row(backends.get(n), probe, args.arch, rows) for n in names}
     (out / "capabilities.md").write_text(capabilities.table(table))
     for name, by_status in envelope.counts(cells).items():
         print(f"{name}: " + ", ".join(f"{n} {s}" for s, n in by_status.items() if n))

@@ -206,6 +206,11 @@ def memory_per_call(fn: Callable[[], Any], dev) -> dict:
 def capture_graph(fn: Callable[[], Any]):
     """fn captured once into a CUDA graph (after a warm-up call on a side stream, as
     torch.cuda.graphs requires); raises what the capture raised."""
+    return captured(fn)[0]
+
+
+def captured(fn: Callable[[], Any]):
+    """(graph, what fn returned while captured): the replay rewrites the latter in place."""
     import torch
 
     side = torch.cuda.Stream()
@@ -215,8 +220,20 @@ def capture_graph(fn: Callable[[], Any]):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph
+        out = fn()
+    return graph, out
+
+
+def replayed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn captured once (capture_graph); a call replays the graph and returns the captured
+    call's outputs, as an engine reads a replayed batch."""
+    graph, out = captured(fn)
+
+    def replay():
+        graph.replay()
+        return out
+
+    return replay
 
 
 def graph_times(fn: Callable[[], Any], dev, iters: int, flush_l2: bool = True) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench import backends, env
+from dsv4bench.cases import engine_issues
 from dsv4bench.cases.case import Case
 from dsv4bench.rows import CaseRow, LimitRow
 from dsv4bench.rows.results import ResultWriter
@@ -241,7 +242,8 @@ class Runner:
             row = CaseRow.of(job.case, backends.get(job.backend), **answer)
         extra = {**row.extra, "shard": self.shard} if self.shard else row.extra
         env = {**(row.env or self._env_info()), **slot.device.row_env()}
-        return dataclasses.replace(row, env=env, extra=extra)
+        info = engine_issues.with_note(row.info, job.case, backends.get(job.backend), row.provider)
+        return dataclasses.replace(row, env=env, extra=extra, info=info)
 
     def _write(self, row: CaseRow) -> None:
         with self._lock:

@@ -85,7 +85,12 @@ def check_row(case, backend, arch: str, cache: Cache):
 
         torch.cuda.reset_peak_memory_stats()
     try:
-        prepared = backend.prepare(case, cache.inputs, device)
+        if case.graph_batch:  # replayed in a graph captured at a padded batch
+            from dsv4bench.run import padded
+
+            prepared = padded.prepare(backend, case, cache.inputs, device, arch)
+        else:
+            prepared = backend.prepare(case, cache.inputs, device)
     except Unsupported as e:
         return replace(row, status="unsupported", message=str(e)), None
     info = dict(prepared.info)
@@ -267,7 +272,7 @@ def run_job(job: dict, cache: Cache) -> dict:
         iters=t.iters,
         flush_l2=t.flush_l2,
         timer=timer,
-        graph=t.graph,
+        graph=t.graph and not case.graph_batch,  # a graph-pad call is a replay already
     )
     padded = row.info.get("padded_heads")
     precision = row.info.get("compute_precision", "bf16")
@@ -296,6 +301,8 @@ def _classify(exc: BaseException) -> str:
     if "out of memory" in text.lower() or any(m in text.lower() for m in HOST_OOM):
         return "oom"
     if "CUDA error" in text or "cudaError" in text or "device-side assert" in text:
+        return "crash"
+    if type(exc).__name__ == "CaptureFailed":  # run/padded.py: the process is unfit afterwards
         return "crash"
     return "error"
 

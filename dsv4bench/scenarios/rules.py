@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4bench.cases.case import (
+    EDGES,
     HEAD_PADDINGS,
     OPS,
     ROUTES,
@@ -341,6 +342,8 @@ AXES: dict[str, Axis] = {
     "context_lens": Axis(workloads.context_lens),
     "index_pattern": enum_axis(PATTERNS, "index pattern"),
     "form": enum_axis(TOPK_FORMS, "top-k form"),
+    "edge": enum_axis(EDGES, "failure shape"),
+    "graph_batch": int_axis(1),
 }
 
 
@@ -393,7 +396,7 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             ("num_heads", f"expected at most head_padding ({pad}) heads, got {v['num_heads']}"),
             ("head_padding", f"pads to {pad} heads, fewer than num_heads ({v['num_heads']})"),
         ]
-    problems = workload_problems(v)
+    problems = workload_problems(v) or edge_problems(v)
     if problems:
         return problems
     if v["op"] == "prefill":
@@ -548,3 +551,29 @@ def pair_rule(a: str, rel: str, b: str, v: dict, why: str = "") -> list[tuple[st
         (a, f"{why}expected {a} {rel} {b} ({v[b]}), got {v[a]}"),
         (b, f"{why}expected {b} {flip} {a} ({v[a]}), got {v[b]}"),
     ]
+
+
+def edge_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """A failure shape (cases/edges.py) fits its op: a 0-token prefill call through the kernel
+    that takes the chunk's rows first; a decode batch with a request inside it to empty; a
+    decode batch padded to a larger captured one."""
+    edge, graph_batch = v.get("edge", ""), v.get("graph_batch", 0)
+    if edge and edge not in EDGES:
+        return [("edge", f"expected one of {', '.join(EDGES)}, got {edge!r}")]
+    padding = edge.startswith("graph-pad")
+    if graph_batch and not padding:
+        return [("graph_batch", "graph_batch is the captured batch of a graph-pad edge")]
+    if edge == "empty-chunk":
+        if v["op"] != "prefill" or v.get("context_lens"):
+            return [("edge", "empty-chunk is a prefill call of one chunk (no context_lens)")]
+        if v["route"] == "decode-mixed":
+            return [("route", "empty-chunk empties the rows of q: route decode-mixed has one")]
+    elif edge == "empty-request" and (v["op"] != "decode" or v["batch_size"] < 2):
+        return [("edge", "empty-request empties a request inside a decode batch of 2 or more")]
+    elif padding:
+        if v["op"] != "decode":
+            return [("edge", f"{edge} pads a decode batch, this is a {v['op']} case")]
+        if graph_batch <= v["batch_size"]:
+            got = f"graph_batch {graph_batch}, batch_size {v['batch_size']}"
+            return [("graph_batch", f"{edge} needs graph_batch > batch_size, got {got}")]
+    return None

@@ -29,6 +29,12 @@ class ReferenceF64(Backend):
     archs = ("cpu",)
     ops = ("decode", "prefill", "dequant", "remap")
     layouts = ("v32", "v4")  # parse.RECORD_BYTES
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "yes: float64",
+        "CUDA graphs": "no: CPU only",
+        "batch invariance": "yes: each query row is computed alone, in float64",
+    }
 
     def provider(self) -> Provider:
         return Provider("slow_f64", f"torch {torch.__version__} float64", "dsv4bench/backends")
@@ -54,7 +60,7 @@ class ReferenceF64(Backend):
         if case.op == "prefill" and case.route == "sparse-prefill":
             kv = x["kv"].reshape(x["kv"].shape[0], -1).double()
             rows = x["q"].shape[0]  # a ragged batch: one chunk per request, back to back
-            sets = [(kv, x["indices"].reshape(rows, -1), x.get("topk_length"))]
+            sets = [(kv, x["indices"].reshape(rows, x["indices"].shape[-1]), x.get("topk_length"))]
             queries = x["q"].double()[:, None]  # (tokens, 1, h, d): one query per "request"
             run = _attend(queries, sets, case, x)
             return Prepared(run=run, finish=_prefill_output)
@@ -87,7 +93,7 @@ def _attend(q: torch.Tensor, sets, case: Case, x: dict) -> Callable[[], Output]:
     keys = torch.cat([k for k, _, _ in sets])
     picked, offset = [[] for _ in range(b * s_q)], 0
     for k, idx, lengths in sets:
-        rows = idx.reshape(b * s_q, -1)
+        rows = idx.reshape(b * s_q, idx.shape[-1])  # -1 cannot size a 0-row call
         for n, row in enumerate(rows):
             used = row.shape[-1] if lengths is None else max(0, int(lengths[n // s_q]))
             row = row[:used]

@@ -231,6 +231,13 @@ class FlashInfer(Backend):
     ops = ("decode", "prefill", "topk")
     layouts = ("v32", "v4")
     options = {"kv_dtype": "bf16", "past_planner_limit": False, "lib": None}
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "sm90: yes (natural log); sm120: yes (base 2, converted); sm100: no "
+        "(trtllm-gen returns none)",
+        "CUDA graphs": "yes: plan() and every conversion in prepare(), the call is run()",
+        "batch invariance": "not promised: the sm90 plan splits KV by the batch's work",
+    }
 
     def __init__(
         self,

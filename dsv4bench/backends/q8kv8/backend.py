@@ -129,6 +129,13 @@ class Q8KV8(Backend):
     ops = ("prefill",)
     layouts = ("v32", "v4")
     options = {"lib": None, "time_q_cast": False}
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "yes: lse fp32 (s_q, h_q), natural log",
+        "CUDA graphs": "yes: JIT-compiled and cast in prepare() (time_q_cast: the q cast in "
+        "the call, on the GPU)",
+        "batch invariance": "not promised: never checked",
+    }
 
     def __init__(
         self,

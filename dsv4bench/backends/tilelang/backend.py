@@ -164,6 +164,12 @@ class TileLang(LibraryBackend):
     ops = ("decode", "prefill")
     layouts = ("v32",)
     options = {"lib": None, "runtime": None}
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "no: the kernel writes none",
+        "CUDA graphs": "yes: compiled and its operands made in prepare(), the call launches",
+        "batch invariance": "not promised: never checked",
+    }
 
     def __init__(self, lib: str | None = None, runtime: str | None = None, ops=None):
         """lib: sglang's kernel file or its build folder (None: discover). runtime: a

@@ -59,6 +59,13 @@ class TritonKernels(Backend):
     archs = ("sm90", "sm100", "sm120")
     ops = ("dequant", "remap", "indexer", "decode", "prefill", "page_split", "topk")
     layouts = ("v32", "v4")
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "no: the adapter returns out only",
+        "CUDA graphs": "yes: compiled and planned in prepare() (warm_up), the call launches",
+        "batch invariance": "not promised: the tuning rules (triton/tuning.py) pick splits "
+        "by the case's sizes",
+    }
 
     def provider(self) -> Provider:
         t = jit.load()

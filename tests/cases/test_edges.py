@@ -1,0 +1,154 @@
+"""The engines' failure shapes (Case.edge): the scenario grammar, the inputs each builds, the
+padding the engines do, a run through the oracle on the CPU, and the engine-issue notes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dsv4bench.cases import edges, engine_issues, inputs
+from dsv4bench.cases.oracle import oracle_call
+from dsv4bench.cli import main
+from dsv4bench.scenarios import ScenarioError
+from tests.factories import V4, V32, load_scenario, make_case
+
+SCENARIO = """name: edges-test
+arch: [cpu]
+backends: [torch, reference-f64]
+timing: {warmup: 0, iters: 1}
+cases:
+  - {op: prefill, model: v3.2, context_len: 512, tokens: 16, num_heads: 16, topk: 64,
+     edge: empty-chunk}
+  - {op: decode, model: v4-flash, context_len: 1024, num_heads: 16, batch_size: 3,
+     edge: empty-request}
+  - {op: decode, model: v4-flash, context_len: 1024, num_heads: 16, batch_size: 2,
+     graph_batch: 4, edge: [graph-pad-vllm, graph-pad-sglang]}
+"""
+BACKENDS = ("torch", "reference-f64", "flashmla")
+
+
+def _v4(**kw):
+    return make_case(V4, topk=128, window=128, compress_ratio=4, extra_topk=64, sink=True,
+                     context_len=1024, num_heads=16, page_size=256, **kw)  # fmt: skip
+
+
+def test_the_shapes_expand_with_ids_of_their_own():
+    s = load_scenario(SCENARIO, BACKENDS)
+    got = [(c.op, c.edge, c.graph_batch) for c in s.cases]
+    assert got == [
+        ("prefill", "empty-chunk", 0),
+        ("decode", "empty-request", 0),
+        ("decode", "graph-pad-vllm", 4),
+        ("decode", "graph-pad-sglang", 4),
+    ]
+    assert len({c.case_id for c in s.cases}) == 4
+    plain = load_scenario(SCENARIO.replace("edge: empty-request", "s_q: 1"), BACKENDS).cases[1]
+    assert "edge" not in plain.params() and "graph_batch" not in plain.params()
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("{op: decode, model: v3.2, edge: empty-chunk}", "empty-chunk is a prefill call"),
+        ("{op: decode, model: v3.2, edge: empty-request}", "decode batch of 2 or more"),
+        ("{op: decode, model: v3.2, batch_size: 4, graph_batch: 4, edge: graph-pad-vllm}",
+         "graph_batch > batch_size"),
+        ("{op: decode, model: v3.2, graph_batch: 4}", "captured batch of a graph-pad edge"),
+        ("{op: decode, model: v3.2, edge: empty}", "failure shape"),
+        ("{op: prefill, model: v3.2, route: decode-mixed, edge: empty-chunk}", "decode-mixed"),
+    ],
+)  # fmt: skip
+def test_a_shape_that_does_not_fit_its_case_is_refused(entry, message):
+    text = f"name: x\narch: [cpu]\nbackends: [torch]\ncases:\n  - {entry}\n"
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(text, BACKENDS)
+
+
+def test_an_empty_chunk_keeps_the_workspace_and_loses_every_query_row():
+    case = make_case(V32, op="prefill", tokens=16, topk=64, context_len=512, num_heads=16,
+                     edge="empty-chunk")  # fmt: skip
+    x = inputs.make_inputs(case, "cpu")
+    assert x["q"].shape == (0, 16, 576) and x["indices"].shape[0] == 0
+    assert x["kv"].shape[0] == 512 and x["topk_length"].shape == (0,)
+    assert case.query_tokens == 0
+    assert oracle_call(case, x)().out.shape == (0, 16, 512)
+
+
+def test_an_empty_request_sits_inside_the_batch_with_no_index_and_counts_zero():
+    case = _v4(batch_size=3, edge="empty-request")
+    x = inputs.make_inputs(case, "cpu")
+    assert (x["indices"][1] == -1).all() and (x["extra_indices"][1] == -1).all()
+    assert x["topk_length"].tolist() == [128, 0, 128]
+    assert x["extra_topk_length"].tolist() == [64, 0, 64]
+    out = oracle_call(case, x)()
+    assert (out.out[1] == 0).all() and torch.isinf(out.lse[1]).all()
+    assert (out.out[0] != 0).any()
+
+
+def test_vllm_pads_with_no_context_and_sglang_with_one_stale_slot():
+    for edge, seq_len in (("graph-pad-vllm", 0), ("graph-pad-sglang", 1)):
+        case = _v4(batch_size=2, graph_batch=5, edge=edge)
+        x = inputs.make_inputs(case, "cpu")
+        wide, y = edges.padded(case, x)
+        assert wide.batch_size == 5 and wide.context_lens == (1024, 1024) + (seq_len,) * 3
+        assert wide.edge == "" and wide.graph_batch == 0
+        assert torch.equal(y["q"][:2], x["q"]) and (y["q"][2:] == 0).all()
+        assert y["topk_length"].tolist() == [128, 128] + [seq_len] * 3
+        assert y["extra_topk_length"].tolist() == [64, 64] + [seq_len] * 3
+        pad = y["indices"][2:]
+        assert (pad[..., 1:] == -1).all()
+        live = x["indices"][0][x["indices"][0] >= 0]
+        assert (pad[..., 0] == (live[0] if seq_len else -1)).all()
+        assert edges.PADDING[edge].source  # where the engine does it
+        # the real rows of the padded call are the real batch's answer
+        full = edges.real_rows(oracle_call(wide, y)(), 2)
+        alone = oracle_call(case, x)()
+        assert torch.equal(full.out, alone.out) and torch.equal(full.lse, alone.lse)
+
+
+def test_the_shapes_run_through_the_oracle_on_the_cpu(tmp_path):
+    scenario = tmp_path / "edges.yaml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "run"
+    assert main(["run", str(scenario), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["ok"] * 8
+    padded = [r for r in rows if r["params"].get("graph_batch")]
+    assert {r["info"]["graph_padding"]["engine"] for r in padded} == {"vllm", "sglang"}
+    assert all(r["info"]["graph_padding"]["replay"].startswith("eager") for r in padded)
+    notes = {r["params"]["edge"]: r["info"]["engine_issue"][0] for r in rows}
+    assert notes["empty-chunk"]["issue"].startswith("vLLM issue 51486")
+    assert notes["empty-chunk"]["build_has_fix"].startswith("no: the fix is in the engine")
+    assert notes["graph-pad-vllm"]["build_has_fix"].startswith("unknown")
+
+
+def test_a_kernel_fix_is_read_against_the_build_version():
+    fixed = engine_issues.EngineIssue(
+        "t", "issue", "symptom", "PR 1", "kernel", {"flash_mla": "1.2.0"}
+    )
+    assert engine_issues.has_fix(fixed, "flash_mla", "1.2.1").startswith("yes")
+    assert engine_issues.has_fix(fixed, "flash_mla", "sgl 1.0.0").startswith("no")
+    assert engine_issues.has_fix(fixed, "other", "9.9").startswith("unknown")
+    tagged = make_case(V32, tags=("vllm-52339",))
+    assert [i.tag for i in engine_issues.issues_of(tagged)] == ["vllm-52339"]
+    assert engine_issues.issues_of(make_case(V32)) == []
+
+
+def test_the_prefill_context_limit_searches_plan_per_build():
+    from pathlib import Path
+
+    from dsv4bench import backends, scenarios
+
+    path = Path(__file__).parents[2] / "scenarios/failures/prefill_context_limit_sm90.yaml"
+    sc = scenarios.load(path, known_backends=backends.catalog())
+    assert [s.backend for s in sc.limits] == [
+        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
+    ]  # fmt: skip
+    for s in sc.limits:
+        assert (s.axis, s.lo, s.hi, s.step) == ("context_len", 131072, 262144, 16384)
+        assert s.base.op == "prefill" and "vllm-52339" in s.base.tags
+        probe = s.at(163840)  # near the issue's 161K
+        assert probe.context_len == 163840 and probe.tokens == s.base.tokens
+        assert [i.tag for i in engine_issues.issues_of(probe)] == ["vllm-52339"]
