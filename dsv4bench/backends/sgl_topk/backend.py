@@ -88,6 +88,12 @@ class SglangTopK(Backend):
     archs = ("sm90",)
     ops = ("topk",)
     options = {"lib": None}
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "n/a: top-k indices, no attention",
+        "CUDA graphs": "yes: the v2 plan and page table made in prepare(), the call is the op",
+        "batch invariance": "not promised: picks come in atomic collection order",
+    }
 
     def __init__(self, lib: str | None = None, modules: dict | None = None):
         self.lib = lib
