@@ -44,11 +44,11 @@ def decode_lists(x: dict):
     b, s_q = x["q"].shape[:2]
     t = b * s_q
     per_token = lambda n: None if n is None else n.repeat_interleave(s_q)  # noqa: E731
-    idx = x["indices"].reshape(t, -1)
+    idx = x["indices"].reshape(t, x["indices"].shape[-1])  # t may be 0 (an empty chunk)
     ok = row_lists(idx, per_token(x.get("topk_length")))
     if len(caches) == 2:
         main_slots = caches[0].shape[0] * caches[0].shape[1]
-        extra = x["extra_indices"].reshape(t, -1)
+        extra = x["extra_indices"].reshape(t, x["extra_indices"].shape[-1])
         ok_e = row_lists(extra, per_token(x.get("extra_topk_length")))
         idx = torch.cat([idx, torch.where(extra >= 0, extra + main_slots, extra)], -1)
         ok = torch.cat([ok, ok_e], -1)
@@ -64,8 +64,8 @@ def bf16_rows(case, x: dict):
         b, s_q, h, d = x["q"].shape
         caches, idx, ok = decode_lists(x)
         return x["q"].reshape(b * s_q, h, d), bf16_pool(caches, case.d_qk, case.layout)[0], idx, ok
-    rows = x["kv"].reshape(x["kv"].shape[0], -1).to(torch.bfloat16).contiguous()
-    idx = x["indices"].reshape(x["indices"].shape[0], -1)
+    rows = x["kv"].flatten(1).to(torch.bfloat16).contiguous()
+    idx = x["indices"].flatten(1)
     return x["q"], rows, idx, row_lists(idx, x.get("topk_length"), limit=rows.shape[0])
 
 

@@ -441,7 +441,7 @@ def _prefill_pool(case: Case, x: dict, kv_dtype: str):
 
     kv = x["kv"]
     kv = kv if kv.dim() == 3 else kv[:, None]
-    idx = x["indices"].reshape(x["indices"].shape[0], -1)
+    idx = x["indices"].flatten(1)
     ok = paged_rows.row_lists(idx, x.get("topk_length"), limit=kv.shape[0])
     if kv_dtype == "bf16":
         kvb = kv.to(torch.bfloat16)

@@ -174,7 +174,8 @@ def _int32(t, tokens: int | None, device):
 
     if t is None:
         return None
-    t = t.reshape(tokens, -1) if tokens is not None else t
+    if tokens is not None:  # tokens may be 0 (an empty chunk): no -1 to infer
+        t = t.reshape(tokens, t.numel() // tokens if tokens else t.shape[-1])
     return t.to(device, torch.int32).contiguous()
 
 
