@@ -25,7 +25,7 @@ from dsv4bench.cases.case import (
     padding_count,
 )
 from dsv4bench.cases.patterns import PATTERNS
-from dsv4bench.scenarios import workloads
+from dsv4bench.scenarios import batch_entry, workloads
 from dsv4bench.scenarios.read import (
     Node,
     Origin,
@@ -341,6 +341,7 @@ AXES: dict[str, Axis] = {
     "context_lens": Axis(workloads.context_lens),
     "index_pattern": enum_axis(PATTERNS, "index pattern"),
     "form": enum_axis(TOPK_FORMS, "top-k form"),
+    "batch_spec": Axis(batch_entry.parse_value),  # vLLM's grammar: expands to several cases
 }
 
 
