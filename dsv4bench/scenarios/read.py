@@ -79,9 +79,12 @@ def show_value(n: Node) -> str:
 
 
 def suggestion(word: str, known: Collection[str]) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean {close[0]}?"
+    known = list(known)
+    close = difflib.get_close_matches(word, known, n=len(known) or 1, cutoff=0.6)
+    if close:  # of equally close names, the one declared first (batch_size before batch_spec)
+        score = lambda k: difflib.SequenceMatcher(None, k, word).ratio()  # noqa: E731
+        best = max(close, key=lambda k: (score(k), -known.index(k)))
+        return f"; did you mean {best}?"
     return f"; expected one of: {', '.join(known)}"
 
 

@@ -72,6 +72,8 @@ SHIPPED = {
     "workloads/long_context_sm90.yaml": (24, 96, 0),
     # opt-in (issue 33): the support envelope, one small call per cell
     "envelope/sm90.yaml": (450, 1350, 0),
+    # opt-in (issue 35): vLLM's mla_sparse_decode.yaml through `import vllm-bench`
+    "compare/vllm_mla_sparse_decode_sm90.yaml": (72, 144, 0),
 }
 
 
