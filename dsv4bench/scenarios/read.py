@@ -78,6 +78,15 @@ def show_value(n: Node) -> str:
     return str(v)
 
 
+def plain_data(text: str) -> Any:
+    """Another harness's YAML as plain data (no lines kept): a YAML error is a ValueError of
+    its first line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"not YAML: {str(e).splitlines()[0]}") from None
+
+
 def suggestion(word: str, known: Collection[str]) -> str:
     known = list(known)
     close = difflib.get_close_matches(word, known, n=len(known) or 1, cutoff=0.6)

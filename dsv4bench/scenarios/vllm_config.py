@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import yaml
-
 from dsv4bench.cases import batch_spec
+from dsv4bench.scenarios.read import plain_data
 
 # vLLM backend name -> this suite's backend. FLASHINFER_MLA_SPARSE is FlashInfer's TRT-LLM
 # kernel (sm100); on sm90 vLLM runs FLASHINFER_MLA_SPARSE_SM90, FlashInfer's FA3 MLA over
@@ -52,9 +51,9 @@ def convert(text: str, *, source: str, name: str, arch: str = "sm90") -> str:
 
 def read(text: str, *, name: str) -> Conversion:
     try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"not YAML: {str(e).splitlines()[0]}") from None
+        config = plain_data(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(config, dict):
         raise ConfigError("expected a mapping of config keys")
     for key in config:

@@ -86,6 +86,8 @@ def test_a_bad_batch_spec_in_a_scenario_is_one_line_exit_2(run_cli, tmp_path):
 def test_direct_conversion_errors_are_config_errors():
     with pytest.raises(ConfigError, match="expected a mapping"):
         convert("- just a list", source="x", name="x")
+    with pytest.raises(ConfigError, match="not YAML"):
+        convert("model: [unclosed", source="x", name="x")
 
 
 def shrunk(text: str) -> str:
