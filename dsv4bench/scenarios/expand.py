@@ -22,6 +22,7 @@ from dsv4bench.cases.case import (
     Timing,
     Tolerance,
 )
+from dsv4bench.scenarios import batch_entry
 from dsv4bench.scenarios.read import (
     Node,
     Origin,
@@ -368,14 +369,15 @@ class ScenarioLoader(Parser):
             for own in product_of(e.values):
                 for point in sweep_points:
                     merged = {**top.base, **top.defaults, **own, **point}
-                    case = self.resolve(merged, e, common)
-                    chosen = tuple(e.backends if e.backends is not None else top.backends)
-                    if case.case_id in cases:  # the same point twice runs once, with both lists
-                        old = cases[case.case_id]
-                        case = replace(case, tags=unique(old.tags + case.tags))
-                        chosen = unique(case_backends.get(case.case_id, ()) + chosen)
-                    cases[case.case_id] = case
-                    case_backends[case.case_id] = chosen
+                    for part, tags in batch_entry.expand(self, merged):
+                        case = self.resolve(part, replace(e, tags=[*e.tags, *tags]), common)
+                        chosen = tuple(e.backends if e.backends is not None else top.backends)
+                        if case.case_id in cases:  # the same point twice runs once, both lists
+                            old = cases[case.case_id]
+                            case = replace(case, tags=unique(old.tags + case.tags))
+                            chosen = unique(case_backends.get(case.case_id, ()) + chosen)
+                        cases[case.case_id] = case
+                        case_backends[case.case_id] = chosen
         return cases, case_backends
 
     def expand_limits(self, top: TopLevel, sweep_points, common: dict) -> dict:
@@ -386,6 +388,9 @@ class ScenarioLoader(Parser):
             for own in product_of(e.values):
                 for point in sweep_points:
                     merged = {**top.base, **top.defaults, **own, **point}
+                    if "batch_spec" in merged:
+                        why = "a limit search varies one case; batch_spec names a whole batch"
+                        raise self.fail(merged["batch_spec"][1], why)
                     case = self.resolve({**merged, axis: (lo, lo_at)}, e, common)
                     # hi is expected to fail: it may exceed any GPU (no size check)
                     self.resolve({**merged, axis: (hi, hi_at)}, e, common, sized=False)

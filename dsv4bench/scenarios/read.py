@@ -78,10 +78,22 @@ def show_value(n: Node) -> str:
     return str(v)
 
 
+def plain_data(text: str) -> Any:
+    """Another harness's YAML as plain data (no lines kept): a YAML error is a ValueError of
+    its first line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"not YAML: {str(e).splitlines()[0]}") from None
+
+
 def suggestion(word: str, known: Collection[str]) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean {close[0]}?"
+    known = list(known)
+    close = difflib.get_close_matches(word, known, n=len(known) or 1, cutoff=0.6)
+    if close:  # of equally close names, the one declared first (batch_size before batch_spec)
+        score = lambda k: difflib.SequenceMatcher(None, k, word).ratio()  # noqa: E731
+        best = max(close, key=lambda k: (score(k), -known.index(k)))
+        return f"; did you mean {best}?"
     return f"; expected one of: {', '.join(known)}"
 
 

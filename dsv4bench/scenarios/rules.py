@@ -26,7 +26,7 @@ from dsv4bench.cases.case import (
     padding_count,
 )
 from dsv4bench.cases.patterns import PATTERNS
-from dsv4bench.scenarios import workloads
+from dsv4bench.scenarios import batch_entry, workloads
 from dsv4bench.scenarios.read import (
     Node,
     Origin,
@@ -344,6 +344,7 @@ AXES: dict[str, Axis] = {
     "form": enum_axis(TOPK_FORMS, "top-k form"),
     "edge": enum_axis(EDGES, "failure shape"),
     "graph_batch": int_axis(1),
+    "batch_spec": Axis(batch_entry.parse_value),  # vLLM's grammar: expands to several cases
 }
 
 
