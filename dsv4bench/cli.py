@@ -11,6 +11,7 @@ import sys
 
 from dsv4bench.cases.case import ARCHS
 from dsv4bench.commands import envelope as envelope_command
+from dsv4bench.commands import interop as interop_command
 from dsv4bench.commands import kernels as kernels_command
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
@@ -130,6 +131,7 @@ def parser() -> argparse.ArgumentParser:
     _add_result_jobs(sub)
     kernels_command.add_parser(sub)
     envelope_command.add_parser(sub, _common)
+    interop_command.add_parser(sub)
     return top
 
 

@@ -45,7 +45,9 @@ class Exported:
 def export(run_dir: Path, out: Path, max_dump_mib: float = 256.0) -> Exported:
     from dsv4bench.report.load import load_rows
 
-    rows = [r for r in load_rows(run_dir) if r.get("kind", "case") == "case"]
+    # case rows and limit searches (each a trace of the case it stopped at); serving points
+    # are sums of case rows, not kernel calls
+    rows = [r for r in load_rows(run_dir) if r.get("kind", "case") in ("case", "limit")]
     if not rows:
         raise ValueError(f"{run_dir}: no case rows to export")
     cases = {r["case_id"]: Case(scenario=r["scenario"], **r["params"]) for r in rows}
@@ -218,6 +220,9 @@ def _evaluation(row: dict, oracle_ms: float | None, stamp: str):
         libs[str(provider.get("name"))] = str(provider["version"])
     log = f"dsv4bench status {row['status']}"
     log += f": {row['message']}" if row.get("message") else ""
+    if row.get("kind") == "limit":
+        search = {k: row.get(k) for k in ("axis", "last_ok", "first_fail", "probes")}
+        log += f" (a limit search: {json.dumps(search)})"
     correctness = performance = None
     if status in ("PASSED", "INCORRECT_NUMERICAL"):
         acc = row.get("accuracy") or {}
