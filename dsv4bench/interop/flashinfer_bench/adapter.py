@@ -18,8 +18,10 @@ def case_of(params: dict) -> Case:
 
 def our_inputs(case: Case, given: dict) -> dict:
     """Their tensors -> the case's input dict (caches as uint8 again, absent ones None)."""
-    x = {k: (v.view(torch.uint8) if k.endswith("cache") and v.dtype == torch.int8 else v)
-         for k, v in given.items()}
+    x = {
+        k: (v.view(torch.uint8) if k.endswith("cache") and v.dtype == torch.int8 else v)
+        for k, v in given.items()
+    }
     if case.decode_shape:
         x.setdefault("attn_sink", None)
     return x

@@ -64,17 +64,22 @@ def export(run_dir: Path, out: Path, max_dump_mib: float = 256.0) -> Exported:
         for case_id in ids:
             workloads[case_id], dumped = _workload(out, name, case_id, cases[case_id], max_dump_mib)
             counts.dumped += dumped
-        _write_jsonl(out / "workloads" / schema.OP_TYPE / f"{name}.jsonl", [
-            _trace(name, w) for w in workloads.values()
-        ])
+        _write_jsonl(
+            out / "workloads" / schema.OP_TYPE / f"{name}.jsonl",
+            [_trace(name, w) for w in workloads.values()],
+        )
         mine = [r for r in rows if r["case_id"] in workloads]
         solutions = {}
         for r in mine:
             if r["backend"] not in solutions:
                 solutions[r["backend"]] = _write_solution(out, definition, cases[r["case_id"]], r)
         traces = [
-            _trace(name, workloads[r["case_id"]], solutions[r["backend"]].name,
-                   _evaluation(r, oracle_ms.get(r["case_id"]), stamp))
+            _trace(
+                name,
+                workloads[r["case_id"]],
+                solutions[r["backend"]].name,
+                _evaluation(r, oracle_ms.get(r["case_id"]), stamp),
+            )
             for r in mine
         ]
         _write_jsonl(out / "traces" / schema.OP_TYPE / f"{name}.jsonl", traces)
@@ -144,12 +149,14 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
     inputs = {k: v for k, v in make_inputs(case, "cpu").items() if v is not None}
     blob = Path("blob") / "workloads" / schema.OP_TYPE / name / f"{name}_{case_id}.safetensors"
     (out / blob).parent.mkdir(parents=True, exist_ok=True)
-    saved = {k: (v.view(torch.int8) if v.dtype == torch.uint8 else v).contiguous()
-             for k, v in inputs.items()}
+    saved = {
+        k: (v.view(torch.int8) if v.dtype == torch.uint8 else v).contiguous()
+        for k, v in inputs.items()
+    }
     safetensors.torch.save_file(saved, str(out / blob))
     axes = {}
     for key, t in schema.shapes_of(inputs).items():
-        for axis, size_ in zip(schema.axis_names(case, key, len(t.shape)), t.shape):
+        for axis, size_ in zip(schema.axis_names(case, key, len(t.shape)), t.shape, strict=True):
             if axis not in schema.CONSTANT:
                 axes[axis] = size_
     axes.update(_fixed_axes(case))
@@ -191,20 +198,22 @@ def _write_solution(out: Path, definition, case: Case, row: dict):
         f"    return solution({backend!r}, CASE, inputs)",
         case,
     )
-    solution = Solution.model_validate({
-        "name": f"dsv4bench_{backend}__{definition.name}",
-        "definition": definition.name,
-        "author": "dsv4bench",
-        "description": doc,
-        "spec": {
-            "language": "python",
-            "target_hardware": [str((row.get("env") or {}).get("arch") or "cuda")],
-            "entry_point": "main.py::run",
-            "dependencies": ["dsv4bench", *([build] if build else [])],
-            "destination_passing_style": False,
-        },
-        "sources": [{"path": "main.py", "content": source}],
-    })
+    solution = Solution.model_validate(
+        {
+            "name": f"dsv4bench_{backend}__{definition.name}",
+            "definition": definition.name,
+            "author": "dsv4bench",
+            "description": doc,
+            "spec": {
+                "language": "python",
+                "target_hardware": [str((row.get("env") or {}).get("arch") or "cuda")],
+                "entry_point": "main.py::run",
+                "dependencies": ["dsv4bench", *([build] if build else [])],
+                "destination_passing_style": False,
+            },
+            "sources": [{"path": "main.py", "content": source}],
+        }
+    )
     _write_json(out / "solutions" / backend / f"{definition.name}.json", solution)
     return solution
 

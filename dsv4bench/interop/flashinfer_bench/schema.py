@@ -68,7 +68,10 @@ _INDEXER = {
     "ke": ("num_rows",),
 }
 _CACHE = {"k_cache": ("num_pages", "page_size", "num_kv_heads", "record_bytes")}
-_REMAP = {"local_indices": ("batch_size", "s_q", "topk"), "block_table": ("batch_size", "max_num_pages")}
+_REMAP = {
+    "local_indices": ("batch_size", "s_q", "topk"),
+    "block_table": ("batch_size", "max_num_pages"),
+}
 _TOPK = {"logits": ("num_rows", "num_keys"), "block_table": ("batch_size", "max_num_pages")}
 AXIS_NAMES = {
     "decode": _DECODE,
@@ -210,7 +213,7 @@ def definition(case: Case, shapes: dict[str, TensorShape], reference: str) -> di
     inputs = {}
     for name, t in shapes.items():
         names = axis_names(case, name, len(t.shape))
-        for axis, size in zip(names, t.shape):
+        for axis, size in zip(names, t.shape, strict=True):
             _add_axis(axes, axis, size, name)
         inputs[name] = {"shape": list(names), "dtype": t.dtype, "description": _what(name)}
         if t.page_stride_bytes:
