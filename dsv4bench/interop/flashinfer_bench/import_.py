@@ -5,7 +5,8 @@ Their sparse attention (op dsa_paged, dsa_sparse_attention_*: num_tokens queries
 query token, the cache in this suite's FP8 record layout (the format the engines' kernels read;
 theirs is the dequantized bf16 form of it). The softmax scale is the model's (1/sqrt(576), what
 the engines pass); theirs (sm_scale, 1/sqrt(192)) is a scenario field no case has. Their top-k
-indexer (dsa_topk_indexer_*: 64 FP8 heads of dim 128, a paged FP8 key cache) becomes `indexer` cases.
+indexer (dsa_topk_indexer_*: 64 FP8 heads of dim 128, a paged FP8 key cache) becomes
+`indexer` cases.
 Each workload gives one case: its axes fix the sizes; its tensors are not read, the suite makes
 its own from the case seed (cases/inputs.py), so the oracle and every backend see the same."""
 
