@@ -53,10 +53,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    import yaml
-
     from dsv4bench import backends
     from dsv4bench.interop.flashinfer_bench.import_ import scenario
+    from dsv4bench.scenarios.read import dump
 
     root = Path(args.dir)
     if not root.is_dir():
@@ -67,7 +66,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         data = scenario(root, bases, args.name)
     except ValueError as e:  # their pydantic ValidationError is one too
         raise UsageError(f"import {args.format}: {str(e).splitlines()[0]}") from None
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = dump(data)
     if args.out:
         Path(args.out).write_text(text)
         print(f"{args.out}: {len(data['cases'])} cases (dsv4bench run {args.out})")
