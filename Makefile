@@ -25,6 +25,7 @@ install:
 packages:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q -e ".[dev]"
+	$(PYTHON) -m pip install -q --no-deps flashinfer-bench==0.1.2
 
 # .venv/ with the suite in it (what `make install` does where pip may not install into python3)
 venv:

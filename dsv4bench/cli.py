@@ -12,6 +12,7 @@ import sys
 from dsv4bench.cases.case import ARCHS
 from dsv4bench.commands import envelope as envelope_command
 from dsv4bench.commands import imports as import_command
+from dsv4bench.commands import interop as interop_command
 from dsv4bench.commands import kernels as kernels_command
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
@@ -132,6 +133,7 @@ def parser() -> argparse.ArgumentParser:
     kernels_command.add_parser(sub)
     envelope_command.add_parser(sub, _common)
     import_command.add_parser(sub)
+    interop_command.add_parser(sub)
     return top
 
 

@@ -202,3 +202,8 @@ def read_text(path: str | Path) -> str:
         line = data[: e.start].count(b"\n") + 1
         why = f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
         raise ScenarioError(str(path), line, "(file)", why) from None
+
+
+def dump(data: dict) -> str:
+    """A scenario's data as YAML text, keys in the order given (what `import` writes)."""
+    return yaml.safe_dump(data, sort_keys=False)
