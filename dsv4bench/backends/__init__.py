@@ -66,6 +66,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
     from dsv4bench.backends.q8kv8.backend import Q8KV8
+    from dsv4bench.backends.sglang_triton.backend import SglangTriton
     from dsv4bench.backends.tilelang.backend import TileLang
     from dsv4bench.backends.triton.backend import TritonKernels
 
@@ -82,6 +83,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "tilelang": TileLang,
         "reference-f64": ReferenceF64,
         "q8kv8": Q8KV8,
+        "sglang-triton": SglangTriton,
     }
     return {**table, **build_instances(table)}  # one instance per known build
 
