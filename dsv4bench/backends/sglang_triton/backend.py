@@ -122,6 +122,8 @@ def missing_reason(lib: str | None) -> str | None:
     folder = build_folder(lib)
     if folder is None:
         return NOT_FOUND
+    if not folder.is_dir():
+        return f"sglang Triton build not found: no folder {folder} ({FETCH_HINT})"
     gone = sources.missing_files(folder)
     if gone:
         return f"sglang Triton build {folder} lacks {', '.join(gone)} ({FETCH_HINT})"
