@@ -67,6 +67,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
     from dsv4bench.backends.flashinfer.backend import FlashInfer
     from dsv4bench.backends.q8kv8.backend import Q8KV8
     from dsv4bench.backends.sgl_topk.backend import SglangTopK
+    from dsv4bench.backends.sglang_triton.backend import SglangTriton
     from dsv4bench.backends.tilelang.backend import TileLang
     from dsv4bench.backends.triton.backend import TritonKernels
 
@@ -84,6 +85,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "reference-f64": ReferenceF64,
         "q8kv8": Q8KV8,
         "sglang-topk": SglangTopK,
+        "sglang-triton": SglangTriton,
     }
     return {**table, **build_instances(table)}  # one instance per known build
 

@@ -14,7 +14,9 @@ from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.kernels.store import kernels_dir
 
 # libraries whose backend takes a build's folder as its `lib` option
-PINNABLE = ("flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk")
+PINNABLE = (
+    "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk", "sglang-triton"
+)  # fmt: skip
 
 
 def build_instances(table: dict[str, Callable[[], Backend]]) -> dict[str, Callable[[], Backend]]:

@@ -121,6 +121,21 @@ TILELANG = PackageSpec(
         "tqdm>=4.62.3",
     ),
 )
+# sglang's Triton sparse MLA kernels (dsv4bench/backends/sglang_triton/): the sm120 V4 decode,
+# the dsv4 fused decode package, the V3.2 DSA decode and prefill, and metadata.py they import
+SGLANG_ATTENTION = "sglang/kernels/ops/attention/"
+SGLANG_TRITON_FILES = tuple(
+    SGLANG_ATTENTION + f
+    for f in (
+        "flash_mla_sm120.py",
+        "flash_mla_sm120_triton.py",
+        "metadata.py",
+        "dsa/triton_sparse_mla.py",
+        "dsa/triton_sparse_mla_decode.py",
+        "dsa/triton_sparse_mla_prefill.py",
+        "dsv4/triton_sparse_decode/",
+    )
+)
 SGLANG = PackageSpec(
     dist="sglang",
     source="sglang",
@@ -152,6 +167,7 @@ SGLANG = PackageSpec(
             SGL_TOPK_JIT,
             parts=(Part("apache-tvm-ffi==0.1.15.post2", under="site/"),),
         ),
+        BuildSpec("sglang-triton", SGLANG_TRITON_FILES, SGLANG_ATTENTION),
     ),
     python_version="3.11",  # a cp311 wheel on a manylinux_2_34 tag: only plain files taken
     platforms=("manylinux_2_34_x86_64",),

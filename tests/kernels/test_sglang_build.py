@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dsv4bench.backends.q8kv8 import sources
 from dsv4bench.backends.sgl_topk import sources as topk_sources
+from dsv4bench.backends.sglang_triton import sources as triton_sources
 from dsv4bench.kernels import catalog, fetch
 from dsv4bench.kernels.store import read_builds, verify
 
@@ -21,6 +22,8 @@ SGLANG["sglang/kernels/ops/attention/dsa/tilelang_kernel.py"] = b"# the tilelang
 for _name in (*catalog.SGL_TOPK_SOURCES, topk_sources.HEADER_PROBE, "include/sgl_kernel/utils.h"):
     SGLANG[catalog.SGL_TOPK_JIT + _name] = b"// the sglang-topk build's\n"
 SGLANG[catalog.SGL_TOPK_JIT + "csrc/elementwise/other.cuh"] = b"// not taken\n"
+# the sglang-triton build's files (the loader's FILES under the attention folder)
+SGLANG.update({catalog.SGLANG_ATTENTION + f: b"# sglang-triton\n" for f in triton_sources.FILES})
 FLASHINFER = {
     "flashinfer/data/cutlass/include/cute/tensor.hpp": b"// cute\n",
     "flashinfer/data/cutlass/include/cutlass/cutlass.h": b"// cutlass\n",
@@ -58,11 +61,12 @@ def test_the_build_holds_sources_cutlass_and_tvm_ffi_where_the_jit_looks(tmp_pat
     root.mkdir()
     built = fetch.fetch_package(catalog.SGLANG, "0.5.23", root, wheels=_wheels(tmp_path),
                                 say=lambda _: None)  # fmt: skip
-    assert [b.name for b in built] == [
-        "q8kv8-sglang-0.5.23",
-        "tilelang-sglang-0.5.23",
-        "sglang-topk-0.5.23",
-    ]
+    names = ["q8kv8-sglang-0.5.23", "tilelang-sglang-0.5.23", "sglang-topk-0.5.23",
+             "sglang-triton-0.5.23"]  # fmt: skip
+    assert [b.name for b in built] == names
+    (triton_build,) = [b for b in read_builds(root) if b.library == "sglang-triton"]
+    assert sorted(f.path for f in triton_build.files) == sorted(triton_sources.FILES)
+    assert not triton_sources.missing_files(root / triton_build.name)  # what the backend reads
     (build,) = [b for b in read_builds(root) if b.library == "q8kv8"]
     assert build.library == "q8kv8" and not verify(root, build)
     paths = {f.path for f in build.files}
