@@ -169,6 +169,13 @@ class SglangTriton(LibraryBackend):
     ops = ("decode", "prefill")
     layouts = ("v32", "v4")
     options = {"lib": None, "kernel": "sm120", "union": 0}
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "sm120 only, keys-only where no sink (with a sink it returns logaddexp(lse, "
+        "sink)); the DSA kernels return none",
+        "CUDA graphs": "yes: index padding and lengths made in prepare(), the call is the op",
+        "batch invariance": "not promised: the sm120 page-split and DSA split-k depend on the batch",
+    }
 
     def __init__(self, lib: str | None = None, kernel: str = "sm120", union: int = 0, ops=None):
         """lib: a `sglang-triton-<v>` build folder (None: discover). kernel: an ENTRIES name.
