@@ -174,7 +174,7 @@ class SglangTriton(LibraryBackend):
         "lse out": "sm120 only, keys-only where no sink (with a sink it returns logaddexp(lse, "
         "sink)); the DSA kernels return none",
         "CUDA graphs": "yes: index padding and lengths made in prepare(), the call is the op",
-        "batch invariance": "not promised: the sm120 page-split and DSA split-k depend on the batch",
+        "batch invariance": "not promised: the sm120 page split and DSA split-k follow the batch",
     }
 
     def __init__(self, lib: str | None = None, kernel: str = "sm120", union: int = 0, ops=None):
