@@ -358,7 +358,9 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
         if case.decode_shape is None:
             return Output(o, lse)
         b, s_q = case.decode_shape
-        o4, lse3 = o.reshape(b, s_q, h, -1), lse.reshape(b, s_q, h).transpose(1, 2)
+        if o.shape[0] == 0:  # an empty chunk (cases/edges.py): the tokens' axis is 0
+            b, s_q = (b, 0) if case.route == "decode-mixed" else (0, s_q)
+        o4, lse3 = o.reshape(b, s_q, h, o.shape[-1]), lse.reshape(b, s_q, h).transpose(1, 2)
         return prefill_output(o4, lse3) if case.op == "prefill" else Output(o4, lse3)
 
     return Prepared(run, finish, lambda: out.fill_(math.nan), info)

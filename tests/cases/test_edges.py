@@ -145,9 +145,17 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     sc = scenarios.load(path, known_backends=backends.catalog())
     assert [s.backend for s in sc.limits] == [
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
+        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
+        "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
     ]  # fmt: skip
-    for s in sc.limits:
+    for s in sc.limits[:4]:
         assert (s.axis, s.lo, s.hi, s.step) == ("context_len", 131072, 262144, 16384)
+    # the 8192-token chunk to 1M, V4-Flash then V3.2 (whose kv is the whole context)
+    assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {
+        (262144, 1048576, 8192), (131072, 1048576, 8192)
+    }  # fmt: skip
+    assert [s.base.model for s in sc.limits[7:]] == ["v3.2", "v3.2"]
+    for s in sc.limits:
         assert s.base.op == "prefill" and "vllm-52339" in s.base.tags
         probe = s.at(163840)  # near the 161K
         assert probe.context_len == 163840 and probe.tokens == s.base.tokens
