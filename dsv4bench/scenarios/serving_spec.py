@@ -98,6 +98,11 @@ KEYS: dict[str, str] = {
         "(V3.2 every layer, V4 the C4 layers), timed on the fastest helper backend (default "
         "false)"
     ),
+    "indexer_topk": (
+        "true (with indexer): also time each indexer part's top-k alone (op topk, plain form, "
+        "on the helper backends that take it), so serving rows split the indexer into logits "
+        "and top-k (breakdown_ms.indexer_topk; default false)"
+    ),
     "seed": "Case.seed (default 0)",
     "timing": "Case.timing fields: warmup, iters, flush_l2, timer, timeout_s",
     "tolerance": "Case.tolerance fields: cos_diff, lse_abs",
@@ -129,6 +134,7 @@ class ServingSpec:
     scale_convention: str | None = None  # None: flashmla (v4), pow2 (v32)
     topk_padding: str = "clamp"
     indexer: bool = False  # add the indexer's parts (role "indexer")
+    indexer_topk: bool = False  # and each indexer part's top-k alone (op topk)
     dequant: list[str] = field(default_factory=lambda: ["read"])  # DEQUANT_MODES
     c128_index: str = "none"  # C128_INDEX_MODES
     seed: int = 0
@@ -312,10 +318,13 @@ def spec_from_dict(d: dict) -> ServingSpec:
             if not isinstance(d[key], str):
                 raise ValueError(f"{key}: expected a string, got {d[key]!r}")
             kw[key] = d[key]
-    if "indexer" in d:
-        if not isinstance(d["indexer"], bool):
-            raise ValueError(f"indexer: expected true or false, got {d['indexer']!r}")
-        kw["indexer"] = d["indexer"]
+    for key in ("indexer", "indexer_topk"):
+        if key in d:
+            if not isinstance(d[key], bool):
+                raise ValueError(f"{key}: expected true or false, got {d[key]!r}")
+            kw[key] = d[key]
+    if kw.get("indexer_topk") and not kw.get("indexer"):
+        raise ValueError("indexer_topk: true needs indexer: true (it splits the indexer's time)")
     if "ragged" in d:
         kw["ragged"] = _ragged(d["ragged"])
     if "timing" in d:

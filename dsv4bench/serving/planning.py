@@ -114,7 +114,7 @@ class ServingPlan:
 
     def backends_for(self, case: Case) -> tuple[str, ...]:
         """Attention cases run on the spec's backends, dequant/remap on helper_backends."""
-        if case.op in ("dequant", "remap", "indexer"):
+        if case.op in ("dequant", "remap", "indexer", "topk"):
             return tuple(dict.fromkeys(self.spec.helper_backends))
         return tuple(dict.fromkeys(self.spec.backends))
 
@@ -273,6 +273,11 @@ class _Builder:
         )
         case = Case(**{**fields, "tags": (TAG, f"{TAG}-indexer")})
         self.cases.setdefault(case.case_id, case)
+        if self.spec.indexer_topk:  # its top-k alone: no part, the rows split the indexer
+            from dsv4bench.cases import topk_case
+
+            twin = topk_case.of_indexer(case)
+            self.cases.setdefault(twin.case_id, twin)
         return Part(case.case_id, 1, "indexer")
 
     @property

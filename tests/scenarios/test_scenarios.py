@@ -78,6 +78,8 @@ SHIPPED = {
     "failures/prefill_context_limit_sm90.yaml": (0, 0, 9),
     # opt-in (issue 35): vLLM's mla_sparse_decode.yaml through `import vllm-bench`
     "compare/vllm_mla_sparse_decode_sm90.yaml": (72, 144, 0),
+    # opt-in (issue 35): the two flashinfer-bench DSA definitions through `import flashinfer-bench`
+    "compare/flashinfer_bench_dsa_sm90.yaml": (7, 77, 0),
 }
 
 

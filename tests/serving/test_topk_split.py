@@ -86,3 +86,18 @@ def test_report_table_states_the_division(tmp_path) -> None:
     rep = Report([], tmp_path, [])
     indexer_share.section(rep, sv.aggregate(plan, _rows(plan, {})))
     assert "top-k / indexer" not in rep.doc.to_markdown()
+
+
+def test_indexer_topk_puts_every_twin_in_the_plan_on_the_helpers() -> None:
+    spec = {"model": "v4-flash", "backends": ["kern"], "helper_backends": ["h", "torch"]}
+    spec |= {"batch_sizes": [2, 4], "contexts": [8192], "indexer": True, "indexer_topk": True}
+    plan = sv.plan(sv.spec_from_dict(spec))
+    twins = {topk_case.of_indexer(c).case_id for c in plan.cases if c.op == "indexer"}
+    topk = {c.case_id: c for c in plan.cases if c.op == "topk"}
+    assert twins and set(topk) == twins
+    assert all(plan.backends_for(c) == ("h", "torch") for c in topk.values())
+    # no part of a point reads them: the total stays the indexer's whole time
+    assert not any(p.case_id in twins for pt in plan.points() for p in pt.parts)
+    assert not [c for c in _plan().cases if c.op == "topk"]  # off by default
+    with pytest.raises(ValueError, match="indexer_topk: true needs indexer: true"):
+        sv.spec_from_dict({**spec, "indexer": False})
