@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from dsv4bench.report import winners  # noqa: E402
 from dsv4bench.report.load import is_probe, load_rows, load_runs  # noqa: E402
 from dsv4bench.report.sections.workloads import ragged_ratios  # noqa: E402
+from dsv4bench.rows import timers  # noqa: E402
 
 # the files whose marked figures are checked
 FILES = (
@@ -33,6 +35,10 @@ FILES = (
     "results/sm90/studies/workloads/README.md",
     "results/sm90/studies/workloads/COMMANDS.md",
     "results/sm90/studies/engine-kernels/COMMANDS.md",
+    "results/sm90/studies/topk/README.md",
+    "results/sm90/studies/sglang-triton/README.md",
+    "results/sm90/studies/vllm-bench/README.md",
+    "results/sm90/studies/failures/README.md",
 )
 MARK = re.compile(r"<!-- n:([a-z0-9_]+) -->(.*?)<!-- /n -->", re.S)
 
@@ -114,6 +120,56 @@ def baseline_ok_by_backend() -> str:
     return ", ".join(f"{b} {n} ok" for b, n in sorted(ok.items(), key=lambda t: (-t[1], t[0])))
 
 
+STUDIES = "results/sm90/studies"
+
+
+def _last_rows(path: str) -> list[dict]:
+    """A run's case rows, the later row of a (case, backend) job winning (a resumed run)."""
+    last = {(r["case_id"], r["backend"]): r for r in rows(path) if r.get("kind") == "case"}
+    return list(last.values())
+
+
+def _pair_ratios(path: str, a: str, b: str, **params) -> list[float]:
+    """a's time / b's time per case both ran ok, by the first timer both rows measured."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in _last_rows(path):
+        if r.get("status") == "ok" and all(r["params"].get(k) == v for k, v in params.items()):
+            by.setdefault(r["case_id"], {})[r["backend"]] = r
+    out = []
+    for pair in by.values():
+        if a in pair and b in pair:
+            key, _ = timers.shared([pair[a], pair[b]])
+            out.append(timers.value(pair[a], key) / timers.value(pair[b], key))
+    return out
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}"
+
+
+def _span3(values: list[float]) -> str:
+    return f"{min(values):.3f}-{max(values):.2f}"
+
+
+TOPK = f"{STUDIES}/topk/run"
+SGLTRI = f"{STUDIES}/sglang-triton/compare"
+VLLM = f"{STUDIES}/vllm-bench/mla-sparse-decode"
+
+
+def _topk_share(metric: str) -> str:
+    shares = [
+        100 * r["breakdown_ms"]["indexer_topk"] / r["breakdown_ms"]["indexer"]
+        for r in rows(f"{STUDIES}/topk/serving")
+        if r.get("kind") == "serving" and r.get("metric") == metric and r.get("status") == "ok"
+    ]
+    return f"{min(shares):.0f}-{max(shares):.0f}"
+
+
+def _failures_statuses() -> str:
+    n = Counter(r["status"] for r in _last_rows(f"{STUDIES}/failures/shapes"))
+    return ", ".join(f"{k} {n[k]}" for k in ("ok", "error", "crash", "unsupported"))
+
+
 def _status_count(status: str) -> str:
     return str(sum(r.get("kind") == "case" and r.get("status") == status for r in rows(BASELINE)))
 
@@ -131,6 +187,24 @@ FIGURES: dict[str, Callable[[], str]] = {
     "baseline_ok_by_backend": baseline_ok_by_backend,
     "baseline_unsupported": lambda: _status_count("unsupported"),
     "baseline_crash": lambda: _status_count("crash"),
+    "topk_sglang_triton_span": lambda: _span3(_pair_ratios(TOPK, "sglang-topk", "triton")),
+    "topk_sglang_triton_median": lambda: _median(_pair_ratios(TOPK, "sglang-topk", "triton")),
+    "topk_sglang_incorrect": lambda: str(
+        sum(r["status"] == "incorrect" and r["backend"] == "sglang-topk" for r in _last_rows(TOPK))
+    ),
+    "topk_share_ttft": lambda: _topk_share("ttft"),
+    "topk_share_tpot": lambda: _topk_share("tpot"),
+    "sgltri_sm120_median": lambda: (
+        f"{statistics.median(_pair_ratios(SGLTRI, 'sglang-triton', 'triton')):.0f}"
+    ),
+    "sgltri_fused_span": lambda: span(_pair_ratios(SGLTRI, "sglang-triton-fused", "triton")),
+    "sgltri_dsa_decode_span": lambda: span(_pair_ratios(SGLTRI, "sglang-triton-dsa", "triton")),
+    "sgltri_dsa_prefill_span": lambda: span(
+        _pair_ratios(SGLTRI, "sglang-triton-dsa-prefill", "triton")
+    ),
+    "vllm_fi_fm_span": lambda: span(_pair_ratios(VLLM, "flashinfer", "flashmla")),
+    "vllm_fi_fm_median": lambda: _median(_pair_ratios(VLLM, "flashinfer", "flashmla")),
+    "failures_statuses": _failures_statuses,
 }
 
 
