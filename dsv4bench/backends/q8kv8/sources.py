@@ -47,14 +47,21 @@ class Sources:
         ]
 
 
+def missing_tvm_ffi(root: Path) -> list[str]:
+    """What an nvcc build against tvm-ffi needs and `root` (a tvm_ffi package) lacks."""
+    missing = []
+    if not (root / "include" / "tvm" / "ffi" / "function.h").is_file():
+        missing.append("tvm-ffi headers (include/tvm/ffi/function.h)")
+    if not any((root / "lib").glob("libtvm_ffi.*")):
+        missing.append("libtvm_ffi (tvm_ffi/lib)")
+    return missing
+
+
 def _check(src: Sources) -> Sources:
     missing = [f"sglang kernel sources ({n})" for n in KERNEL_FILES if not (src.csrc / n).is_file()]
     if not (src.cutlass / CUTLASS_PROBE).is_file():
         missing.append(f"CUTLASS headers ({CUTLASS_PROBE})")
-    if not (src.tvm_ffi / "include" / "tvm" / "ffi" / "function.h").is_file():
-        missing.append("tvm-ffi headers (include/tvm/ffi/function.h)")
-    if not any((src.tvm_ffi / "lib").glob("libtvm_ffi.*")):
-        missing.append("libtvm_ffi (tvm_ffi/lib)")
+    missing += missing_tvm_ffi(src.tvm_ffi)
     if missing:
         raise Unsupported(f"Q8KV8 {src.label}: no {', '.join(missing)}; {HOW}")
     return src

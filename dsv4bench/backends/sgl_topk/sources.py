@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.q8kv8.sources import _package_dir
+from dsv4bench.backends.q8kv8.sources import _package_dir, missing_tvm_ffi
 from dsv4bench.kernels.catalog import SGL_TOPK_JIT, SGL_TOPK_SOURCES
 from dsv4bench.kernels.store import kernels_dir
 
@@ -48,10 +48,7 @@ class Sources:
 def _check(src: Sources) -> Sources:
     wanted = (*SGL_TOPK_SOURCES, HEADER_PROBE)
     missing = [f"sglang kernel sources ({n})" for n in wanted if not (src.jit / n).is_file()]
-    if not (src.tvm_ffi / "include" / "tvm" / "ffi" / "function.h").is_file():
-        missing.append("tvm-ffi headers (include/tvm/ffi/function.h)")
-    if not any((src.tvm_ffi / "lib").glob("libtvm_ffi.*")):
-        missing.append("libtvm_ffi (tvm_ffi/lib)")
+    missing += missing_tvm_ffi(src.tvm_ffi)
     if missing:
         raise Unsupported(f"{WHAT} {src.label}: no {', '.join(missing)}; {HOW}")
     return src
