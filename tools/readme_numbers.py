@@ -170,6 +170,15 @@ def _failures_statuses() -> str:
     return ", ".join(f"{k} {n[k]}" for k in ("ok", "error", "crash", "unsupported"))
 
 
+def _envelope(status: str) -> str:
+    """Cells of the committed sm90 envelope (dsv4bench envelope's envelope.jsonl) of a status."""
+    import json
+
+    path = ROOT / "results/envelope/sm90-h100/envelope.jsonl"
+    cells = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return str(len(cells) if status == "all" else sum(c["status"] == status for c in cells))
+
+
 def _status_count(status: str) -> str:
     return str(sum(r.get("kind") == "case" and r.get("status") == status for r in rows(BASELINE)))
 
@@ -205,6 +214,10 @@ FIGURES: dict[str, Callable[[], str]] = {
     "vllm_fi_fm_span": lambda: span(_pair_ratios(VLLM, "flashinfer", "flashmla")),
     "vllm_fi_fm_median": lambda: _median(_pair_ratios(VLLM, "flashinfer", "flashmla")),
     "failures_statuses": _failures_statuses,
+    "envelope_cells": lambda: _envelope("all"),
+    "envelope_ok": lambda: _envelope("ok"),
+    "envelope_unsupported": lambda: _envelope("unsupported"),
+    "envelope_incorrect": lambda: _envelope("incorrect"),
 }
 
 
