@@ -61,7 +61,8 @@ class TritonKernels(Backend):
     layouts = ("v32", "v4")
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
-        "lse out": "no: the adapter returns out only",
+        "lse out": "yes: decode and prefill return lse beside out (attention.py prepare), "
+        "prefill max_logits too",
         "CUDA graphs": "yes: compiled and planned in prepare() (warm_up), the call launches",
         "batch invariance": "not promised: the tuning rules (triton/tuning.py) pick splits "
         "by the case's sizes",
