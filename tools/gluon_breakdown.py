@@ -10,8 +10,9 @@ does.
         ncu --nvtx --nvtx-include "probe/" ...  (FlashMLA's with CONFIG "flashmla")
 
 CONFIG: "default" (the shipped config_for pick), "flashmla" (the engine kernel; whole only),
-or Config's fields as a Python tuple, e.g. "(32,64,8,1,True,True,64,48,True,True,True)".
-Cases: scenarios/sm90/triton_vs_flashmla.yaml. Times: dsv4bench.measure.timing, cold L2.
+or Config's fields as a Python tuple, e.g. "(32,64,8,1,True,True,64,48,True,True,True)"; a
+"/S" suffix forces S key splits (e.g. "default/40"). Cases: --scenario (default
+scenarios/sm90/triton_vs_flashmla.yaml). Times: dsv4bench.measure.timing, cold L2.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ SCENARIO = "scenarios/sm90/triton_vs_flashmla.yaml"
 SKIPS = {"whole": 0, "no gather": 1, "no dots": 2}
 
 
-def _case(prefix: str):
-    """The first case of SCENARIO whose id starts with prefix."""
+def _case(prefix: str, path: str = SCENARIO):
+    """The first case of the scenario at `path` whose id starts with prefix."""
     from dsv4bench import backends
     from dsv4bench.scenarios import load
 
-    scenario = load(SCENARIO, known_backends=backends.names())
+    scenario = load(path, known_backends=backends.names())
     return next(c for c in scenario.cases if c.case_id.startswith(prefix))
 
 
@@ -42,8 +43,9 @@ def _config(case, spec: str):
     return ta.Config(*ast.literal_eval(spec))
 
 
-def _launch(case, x, cfg):
-    """The Triton/Gluon attention launch of the case's inputs x with Config cfg, planned."""
+def _launch(case, x, cfg, splits: int | None = None):
+    """The Triton/Gluon attention launch of the case's inputs x with Config cfg (and `splits`
+    key splits, None: the planner's), planned."""
     from dsv4bench.backends.triton import attention as ta
 
     decode = ta.uses_decode_kernel(case)
@@ -61,6 +63,7 @@ def _launch(case, x, cfg):
         topk_length=x.get("topk_length"),
         attn_sink=x.get("attn_sink"),
         config=cfg,
+        splits=splits,
         **extra,
     )
 
@@ -71,7 +74,8 @@ def _runner(case, x, spec: str, skip: int):
         from dsv4bench import backends
 
         return backends.get("flashmla").prepare(case, x, "cuda").run
-    plan = _launch(case, x, _config(case, spec))
+    spec, _, splits = spec.partition("/")
+    plan = _launch(case, x, _config(case, spec), int(splits) if splits else None)
     if skip:
         if not plan.info["gluon"]:
             return None
@@ -79,10 +83,18 @@ def _runner(case, x, spec: str, skip: int):
     return plan.run
 
 
+def _plan_info(case, x, spec: str) -> str:
+    """(head blocks x splits x key blocks a split) of the plan a spec makes."""
+    spec, _, splits = spec.partition("/")
+    i = _launch(case, x, _config(case, spec), int(splits) if splits else None).info
+    return f" ({i['head_blocks']}x{i['splits']}x{i['key_blocks_per_split']})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+", help="CASE_PREFIX=CONFIG")
     ap.add_argument("--ncu", action="store_true", help="one launch of each, inside probe/")
+    ap.add_argument("--scenario", default=SCENARIO, help=f"the cases (default {SCENARIO})")
     a = ap.parse_args()
     import torch
 
@@ -98,7 +110,7 @@ def main() -> int:
     kw = dict(device="cuda", warmup=3, iters=20, flush_l2=True, timer="events")
     for run in a.runs:
         prefix, spec = run.split("=", 1)
-        case = _case(prefix)
+        case = _case(prefix, a.scenario)
         x = inputs.make_inputs(case, "cuda")
         if a.ncu:
             fn = _runner(case, x, spec, 0)
@@ -122,7 +134,8 @@ def main() -> int:
             if skip == 0:
                 extra = f" ({moved / ms / 1e9:.2f} TB/s, {flops / ms / 1e9:.0f} TFLOP/s)"
             cells.append(f"{name} {ms:.4f} ms{extra}")
-        print(f"{case.case_id:52s} {spec}: " + "; ".join(cells), flush=True)
+        info = "" if spec == "flashmla" else _plan_info(case, x, spec)
+        print(f"{case.case_id:52s} {spec}{info}: " + "; ".join(cells), flush=True)
         del x
         torch.cuda.empty_cache()
     return 0
