@@ -30,7 +30,8 @@ def _case(prefix: str, path: str = SCENARIO):
     from dsv4bench import backends
     from dsv4bench.scenarios import load
 
-    scenario = load(path, known_backends=backends.names())
+    backends.setup([])
+    scenario = load(path, known_backends=backends.catalog())
     return next(c for c in scenario.cases if c.case_id.startswith(prefix))
 
 
