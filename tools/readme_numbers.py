@@ -154,6 +154,18 @@ def _span3(values: list[float]) -> str:
 TOPK = f"{STUDIES}/topk/run"
 SGLTRI = f"{STUDIES}/sglang-triton/compare"
 VLLM = f"{STUDIES}/vllm-bench/mla-sparse-decode"
+SPIN = f"{STUDIES}/sglang-triton/spin-check"
+
+
+def _gap_rows(path: str) -> str:
+    """Rows whose profiler makespan is over 1.2x their busy time (a host gap between kernels)."""
+    timed = [r for r in _last_rows(path) if timers.value(r, "profiler_busy_ms")]
+    gapped = [
+        r
+        for r in timed
+        if timers.value(r, "profiler_ms") > 1.2 * timers.value(r, "profiler_busy_ms")
+    ]
+    return f"{len(gapped)} of {len(timed)}"
 
 
 def _topk_share(metric: str) -> str:
@@ -214,6 +226,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "vllm_fi_fm_span": lambda: span(_pair_ratios(VLLM, "flashinfer", "flashmla")),
     "vllm_fi_fm_median": lambda: _median(_pair_ratios(VLLM, "flashinfer", "flashmla")),
     "failures_statuses": _failures_statuses,
+    "spin_triton_flashmla_span": lambda: span(_pair_ratios(SPIN, "triton", "flashmla")),
+    "spin_gap_rows": lambda: _gap_rows(SPIN),
+    "baseline_gap_rows": lambda: _gap_rows(BASELINE),
     "envelope_cells": lambda: _envelope("all"),
     "envelope_ok": lambda: _envelope("ok"),
     "envelope_unsupported": lambda: _envelope("unsupported"),

@@ -43,7 +43,7 @@ DEFAULT_L2_BYTES = 256 * 2**20  # when torch does not report the L2 size
 AGREEMENT = 0.05  # events and profiler medians "agree" within this fraction
 # GPU spin before each start event, ~1 ms: longer than the host takes to launch a call of
 # several Python-launched kernels under the profiler (0.2 ms was not: Triton's attention and
-# combine kernels then ran 0.07-0.09 ms apart, a gap the makespan counted)
+# combine kernels then ran up to 0.09 ms apart, a gap the makespan counted)
 SPIN_CYCLES = 2_000_000
 WARM_S = 0.03  # a GPU's warm-up runs on to this long: its clocks settle after an idle spell
 WARM_MAX_CALLS = 200  # ... but never more calls than this past the requested warm-up
