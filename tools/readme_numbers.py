@@ -219,6 +219,19 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{statistics.median(_pair_ratios(SGLTRI, 'sglang-triton', 'triton')):.0f}"
     ),
     "sgltri_fused_span": lambda: span(_pair_ratios(SGLTRI, "sglang-triton-fused", "triton")),
+    "sgltri_fused_median": lambda: _median(_pair_ratios(SGLTRI, "sglang-triton-fused", "triton")),
+    "sgltri_dsa_decode_median": lambda: _median(
+        _pair_ratios(SGLTRI, "sglang-triton-dsa", "triton")
+    ),
+    "sgltri_dsa_prefill_median": lambda: _median(
+        _pair_ratios(SGLTRI, "sglang-triton-dsa-prefill", "triton")
+    ),
+    "sgltri_sm120_span": lambda: "{:.0f}-{:.0f}".format(
+        min(_pair_ratios(SGLTRI, "sglang-triton", "triton")),
+        max(_pair_ratios(SGLTRI, "sglang-triton", "triton")),
+    ),
+    "sgltri_triton_flashmla_span": lambda: span(_pair_ratios(SGLTRI, "triton", "flashmla")),
+    "sgltri_triton_flashmla_median": lambda: _median(_pair_ratios(SGLTRI, "triton", "flashmla")),
     "sgltri_dsa_decode_span": lambda: span(_pair_ratios(SGLTRI, "sglang-triton-dsa", "triton")),
     "sgltri_dsa_prefill_span": lambda: span(
         _pair_ratios(SGLTRI, "sglang-triton-dsa-prefill", "triton")
