@@ -124,18 +124,19 @@ TILELANG = PackageSpec(
 # sglang's Triton sparse MLA kernels (dsv4bench/backends/sglang_triton/): the sm120 V4 decode,
 # the dsv4 fused decode package, the V3.2 DSA decode and prefill, and metadata.py they import
 SGLANG_ATTENTION = "sglang/kernels/ops/attention/"
-SGLANG_TRITON_FILES = tuple(
-    SGLANG_ATTENTION + f
-    for f in (
-        "flash_mla_sm120.py",
-        "flash_mla_sm120_triton.py",
-        "metadata.py",
-        "dsa/triton_sparse_mla.py",
-        "dsa/triton_sparse_mla_decode.py",
-        "dsa/triton_sparse_mla_prefill.py",
-        "dsv4/triton_sparse_decode/",
-    )
+SGLANG_TRITON_DSV4 = "dsv4/triton_sparse_decode"  # a package: its __init__ imports a sibling
+SGLANG_TRITON = (  # relative to SGLANG_ATTENTION, and to the build's folder
+    "flash_mla_sm120.py",
+    "flash_mla_sm120_triton.py",
+    "metadata.py",
+    "dsa/triton_sparse_mla.py",
+    "dsa/triton_sparse_mla_decode.py",
+    "dsa/triton_sparse_mla_prefill.py",
+    f"{SGLANG_TRITON_DSV4}/__init__.py",
+    f"{SGLANG_TRITON_DSV4}/triton_mla_kernels_decode_optimized.py",
+    f"{SGLANG_TRITON_DSV4}/triton_mla_kernels_decode_fused.py",
 )
+SGLANG_TRITON_FILES = tuple(SGLANG_ATTENTION + f for f in SGLANG_TRITON)
 SGLANG = PackageSpec(
     dist="sglang",
     source="sglang",

@@ -85,7 +85,7 @@ def from_build(folder: Path) -> Sources:
     )
 
 
-def _package_dir(name: str) -> Path | None:
+def package_dir(name: str) -> Path | None:
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
@@ -97,7 +97,7 @@ def _package_dir(name: str) -> Path | None:
 
 def from_installed() -> Sources:
     """sglang's sources, FlashInfer's CUTLASS and tvm_ffi as installed (never imported here)."""
-    sglang, flashinfer, tvm = (_package_dir(n) for n in ("sglang", "flashinfer", "tvm_ffi"))
+    sglang, flashinfer, tvm = (package_dir(n) for n in ("sglang", "flashinfer", "tvm_ffi"))
     missing = [n for n, d in (("sglang", sglang), ("flashinfer-python", flashinfer),
                               ("apache-tvm-ffi", tvm)) if d is None]  # fmt: skip
     if missing:

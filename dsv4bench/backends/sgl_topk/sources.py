@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.q8kv8.sources import _package_dir, missing_tvm_ffi
+from dsv4bench.backends.q8kv8.sources import missing_tvm_ffi, package_dir
 from dsv4bench.kernels.catalog import SGL_TOPK_JIT, SGL_TOPK_SOURCES
 from dsv4bench.kernels.store import kernels_dir
 
@@ -72,7 +72,7 @@ def from_build(folder: Path) -> Sources:
 
 def from_installed() -> Sources:
     """sglang's kernels/jit folder and tvm_ffi as installed (never imported here)."""
-    sglang, tvm = _package_dir("sglang"), _package_dir("tvm_ffi")
+    sglang, tvm = package_dir("sglang"), package_dir("tvm_ffi")
     missing = [n for n, d in (("sglang", sglang), ("apache-tvm-ffi", tvm)) if d is None]
     if missing:
         raise Unsupported(f"{WHAT} sources not found: no {', '.join(missing)} installed; {HOW}")

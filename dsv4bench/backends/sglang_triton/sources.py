@@ -30,23 +30,13 @@ import types
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
+from dsv4bench.kernels.catalog import SGLANG_TRITON, SGLANG_TRITON_DSV4
 
 PREFIX = "dsv4bench_sglang_triton"  # the loaded files' module names start with it
 REASON_CHARS = 300
 SGLANG_ATTENTION = "sglang.kernels.ops.attention"
-DSV4_PACKAGE = "dsv4/triton_sparse_decode"
-# the build's files, relative to its folder (as the catalog's BuildSpec lands them)
-FILES = (
-    "flash_mla_sm120.py",
-    "flash_mla_sm120_triton.py",
-    "metadata.py",
-    "dsa/triton_sparse_mla.py",
-    "dsa/triton_sparse_mla_decode.py",
-    "dsa/triton_sparse_mla_prefill.py",
-    f"{DSV4_PACKAGE}/__init__.py",
-    f"{DSV4_PACKAGE}/triton_mla_kernels_decode_optimized.py",
-    f"{DSV4_PACKAGE}/triton_mla_kernels_decode_fused.py",
-)
+DSV4_PACKAGE = SGLANG_TRITON_DSV4
+FILES = SGLANG_TRITON  # the build's files, relative to its folder (the catalog's BuildSpec)
 SM120_BACKEND = "torch"  # what the environ stub answers for SGLANG_SM120_FLASHMLA_BACKEND
 
 
