@@ -9,9 +9,11 @@ does.
     python3 tools/gluon_breakdown.py --ncu CASE_PREFIX=CONFIG    one launch, for
         ncu --nvtx --nvtx-include "probe/" ...  (FlashMLA's with CONFIG "flashmla")
 
-CONFIG: "default" (the shipped config_for pick), "flashmla" (the engine kernel; whole only),
-or Config's fields as a Python tuple, e.g. "(32,64,8,1,True,True,64,48,True,True,True)"; a
-"/S" suffix forces S key splits (e.g. "default/40"). Cases: --scenario (default
+CONFIG: "default" (the shipped config_for pick), "flashmla" or a FlashMLA build instance
+such as "flashmla-vllm-0.26.0" (the engine kernel; whole only), Config's fields as a Python
+tuple, e.g. "(32,64,8,1,True,True,64,48,True,True,True)", or the default with fields changed,
+"default+prefetch=1+chunk=64"; a "/S" suffix forces S key splits (e.g. "default/40"). With
+--whole only the whole kernel is timed. Cases: --scenario (default
 scenarios/sm90/triton_vs_flashmla.yaml). Times: dsv4bench.measure.timing, cold L2.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from dataclasses import replace
 
 SCENARIO = "scenarios/sm90/triton_vs_flashmla.yaml"
 SKIPS = {"whole": 0, "no gather": 1, "no dots": 2}
@@ -38,9 +41,11 @@ def _case(prefix: str, path: str = SCENARIO):
 def _config(case, spec: str):
     from dsv4bench.backends.triton import attention as ta
 
-    if spec == "default":
+    if spec.split("+")[0] == "default":
         layout = case.layout if ta.uses_decode_kernel(case) else "bf16"
-        return ta.config_for(case.num_heads, layout, True, case.d_qk)
+        cfg = ta.config_for(case.num_heads, layout, True, case.d_qk)
+        changes = dict(kv.split("=", 1) for kv in spec.split("+")[1:])
+        return replace(cfg, **{k: ast.literal_eval(v) for k, v in changes.items()})
     return ta.Config(*ast.literal_eval(spec))
 
 
@@ -71,10 +76,10 @@ def _launch(case, x, cfg, splits: int | None = None):
 
 def _runner(case, x, spec: str, skip: int):
     """A callable that launches the case once as `spec` with the kernel's SKIP."""
-    if spec == "flashmla":
+    if spec.startswith("flashmla"):
         from dsv4bench import backends
 
-        return backends.get("flashmla").prepare(case, x, "cuda").run
+        return backends.get(spec).prepare(case, x, "cuda").run
     spec, _, splits = spec.partition("/")
     plan = _launch(case, x, _config(case, spec), int(splits) if splits else None)
     if skip:
@@ -96,6 +101,7 @@ def main() -> int:
     ap.add_argument("runs", nargs="+", help="CASE_PREFIX=CONFIG")
     ap.add_argument("--ncu", action="store_true", help="one launch of each, inside probe/")
     ap.add_argument("--scenario", default=SCENARIO, help=f"the cases (default {SCENARIO})")
+    ap.add_argument("--whole", action="store_true", help="time the whole kernel only")
     a = ap.parse_args()
     import torch
 
@@ -127,7 +133,8 @@ def main() -> int:
         moved = metrics.attention_bytes(case)  # every query's keys read once
         cells = []
         for name, skip in SKIPS.items():
-            fn = None if (skip and spec == "flashmla") else _runner(case, x, spec, skip)
+            engine = spec.startswith("flashmla")
+            fn = None if (skip and (engine or a.whole)) else _runner(case, x, spec, skip)
             if fn is None:
                 continue
             ms = timing.measure(fn, **kw)["median_ms"]
@@ -135,7 +142,7 @@ def main() -> int:
             if skip == 0:
                 extra = f" ({moved / ms / 1e9:.2f} TB/s, {flops / ms / 1e9:.0f} TFLOP/s)"
             cells.append(f"{name} {ms:.4f} ms{extra}")
-        info = "" if spec == "flashmla" else _plan_info(case, x, spec)
+        info = "" if spec.startswith("flashmla") else _plan_info(case, x, spec)
         print(f"{case.case_id:52s} {spec}{info}: " + "; ".join(cells), flush=True)
         del x
         torch.cuda.empty_cache()

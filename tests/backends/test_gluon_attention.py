@@ -60,6 +60,9 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     ptx = k.asm["ptx"]
     assert k.metadata.shared <= SM90_SMEM
     assert ptx.count("wgmma.mma_async") == wgmma
+    # the L2 prefetch of the next block: 4 lines a producer thread (64 keys x 8 / 128)
+    assert ptx.count("prefetch.global.L2") == (4 if cfg.prefetch else 0)
+    assert cfg.prefetch == (layout in ("v32", "v4") and not cfg.pipe)
     assert cfg.narrow == (heads <= 32 and cfg.block_h < 64)
     regs = probe.partition_regs(ptx)
     threads = 32 * (8 + tuning.GLUON_PRODUCER_WARPS)
@@ -119,6 +122,18 @@ def test_gluon_meta_refuses_a_pipe_it_cannot_run(layout, pipe):
     plan = probe._plan(layout, 8, tuning.Config(64, 64, 8, 1), "decode")
     cfg = dataclasses.replace(tuning.config_for(8, layout, True), pipe=pipe, idx_ahead=False)
     with pytest.raises(ValueError, match="pipe 1 or 2 only on V3.2"):
+        tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
+
+
+@pytest.mark.parametrize("layout,op,prefetch", [("v4", "decode", 3), ("v32", "decode", 1),
+                                               ("bf16", "prefill", 1)])  # fmt: skip
+def test_gluon_meta_refuses_a_prefetch_it_cannot_run(layout, op, prefetch):
+    """prefetch is 1 or 2 blocks ahead in the block-at-a-time producer: not with the pipelined
+    V3.2 gather (8 heads) nor the resident kernel (bf16 rows, 8 heads)."""
+    plan = probe._plan(layout, 8, tuning.Config(64, 64, 8, 1), op)
+    cfg = tuning.config_for(8, "bf16" if op == "prefill" else layout, True, 512)
+    cfg = dataclasses.replace(cfg, prefetch=prefetch)
+    with pytest.raises(ValueError, match="prefetch 1 or 2 blocks ahead without pipe or persist"):
         tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
 
 

@@ -47,6 +47,7 @@ SHIPPED = {
     "sm90/head_padding.yaml": (20, 80, 0),
     "sm90/layouts.yaml": (10, 40, 0),
     "sm90/triton_vs_flashmla.yaml": (32, 64, 0),
+    "compare/triton_shapes_sm90.yaml": (44, 132, 0),  # triton and two FlashMLA builds
     "compare/backends_sm90.yaml": (40, 240, 0),  # with tilelang (issue 32)
     "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: studies/serving/COMMANDS.md
     "compare/builds_sm90.yaml": (19, 92, 7),  # every build: 10 instances, 7 limit searches

@@ -28,6 +28,7 @@ GLUON2 = "results/sm90/triton-gluon2-h100/sweeps"
 GLUON3 = "results/sm90/triton-gluon3-h100/sweeps"
 GLUON4 = "results/sm90/triton-gluon4-h100/sweeps"
 SPEED = "results/sm90/triton-speed-h100/NOTES.md"
+SHAPES = "results/sm90/studies/triton-shapes/sweeps"
 GLUON_PRODUCER_WARPS = 4  # 8 would leave the consumers' wgmma too few registers (ptxas refuses)
 
 
@@ -49,6 +50,7 @@ class Config:
     async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
     pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
     persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
+    prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
 
 
 @dataclass(frozen=True)
@@ -95,34 +97,41 @@ RULES: tuple[Rule, ...] = (
         True,
         "v32",
         32,
-        _gluon(32, chunk=64, producer_regs=120, narrow=True, alternate=True),
+        _gluon(32, chunk=64, producer_regs=120, narrow=True, alternate=True, prefetch=1),
         f"17-32 heads in a 32-head program: 3% ahead of the 64-head tile "
-        f"({GLUON3}/ab-lean-*.txt); pipe lost 1-3% here ({GLUON4}/ab-pipe-*.txt)",
+        f"({GLUON3}/ab-lean-*.txt); pipe lost 1-3% here ({GLUON4}/ab-pipe-*.txt); the next "
+        f"block prefetched into L2: 3% faster, two blocks ahead 6% slower "
+        f"({SHAPES}/ab-prefetch-2.txt)",
     ),  # fmt: skip
     Rule(
         True,
         "v32",
         None,
-        _gluon(64, chunk=64, producer_regs=120),
+        _gluon(64, idx_ahead=True, chunk=64, producer_regs=120, prefetch=1),
         f"1.3-1.5x the Triton kernel on the FP8 caches; 64-key chunks (more loads in "
-        f"flight); idx_ahead 6% slower on V3.2's cache ({GLUON_H100})",
+        f"flight) ({GLUON_H100}); the next block prefetched into L2: 6-10% faster at 128 heads "
+        f"batch 32-64 ({SHAPES}/ab-prefetch-1.txt), with idx_ahead (6% slower without the "
+        f"prefetch, {GLUON_H100}) 1-8% more ({SHAPES}/ab-prefetch-2.txt)",
     ),  # fmt: skip
     # ---- Gluon, the V4 cache
     Rule(
         True,
         "v4",
         16,
-        _gluon(16, idx_ahead=True, chunk=32, producer_regs=96, narrow=True),
+        _gluon(16, idx_ahead=True, chunk=32, producer_regs=96, narrow=True, prefetch=1),
         f"narrow: FP8 decode 1.02-1.05x the 64-head tile ({GLUON_H100}); alternate measured "
-        f"the same on V4's cache ({GLUON2}/breakdown-*.txt)",
+        f"the same on V4's cache ({GLUON2}/breakdown-*.txt); the next block prefetched into "
+        f"L2: 11% faster at 8 and 16 heads ({SHAPES}/ab-prefetch-2.txt)",
     ),  # fmt: skip
     Rule(
         True,
         "v4",
         None,
-        _gluon(64, idx_ahead=True, chunk=32, producer_regs=96),
+        _gluon(64, idx_ahead=True, chunk=32, producer_regs=96, prefetch=1),
         f"1.3-1.5x the Triton kernel; idx_ahead: V4 decode 8-10% faster; 32-key chunks "
-        f"(V4's larger footprint spills at 64) ({GLUON_H100})",
+        f"(V4's larger footprint spills at 64) ({GLUON_H100}); the next block prefetched into "
+        f"L2: 5-9% faster at batch 32-128 and 32-128 heads, two ahead less "
+        f"({SHAPES}/ab-prefetch-1.txt, ab-prefetch-2.txt)",
     ),  # fmt: skip
     # ---- Gluon, bf16 rows (sparse prefill)
     Rule(True, "bf16", 16, _gluon(16, **_RESIDENT), _RESIDENT_WHY),
@@ -133,7 +142,8 @@ RULES: tuple[Rule, ...] = (
         None,
         _gluon(64, idx_ahead=True, chunk=64, producer_regs=56),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
-        f"the chunk sets only the grouping",
+        f"the chunk sets only the grouping; an L2 prefetch of the next block 4-6% slower at "
+        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt)",
         d_qk=576,
     ),  # fmt: skip
     Rule(
@@ -142,7 +152,8 @@ RULES: tuple[Rule, ...] = (
         None,
         _gluon(64, idx_ahead=True, chunk=16, producer_regs=96),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
-        f"the chunk sets only the grouping",
+        f"the chunk sets only the grouping; an L2 prefetch of the next block 4-6% slower at "
+        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt)",
     ),  # fmt: skip
     # ---- Triton
     Rule(
@@ -227,11 +238,13 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     v32 = meta["LAYOUT"] == LAYOUT_IDS["v32"]
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
+    bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
-            "records without idx_ahead, persist only alternate and async_fill with one split), "
+            "records without idx_ahead, persist only alternate and async_fill with one split, "
+            "prefetch 1 or 2 blocks ahead without pipe or persist), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -247,5 +260,6 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "ASYNC_FILL": cfg.async_fill,
         "PIPE": cfg.pipe,
         "PERSIST": cfg.persist,
+        "PREFETCH": cfg.prefetch,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

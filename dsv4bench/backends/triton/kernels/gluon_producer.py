@@ -55,17 +55,18 @@ def produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT
              P: gl.constexpr, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
              WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr,
              AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr,
-             SKIP: gl.constexpr):  # fmt: skip
+             SKIP: gl.constexpr, PREFETCH: gl.constexpr = 0):  # fmt: skip
     """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
     the free buffer, CHUNK keys at a time. With PIPE (V3.2 records) the gather is a pipeline
-    over chunks (_produce_v32_pipelined), else a block at a time (_produce_blocks)."""
+    over chunks (_produce_v32_pipelined), else a block at a time (_produce_blocks), which
+    with PREFETCH asks L2 for the rows of the block PREFETCH blocks ahead."""
     if PIPE:
         _produce_v32_pipelined(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, P,
                                HAS_TAIL, NPARTS, WIDE, CHUNK, PW, SKIP, PIPE)  # fmt: skip
     else:
         _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL,
-                        SKIP)  # fmt: skip
+                        SKIP, PREFETCH)  # fmt: skip
 
 
 @gluon.jit
@@ -73,25 +74,37 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
                     LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
                     NPARTS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
                     PW: gl.constexpr, AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr,
-                    SKIP: gl.constexpr):  # fmt: skip
+                    SKIP: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
     """A block at a time: its rows loaded, a key's 16-byte pieces across a warp, then stored.
     With AHEAD the next block's indices load while this block's rows do and wait in idx_s
     (two buffers): a block then costs one memory round trip, not two (index, then rows).
     With ASYNC_FILL (bf16 rows) the buffer's full barrier completes when the copies land, so
-    the producer goes on to the next buffer without waiting for them (the consumers fence)."""
+    the producer goes on to the next buffer without waiting for them (the consumers fence).
+    With PREFETCH (d) block i + d's indices load with block i's rows and, once block i is
+    handed over, its rows are prefetched into L2: they travel while the producer waits for
+    a free buffer, when no load of its own is in flight (FlashMLA's producer prefetches the
+    same way)."""
     start = keys[4]
     stop = keys[5]
     main_blocks = keys[1]
     k = gl.arange(0, BLOCK_N, gl.BlockedLayout([1], [32], [PW], [0]))
+    kp = gl.arange(0, BLOCK_N, gl.SliceLayout(1, _lines(PW)))
     if AHEAD:
         first, _ = block_keys(start, keys, cache, x_cache, k, NPARTS)
         idx_s.index(0).store(first)
         gl.thread_barrier()
+    if PREFETCH:
+        for d in gl.static_range(1, PREFETCH):
+            early, _ = block_keys(start + d, keys, cache, x_cache, kp, NPARTS)
+            _prefetch(early, start + d, main_blocks, cache, x_cache, LAYOUT, P, HAS_TAIL,
+                      NPARTS, WIDE, PW)  # fmt: skip
     for i in range(start, stop):
         n = i - start
         buf = n % 2
         if AHEAD:
             nxt, _ = block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
+        if PREFETCH:
+            ahead, _ = block_keys(i + PREFETCH, keys, cache, x_cache, kp, NPARTS)
         u8, u16, f32, s0, s1, slots = block_src(i, main_blocks, cache, x_cache, NPARTS)
         mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
         kb = k_main_s.index(buf)
@@ -118,6 +131,45 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
         if AHEAD:
             idx_s.index(1 - buf).store(nxt)
             gl.thread_barrier()
+        if PREFETCH:
+            _prefetch(ahead, i + PREFETCH, main_blocks, cache, x_cache, LAYOUT, P, HAS_TAIL,
+                      NPARTS, WIDE, PW)  # fmt: skip
+
+
+@gluon.constexpr_function
+def _lines(PW):
+    """The prefetch's layout: (64 keys, 8 of a key's 128-byte lines) over PW warps."""
+    return gl.BlockedLayout([1, 2], [16, 2], [PW, 1], [1, 0])
+
+
+@gluon.jit
+def _prefetch(idx, i, main_blocks, cache, x_cache, LAYOUT: gl.constexpr, P: gl.constexpr,
+              HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, WIDE: gl.constexpr,
+              PW: gl.constexpr):  # fmt: skip
+    """prefetch.global.L2 of every 128-byte line that key block i's rows (indices idx, in
+    _lines' key layout; -1 or out of range: none) are read from. A key takes up to 8 lines
+    here: V4 5 of data (576 bytes from a 64-byte boundary) and its scales' line, V3.2 6 (656
+    bytes), bf16 rows 8 (d_qk 512) or 9 (576: the ninth, the rope's last 64 bytes, is left
+    out). A masked key asks for slot 0's lines."""
+    LINES: gl.constexpr = _lines(PW)
+    u8, u16, f32, s0, s1, slots = block_src(i, main_blocks, cache, x_cache, NPARTS)
+    if WIDE:
+        idx = idx.to(gl.int64)
+    valid = (idx >= 0) & (idx < slots)
+    slot = gl.where(valid, idx, 0)
+    j = gl.arange(0, 8, gl.SliceLayout(0, LINES))[None, :]
+    if LAYOUT == BF16:  # rows of bf16: s0 elements apart
+        at = u16 + slot[:, None] * s0 + j * 64
+    elif LAYOUT == V32:
+        rec = (slot // P) * s0 + (slot % P) * s1
+        at = u8 + rec[:, None] + gl.minimum(j, 5) * 128
+    else:
+        page = (slot // P) * s0
+        data = page + (slot % P) * V4_DATA
+        scl = page + P * V4_DATA + (slot % P) * V4_SCALE
+        at = u8 + gl.where(j < 5, data[:, None] + j * 128, scl[:, None])
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at],
+                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
 
 
 @gluon.jit
