@@ -243,6 +243,19 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
     assert plan.info["persist"] and plan.info["splits"] == 1
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d_qk", [576, 512])
+@pytest.mark.parametrize("persist", [True, False])
+def test_prefill_on_cuda_wide_resident_or_a_program_an_item(d_qk, persist):
+    """The 64-head tile resident (a program an SM taking items in turn) and a program an
+    item: 301 tokens x 2 head blocks, tokens without keys (topk_length 0), a sink."""
+    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), persist=persist)
+    assert cfg.gluon and not cfg.narrow
+    plan = _prefill_on_cuda(301, 128, d_qk, cfg, 11)
+    assert plan.info["persist"] == persist and plan.info["splits"] == 1
+
+
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():
     """3 heads run in 16-head rows: the plan says so, outputs keep the caller's 3 heads, and
     q is copied in at each call (a second run after q changed gives the new answer)."""
@@ -383,6 +396,34 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
         bh = 16 if heads <= 16 else 32
         config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
     _decode_check(layout, 64, heads, 200, splits, config, "cuda")
+
+
+WIDE_RESIDENT_CASES = [
+    dict(op="decode", model="v4-pro", d_qk=512, num_heads=128, layout="v4", window=128, topk=128,
+         extra_topk=1024, compress_ratio=4, sink=True, context_len=8192, page_size=256,
+         batch_size=100, s_q=2),
+    dict(op="decode", model="v3.2", d_qk=576, num_heads=64, layout="v32", topk=2048,
+         context_len=8192, batch_size=150),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("params", WIDE_RESIDENT_CASES, ids=lambda p: p["model"])
+def test_decode_on_cuda_wide_resident(params, monkeypatch):
+    """FP8 decode on the 64-head tile, resident: 400 and 150 (token, head block) items over
+    the SMs, each program several in turn, against the oracle."""
+    pick = ta.config_for
+    monkeypatch.setattr(ta, "config_for", lambda *a: dataclasses.replace(pick(*a), persist=True))
+    case = Case(scenario="gpu", d_v=512, **params)
+    x = case_inputs.make_inputs(case, "cuda")
+    expected = oracle_call(case, x)()
+    prepared = tk.TritonKernels().prepare(case, x, "cuda")
+    assert prepared.info["persist"] and not prepared.info["narrow"]
+    prepared.poison()
+    actual = prepared.finish(prepared.run())
+    torch.cuda.synchronize()
+    _assert_close(expected, actual, DECODE_TOL)
 
 
 @pytest.mark.gpu

@@ -49,7 +49,7 @@ class Config:
     alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
     async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
     pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
-    persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
+    persist: bool = False  # one split, alternate and async_fill or 64 heads: resident
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
 
 
@@ -143,17 +143,20 @@ RULES: tuple[Rule, ...] = (
         _gluon(64, idx_ahead=True, chunk=64, producer_regs=56),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
         f"the chunk sets only the grouping; an L2 prefetch of the next block 4-6% slower at "
-        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt)",
+        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt); "
+        f"resident 2-4% slower ({SHAPES}/ab-persist-wide.txt)",
         d_qk=576,
     ),  # fmt: skip
     Rule(
         True,
         "bf16",
         None,
-        _gluon(64, idx_ahead=True, chunk=16, producer_regs=96),
+        _gluon(64, idx_ahead=True, chunk=16, producer_regs=96, persist=True),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
         f"the chunk sets only the grouping; an L2 prefetch of the next block 4-6% slower at "
-        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt)",
+        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt); "
+        f"resident (more items than SMs): V4 prefill at 128 heads 2-4% faster, 64 heads the "
+        f"same ({SHAPES}/ab-persist-wide.txt)",
     ),  # fmt: skip
     # ---- Triton
     Rule(
@@ -237,14 +240,21 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = (cfg.alternate and not cfg.narrow) or (cfg.async_fill and not bf16)
     v32 = meta["LAYOUT"] == LAYOUT_IDS["v32"]
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
-    bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
-    bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
+    narrow_resident = cfg.alternate and cfg.async_fill
+    bad = bad or (
+        cfg.persist and (meta["SPLIT"] or cfg.pipe or not (narrow_resident or not cfg.narrow))
+    )
+    bad = (
+        bad
+        or cfg.prefetch not in (0, 1, 2)
+        or (cfg.prefetch and (cfg.pipe or cfg.persist and cfg.narrow))
+    )
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
-            "records without idx_ahead, persist only alternate and async_fill with one split, "
-            "prefetch 1 or 2 blocks ahead without pipe or persist), "
+            "records without idx_ahead, persist only alternate and async_fill or 64 heads, with "
+            "one split, prefetch 1 or 2 blocks ahead without pipe or narrow persist), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")

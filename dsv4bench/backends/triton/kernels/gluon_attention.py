@@ -42,7 +42,7 @@ from dsv4bench.backends.triton.kernels.gluon_parts import (
     key_list,
     store_lse,
 )
-from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, produce
+from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, produce, produce_blocks
 from dsv4bench.backends.triton.kernels.gluon_resident import persistent
 
 BLOCK_H = gl.constexpr(64)
@@ -78,10 +78,15 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     (_consume_alternate). With PERSIST (alternate, one split) a program is resident and takes
     the (token, head block) items p, p + G, ... of the `items`, each consumer warpgroup every
     other one whole (persistent)."""
-    if PERSIST:
+    if PERSIST and NARROW:
         persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                    blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS,
                    HAS_SINK, HAS_MAXL, PRODUCER_WARPS, NH, CONSUMER_REGS, SKIP)  # fmt: skip
+    elif PERSIST:
+        _persistent_wide(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
+                         blocks_per_split, items, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS,
+                         HAS_X_LENS, HAS_SINK, HAS_MAXL, WIDE, CHUNK, PRODUCER_WARPS,
+                         PRODUCER_REGS, IDX_AHEAD, ASYNC_FILL, SKIP, PREFETCH)  # fmt: skip
     else:
         _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
@@ -167,7 +172,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
                SPLIT, Q_ROWS, NH)
     else:
         acc, m_i, l_i = gl.warp_specialize(
-            [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL,
+            [(_consume, (bufs, cache, x_cache, keys, scale2, 0, 0, HAS_TAIL, NPARTS, ASYNC_FILL,
                          SKIP)),
              (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
@@ -179,21 +184,125 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
 
 
 @gluon.jit
-def _consume(
-    bufs,
-    cache,
-    x_cache,
-    keys,
-    scale2,
-    HAS_TAIL: gl.constexpr,
-    NPARTS: gl.constexpr,
-    FENCE: gl.constexpr,
-    SKIP: gl.constexpr,
-):
+def _persistent_wide(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
+                     blocks_per_split, items, LAYOUT: gl.constexpr, P: gl.constexpr,
+                     HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
+                     HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
+                     WIDE: gl.constexpr, CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr, IDX_AHEAD: gl.constexpr,
+                     ASYNC_FILL: gl.constexpr, SKIP: gl.constexpr,
+                     PREFETCH: gl.constexpr):  # fmt: skip
+    """A resident program of the 64-head tile (PERSIST, not NARROW; one split): program p
+    takes the (token, head block) items p, p + G, ... in turn. The producer copies an item's
+    q as soon as the consumers are done with the last one's and gathers its first blocks
+    while they store it, so a program an item's start (barriers, partitions, q and the
+    first block's index and rows one after another) and end (the store, the next program's
+    launch) are paid once a program, not once an item. Shared memory as _one_item's."""
+    main_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
+    tail_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.bfloat16)
+    qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], gl.bfloat16)
+    qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], gl.bfloat16)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 16], gl.bfloat16)
+    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], qm_sl)
+    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, ROPE], qt_sl)
+    k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
+    k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
+    p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 16], p_sl)  # unused here
+    idx_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], idx_sl)
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_full.index(0), count=1)
+    mbarrier.init(q_empty.index(0), count=1)
+    for b in gl.static_range(2):
+        mbarrier.init(full.index(b), count=1)
+        mbarrier.init(empty.index(b), count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * 16], WORDS_SL)
+    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_full.index(0))
+    # fmt: off
+    gl.warp_specialize(
+        [(_consume_wide_items, (bufs, q_empty.index(0), cache, x_cache, outs, parts, sink_ptr,
+                                H, S_Q, LENS_DIV, scale2, blocks_per_split, items, HAS_TAIL,
+                                NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK, HAS_MAXL, ASYNC_FILL,
+                                SKIP)),
+         (_produce_wide_items, (q, bufs, idx_s, q_empty.index(0), cache, x_cache, H, LENS_DIV,
+                                blocks_per_split, items, LAYOUT, P, HAS_TAIL, NPARTS,
+                                HAS_LENS, HAS_X_LENS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
+                                ASYNC_FILL, SKIP, PREFETCH))],
+        [PRODUCER_WARPS], [PRODUCER_REGS])
+    # fmt: on
+
+
+@gluon.jit
+def _wide_item(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NPARTS: gl.constexpr,
+               HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr):  # fmt: skip
+    """(the key list of item k (one split), its head block) at 64 heads a block."""
+    head_blocks = (H + BLOCK_H - 1) // BLOCK_H
+    t = (k // head_blocks).to(gl.int64)
+    keys = key_list(cache, x_cache, t, 0, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
+                    HAS_X_LENS)  # fmt: skip
+    return keys, k % head_blocks
+
+
+@gluon.jit
+def _produce_wide_items(q, bufs, idx_s, q_empty, cache, x_cache, H, LENS_DIV, blocks_per_split,
+                        items, LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
+                        NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
+                        HAS_X_LENS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
+                        PW: gl.constexpr, AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr,
+                        SKIP: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
+    """The wide resident program's producer: each item's q (once the consumers have handed
+    the last one's back), then its key blocks (produce_blocks, fills counted across items)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_full = bufs
+    g = gl.num_programs(0)
+    fills = 0
+    for k in range(gl.program_id(0), items, g):
+        m = (k - gl.program_id(0)) // g
+        keys, hb = _wide_item(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NPARTS,
+                              HAS_LENS, HAS_X_LENS)  # fmt: skip
+        mbarrier.wait(q_empty, (m & 1) ^ 1)
+        copy_q(q, keys[0], hb, H, HAS_TAIL, BLOCK_H, Q_ROWS4, q_main_s, q_tail_s, q_full)
+        produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, fills,
+                       LAYOUT, P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL, SKIP,
+                       PREFETCH)  # fmt: skip
+        fills += keys[5] - keys[4]
+
+
+@gluon.jit
+def _consume_wide_items(bufs, q_empty, cache, x_cache, outs, parts, sink_ptr, H, S_Q, LENS_DIV,
+                        scale2, blocks_per_split, items, HAS_TAIL: gl.constexpr,
+                        NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
+                        HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr,
+                        HAS_MAXL: gl.constexpr, FENCE: gl.constexpr,
+                        SKIP: gl.constexpr):  # fmt: skip
+    """The wide resident program's consumers: each item's blocks (_consume), q handed back,
+    then its output stored while the producer runs on into the next item."""
+    g = gl.num_programs(0)
+    fills = 0
+    for k in range(gl.program_id(0), items, g):
+        m = (k - gl.program_id(0)) // g
+        keys, hb = _wide_item(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NPARTS,
+                              HAS_LENS, HAS_X_LENS)  # fmt: skip
+        acc, m_i, l_i = _consume(bufs, cache, x_cache, keys, scale2, fills, m & 1, HAS_TAIL,
+                                 NPARTS, FENCE, SKIP)  # fmt: skip
+        mbarrier.arrive(q_empty, count=1)
+        fills += keys[5] - keys[4]
+        _store(acc, m_i, l_i, outs, parts, sink_ptr, keys[0], hb, 0, H, S_Q, HAS_SINK,
+               HAS_MAXL, False, O_LAYOUT, BLOCK_H)  # fmt: skip
+
+
+@gluon.jit
+def _consume(bufs, cache, x_cache, keys, scale2, base, q_phase, HAS_TAIL: gl.constexpr,
+             NPARTS: gl.constexpr, FENCE: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
     """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
-    fills; (acc [64, 512] unnormalized, m_i, l_i)."""
+    fills, its fills counted from `base` (a resident program's earlier items; their q
+    buffer's phase q_phase); (acc [64, 512] unnormalized, m_i, l_i)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    await_q(q_bar)
+    await_q(q_bar, q_phase)
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -202,7 +311,7 @@ def _consume(
     s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_LAYOUT)
     k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
     for i in range(start, stop):
-        n = i - start
+        n = base + i - start
         buf = n % 2
         valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
                             FENCE)  # fmt: skip
