@@ -37,10 +37,10 @@ SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
 @pytest.mark.parametrize(
     "layout,heads,op,extra,wgmma",
     [
-        ("v32", 128, "decode", False, 40),  # QK 512/16 + rope 64/16 + PV 64/16 k-steps
-        ("v4", 64, "decode", True, 36),  # no rope tail: d_qk 512
-        ("bf16-576", 128, "prefill", False, 40),
-        ("bf16", 64, "prefill", False, 36),
+        ("v32", 128, "decode", False, 44),  # split_pv: QK 512/16 + rope 64/16, 2 x PV 64/16
+        ("v4", 64, "decode", True, 40),  # no rope tail: d_qk 512
+        ("bf16-576", 128, "prefill", False, 44),
+        ("bf16", 64, "prefill", False, 40),
         ("v4", 16, "decode", True, 48),  # narrow: QK 32 + PV 512/128 m-tiles x 4 k-steps
         ("v32", 8, "decode", False, 136),  # alternate: 2 consumers x (QK 36 + PV 512/64 x 4)
         ("v32", 12, "decode", True, 136),  # ... the pipelined gather over both caches
@@ -67,10 +67,11 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     regs = probe.partition_regs(ptx)
     threads = 32 * (8 + tuning.GLUON_PRODUCER_WARPS)
     assert threads * tuning.gluon_maxnreg() <= 65536
-    if cfg.alternate:  # two consumer partitions of 4 warps; the producer (default) the rest
-        consumers = tuning.consumer_regs(cfg.producer_regs)
+    if cfg.alternate or cfg.split_pv:  # two consumer partitions of 4 warps, the producer
+        consumers = tuning.consumer_regs(cfg.producer_regs)  # (default) the rest
         producer = 512 - 2 * consumers
-        assert consumers in regs and consumers >= 4 * cfg.block_h + 64  # a 512 x NH fp32 acc
+        # a 512 x NH fp32 acc (alternate), a 64 x 256 one (split_pv) and the lead's scores
+        assert consumers in regs and consumers >= (192 if cfg.split_pv else 4 * cfg.block_h + 64)
         assert min(regs) <= producer  # the default partition's share, set by the compiler
     else:
         producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
@@ -109,13 +110,16 @@ def test_config_picks_gluon_only_where_measured_faster():
                    for lay in ("v4", "bf16") for d in (512, 576))  # fmt: skip
     picks = [tuning.config_for(h, lay, True, d) for h in (8, 16, 32, 64)
              for lay in ("v32", "v4", "bf16") for d in (512, 576)]  # fmt: skip
-    assert all(c.async_fill == (c.persist and c.narrow) == (c.alternate and c.chunk == 64
-                                                             and c.idx_ahead)
-               for c in picks)  # fmt: skip
-    # the 64-head tile resident only on V4's bf16 rows (d_qk 512; 2-4% slower at 576)
-    wide = [(lay, d) for h in (64, 128) for lay in ("v32", "v4", "bf16") for d in (512, 576)
-            if tuning.config_for(h, lay, True, d).persist]  # fmt: skip
-    assert set(wide) == {("bf16", 512)}
+    assert all(c.persist == (c.alternate and c.chunk == 64 and c.idx_ahead) for c in picks)
+    # the copies complete the full barrier: resident, and on the 64-head tile's bf16 rows
+    assert [c.async_fill for c in picks] == [
+        c.persist or (c.block_h == 64 and lay == "bf16")
+        for h in (8, 16, 32, 64)
+        for lay in ("v32", "v4", "bf16")
+        for d in (512, 576)
+        for c in [tuning.config_for(h, lay, True, d)]
+    ]
+    assert all(c.split_pv == (c.block_h == 64) for c in picks)  # the 64-head tile: split_pv
     assert not any(
         tuning.config_for(h, lay).gluon for h in (8, 128) for lay in ("v32", "v4", "bf16")
     )
@@ -134,26 +138,23 @@ def test_gluon_meta_refuses_a_pipe_it_cannot_run(layout, pipe):
                                                ("bf16", "prefill", 1)])  # fmt: skip
 def test_gluon_meta_refuses_a_prefetch_it_cannot_run(layout, op, prefetch):
     """prefetch is 1 or 2 blocks ahead in the block-at-a-time producer: not with the pipelined
-    V3.2 gather (8 heads) nor the narrow resident kernel (bf16 rows, 8 heads)."""
+    V3.2 gather (8 heads) nor the resident kernel (bf16 rows, 8 heads)."""
     plan = probe._plan(layout, 8, tuning.Config(64, 64, 8, 1), op)
     cfg = tuning.config_for(8, "bf16" if op == "prefill" else layout, True, 512)
     cfg = dataclasses.replace(cfg, prefetch=prefetch)
-    with pytest.raises(
-        ValueError, match="prefetch 1 or 2 blocks ahead without pipe or narrow persist"
-    ):
+    with pytest.raises(ValueError, match="prefetch 1 or 2 blocks ahead without pipe or persist"):
         tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
 
 
-@pytest.mark.parametrize("change", [dict(alternate=False), dict(async_fill=False),
-                                    dict(split=True)])  # fmt: skip
+@pytest.mark.parametrize("change", [dict(alternate=False, narrow=False, block_h=64),
+                                    dict(async_fill=False), dict(split=True)])  # fmt: skip
 def test_gluon_meta_refuses_a_resident_kernel_it_cannot_run(change):
-    """persist takes whole tokens on the alternate consumers over bf16 rows, or on the
-    64-head tile, with one split."""
+    """persist takes whole tokens on the alternate consumers over bf16 rows, one split."""
     plan = probe._plan("bf16", 8, tuning.Config(64, 64, 8, 1), "prefill")
     meta = dict(plan.meta, EXACT=False, SPLIT=change.pop("split", False))
     cfg = dataclasses.replace(tuning.config_for(8, "bf16", True, 512), **change)
     assert cfg.persist
-    with pytest.raises(ValueError, match="persist only alternate and async_fill or 64 heads"):
+    with pytest.raises(ValueError, match="persist only alternate and async_fill"):
         tuning.gluon_meta(meta, cfg)
 
 

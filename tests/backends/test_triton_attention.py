@@ -246,14 +246,16 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("d_qk", [576, 512])
-@pytest.mark.parametrize("persist", [True, False])
-def test_prefill_on_cuda_wide_resident_or_a_program_an_item(d_qk, persist):
-    """The 64-head tile resident (a program an SM taking items in turn) and a program an
-    item: 301 tokens x 2 head blocks, tokens without keys (topk_length 0), a sink."""
-    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), persist=persist)
-    assert cfg.gluon and not cfg.narrow
-    plan = _prefill_on_cuda(301, 128, d_qk, cfg, 11)
-    assert plan.info["persist"] == persist and plan.info["splits"] == 1
+@pytest.mark.parametrize("tokens", [5, 301])
+@pytest.mark.parametrize("split_pv", [True, False])
+def test_prefill_on_cuda_split_pv(d_qk, tokens, split_pv):
+    """The 64-head tile in FlashMLA's schedule (split_pv, config_for's pick: one warpgroup's
+    QK and softmax, PV split by output columns) and both warpgroups on every step: 128 heads,
+    tokens without keys, a sink, and with 5 tokens the key list split (the combine kernel;
+    ranges past a short token's blocks are empty)."""
+    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), split_pv=split_pv)
+    plan = _prefill_on_cuda(tokens, 128, d_qk, cfg, 13)
+    assert plan.info["split_pv"] == split_pv and (plan.info["splits"] > 1) == (tokens == 5)
 
 
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():
@@ -381,11 +383,12 @@ GPU_CASES = [
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 12, 3), ("v32", 70, 3),
                                                  ("v4", 8, 2), ("v4", 128, None)])  # fmt: skip
-@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate"])
+@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv"])
 def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
-    """The Gluon producer/consumer kernel (as config_for picks it, and forced to alternate
-    key blocks between its consumers) and the Triton kernel, compiled, at the CPU test's
-    contract (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
+    """The Gluon producer/consumer kernel (as config_for picks it, forced to alternate key
+    blocks between its consumers, or on the 64-head tile with both consumers on every step
+    instead of split_pv) and the Triton kernel, compiled, at the CPU test's contract
+    (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
     gluon = kernel != "triton"
     config = tuning.config_for(heads, layout, gluon=gluon)
     if gluon and not config.gluon:
@@ -395,35 +398,11 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
             pytest.skip("the alternate consumers take at most 32 heads")
         bh = 16 if heads <= 16 else 32
         config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
+    if kernel == "both_pv":
+        if config.narrow:
+            pytest.skip("split_pv is the 64-head tile's (config_for: above 16-32 heads)")
+        config = dataclasses.replace(config, split_pv=False)
     _decode_check(layout, 64, heads, 200, splits, config, "cuda")
-
-
-WIDE_RESIDENT_CASES = [
-    dict(op="decode", model="v4-pro", d_qk=512, num_heads=128, layout="v4", window=128, topk=128,
-         extra_topk=1024, compress_ratio=4, sink=True, context_len=8192, page_size=256,
-         batch_size=100, s_q=2),
-    dict(op="decode", model="v3.2", d_qk=576, num_heads=64, layout="v32", topk=2048,
-         context_len=8192, batch_size=150),
-]  # fmt: skip
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("params", WIDE_RESIDENT_CASES, ids=lambda p: p["model"])
-def test_decode_on_cuda_wide_resident(params, monkeypatch):
-    """FP8 decode on the 64-head tile, resident: 400 and 150 (token, head block) items over
-    the SMs, each program several in turn, against the oracle."""
-    pick = ta.config_for
-    monkeypatch.setattr(ta, "config_for", lambda *a: dataclasses.replace(pick(*a), persist=True))
-    case = Case(scenario="gpu", d_v=512, **params)
-    x = case_inputs.make_inputs(case, "cuda")
-    expected = oracle_call(case, x)()
-    prepared = tk.TritonKernels().prepare(case, x, "cuda")
-    assert prepared.info["persist"] and not prepared.info["narrow"]
-    prepared.poison()
-    actual = prepared.finish(prepared.run())
-    torch.cuda.synchronize()
-    _assert_close(expected, actual, DECODE_TOL)
 
 
 @pytest.mark.gpu

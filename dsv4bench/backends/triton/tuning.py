@@ -49,8 +49,9 @@ class Config:
     alternate: bool = False  # narrow: the consumer warpgroups take alternate key blocks
     async_fill: bool = False  # gluon, bf16 rows: the copies complete the full barrier
     pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
-    persist: bool = False  # one split, alternate and async_fill or 64 heads: resident
+    persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
+    split_pv: bool = False  # gluon, 64 heads: one warpgroup's QK + softmax, PV split by columns
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,12 @@ RULES: tuple[Rule, ...] = (
         True,
         "v32",
         None,
-        _gluon(64, idx_ahead=True, chunk=64, producer_regs=120, prefetch=1),
+        _gluon(64, idx_ahead=True, chunk=64, producer_regs=120, prefetch=1, split_pv=True),
         f"1.3-1.5x the Triton kernel on the FP8 caches; 64-key chunks (more loads in "
         f"flight) ({GLUON_H100}); the next block prefetched into L2: 6-10% faster at 128 heads "
         f"batch 32-64 ({SHAPES}/ab-prefetch-1.txt), with idx_ahead (6% slower without the "
-        f"prefetch, {GLUON_H100}) 1-8% more ({SHAPES}/ab-prefetch-2.txt)",
+        f"prefetch, {GLUON_H100}) 1-8% more ({SHAPES}/ab-prefetch-2.txt); split_pv (one "
+        f"warpgroup's QK and softmax, PV split by columns): 5% faster ({SHAPES}/ab-split-pv-2.txt)",
     ),  # fmt: skip
     # ---- Gluon, the V4 cache
     Rule(
@@ -127,11 +129,13 @@ RULES: tuple[Rule, ...] = (
         True,
         "v4",
         None,
-        _gluon(64, idx_ahead=True, chunk=32, producer_regs=96, prefetch=1),
+        _gluon(64, idx_ahead=True, chunk=32, producer_regs=120, prefetch=1, split_pv=True),
         f"1.3-1.5x the Triton kernel; idx_ahead: V4 decode 8-10% faster; 32-key chunks "
         f"(V4's larger footprint spills at 64) ({GLUON_H100}); the next block prefetched into "
         f"L2: 5-9% faster at batch 32-128 and 32-128 heads, two ahead less "
-        f"({SHAPES}/ab-prefetch-1.txt, ab-prefetch-2.txt)",
+        f"({SHAPES}/ab-prefetch-1.txt, ab-prefetch-2.txt); split_pv 2-3% faster, 2% slower at "
+        f"MTP s_q 4 with 128 heads ({SHAPES}/ab-split-pv-2.txt); with it 120 producer "
+        f"registers (the consumers 192) 4-5% faster at MTP ({SHAPES}/ab-split-pv-3.txt)",
     ),  # fmt: skip
     # ---- Gluon, bf16 rows (sparse prefill)
     Rule(True, "bf16", 16, _gluon(16, **_RESIDENT), _RESIDENT_WHY),
@@ -140,23 +144,24 @@ RULES: tuple[Rule, ...] = (
         True,
         "bf16",
         None,
-        _gluon(64, idx_ahead=True, chunk=64, producer_regs=56),
+        _gluon(64, idx_ahead=True, chunk=64, producer_regs=56, split_pv=True, async_fill=True),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
-        f"the chunk sets only the grouping; an L2 prefetch of the next block 4-6% slower at "
-        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt); "
-        f"resident 2-4% slower ({SHAPES}/ab-persist-wide.txt)",
+        f"the chunk sets only the grouping; split_pv 11-13% faster ({SHAPES}/ab-split-pv-2.txt), "
+        f"async_fill 3.5% more ({SHAPES}/ab-split-pv-3.txt), "
+        f"an L2 prefetch of the next block 4-6% slower at 128 heads (the consumers bound it: "
+        f"{SHAPES}/ab-prefetch-1.txt, parts-prefill.txt), resident 2-4% slower "
+        f"({SHAPES}/ab-persist-wide.txt)",
         d_qk=576,
     ),  # fmt: skip
     Rule(
         True,
         "bf16",
         None,
-        _gluon(64, idx_ahead=True, chunk=16, producer_regs=96, persist=True),
+        _gluon(64, idx_ahead=True, chunk=16, producer_regs=96, split_pv=True, async_fill=True),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
-        f"the chunk sets only the grouping; an L2 prefetch of the next block 4-6% slower at "
-        f"128 heads (the consumers bound it: {SHAPES}/ab-prefetch-1.txt, parts-prefill.txt); "
-        f"resident (more items than SMs): V4 prefill at 128 heads 2-4% faster, 64 heads the "
-        f"same ({SHAPES}/ab-persist-wide.txt)",
+        f"the chunk sets only the grouping; split_pv 17-19% faster ({SHAPES}/ab-split-pv-2.txt), "
+        f"async_fill 0-1% more, 64-key chunks 7% less ({SHAPES}/ab-split-pv-3.txt), "
+        f"resident 2-4% faster at 128 heads but not with split_pv ({SHAPES}/ab-persist-wide.txt)",
     ),  # fmt: skip
     # ---- Triton
     Rule(
@@ -224,7 +229,7 @@ def gluon_maxnreg() -> int:
 def gluon_options(cfg: Config) -> dict:
     """The Gluon kernel's launch options: the warps of its default partition (both consumer
     warpgroups, or with `alternate` the producer), registers a thread at launch."""
-    return {"num_warps": 4 if cfg.alternate else 8, "maxnreg": gluon_maxnreg()}
+    return {"num_warps": 4 if cfg.alternate or cfg.split_pv else 8, "maxnreg": gluon_maxnreg()}
 
 
 def consumer_regs(producer_regs: int) -> int:
@@ -240,21 +245,15 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = (cfg.alternate and not cfg.narrow) or (cfg.async_fill and not bf16)
     v32 = meta["LAYOUT"] == LAYOUT_IDS["v32"]
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
-    narrow_resident = cfg.alternate and cfg.async_fill
-    bad = bad or (
-        cfg.persist and (meta["SPLIT"] or cfg.pipe or not (narrow_resident or not cfg.narrow))
-    )
-    bad = (
-        bad
-        or cfg.prefetch not in (0, 1, 2)
-        or (cfg.prefetch and (cfg.pipe or cfg.persist and cfg.narrow))
-    )
+    bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
+    bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
+    bad = bad or (cfg.split_pv and cfg.narrow)
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
-            "records without idx_ahead, persist only alternate and async_fill or 64 heads, with "
-            "one split, prefetch 1 or 2 blocks ahead without pipe or narrow persist), "
+            "records without idx_ahead, persist only alternate and async_fill with one split, "
+            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -271,5 +270,6 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "PIPE": cfg.pipe,
         "PERSIST": cfg.persist,
         "PREFETCH": cfg.prefetch,
+        "SPLIT_PV": cfg.split_pv,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

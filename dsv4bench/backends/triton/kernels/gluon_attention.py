@@ -12,10 +12,13 @@ each 256 of the 512 output columns. Narrow (16 or 32 heads, NARROW): the heads a
 wgmma's N and the keys its M, so no head is padded to 64; with ALTERNATE the two consumer
 warpgroups are partitions of their own that take alternate key blocks with all the heads and
 merge at the end; resident (PERSIST, sparse prefill) each takes whole tokens of its own, so
-no state is merged. The producer is gluon_producer.py. The plain Triton kernel cannot express
-this overlap: its dequantization, both dots and the softmax are one serial chain per warp
-(results/sm90/triton-speed-h100/NOTES.md; this kernel's: triton-gluon-h100/, triton-gluon2-h100/
-and triton-gluon3-h100/NOTES.md).
+no state is merged. SPLIT_PV (64 heads, config_for's pick) is FlashMLA's own split: one
+warpgroup (the lead) runs QK over all 64 keys and the softmax and hands P to the other
+through shared memory, and each runs PV for half of the output columns. The producer is
+gluon_producer.py. The plain Triton kernel cannot express this overlap: its dequantization,
+both dots and the softmax are one serial chain per warp (results/sm90/triton-speed-h100/
+NOTES.md; this kernel's: triton-gluon-h100/, triton-gluon2-h100/, triton-gluon3-h100/NOTES.md
+and studies/triton-shapes/NOTES.md).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from dsv4bench.backends.triton.kernels.gluon_parts import (
     key_list,
     store_lse,
 )
-from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, produce, produce_blocks
+from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, produce
 from dsv4bench.backends.triton.kernels.gluon_resident import persistent
 
 BLOCK_H = gl.constexpr(64)
@@ -69,7 +72,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
-                PREFETCH: gl.constexpr = 0):  # fmt: skip
+                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -78,21 +81,16 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
     (_consume_alternate). With PERSIST (alternate, one split) a program is resident and takes
     the (token, head block) items p, p + G, ... of the `items`, each consumer warpgroup every
     other one whole (persistent)."""
-    if PERSIST and NARROW:
+    if PERSIST:
         persistent(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                    blocks_per_split, items, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS,
                    HAS_SINK, HAS_MAXL, PRODUCER_WARPS, NH, CONSUMER_REGS, SKIP)  # fmt: skip
-    elif PERSIST:
-        _persistent_wide(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
-                         blocks_per_split, items, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS,
-                         HAS_X_LENS, HAS_SINK, HAS_MAXL, WIDE, CHUNK, PRODUCER_WARPS,
-                         PRODUCER_REGS, IDX_AHEAD, ASYNC_FILL, SKIP, PREFETCH)  # fmt: skip
     else:
         _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH)  # fmt: skip
+                  PREFETCH, SPLIT_PV)  # fmt: skip
 
 
 @gluon.jit
@@ -105,7 +103,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
-              PREFETCH: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -120,12 +118,17 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_V], gl.bfloat16)
     qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, ROPE], gl.bfloat16)
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, NH], gl.bfloat16)
-    q_rows: gl.constexpr = Q_ROWS4 if ALTERNATE else Q_ROWS
+    q_rows: gl.constexpr = Q_ROWS4 if ALTERNATE or SPLIT_PV else Q_ROWS
     q_main_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_V], qm_sl)
     q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROPE], qt_sl)
     k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
     k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
-    p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
+    if SPLIT_PV:  # P (heads x keys, the follower's wgmma A) and the lead's row vectors
+        pp_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N],
+                                                                   gl.bfloat16)  # fmt: skip
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, BLOCK_N], pp_sl)
+    else:
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
     idx_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], idx_sl)  # the producer's indices
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -134,19 +137,36 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     mbarrier.init(q_bar.index(0), count=1)
     for b in gl.static_range(2):
         mbarrier.init(full.index(b), count=1)
-        mbarrier.init(empty.index(b), count=1)
+        mbarrier.init(empty.index(b), count=2 if SPLIT_PV else 1)  # SPLIT_PV: both read it
     fence_async_shared()
     gl.thread_barrier()
     # q lands while the producer gathers the first block: the consumers wait on q_bar
     copy_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows, q_main_s, q_tail_s, q_bar.index(0))
     keys = key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
                     HAS_X_LENS)  # fmt: skip
-    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * NH], WORDS_SL)  # softmax_down's
+    # softmax_down's; SPLIT_PV: the lead's alpha, l and sink divisor for the follower
+    RED: gl.constexpr = (4 * BLOCK_H) if SPLIT_PV else (2 * 4 * NH)
+    red = gl.allocate_shared_memory(gl.float32, [RED], WORDS_SL)
     bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar.index(0))
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
     # constexprs into the partitions as plain values)
-    if ALTERNATE:
+    if SPLIT_PV:
+        hand = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(3):  # P written, P read, the lead's l and sink written
+            mbarrier.init(hand.index(b), count=1)
+        fence_async_shared()
+        gl.thread_barrier()
+        gl.warp_specialize(
+            [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH)),
+             (_lead, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache,
+                      keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT)),
+             (_follow, (bufs, hand, outs, parts, t, hb, split, H, keys, ASYNC_FILL, HAS_SINK,
+                        SPLIT))],
+            [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+    elif ALTERNATE:
         acc_s, ml_s = _merge_buffers(k_main_s, k_tail_s, NH)
         gl.warp_specialize(
             [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
@@ -172,7 +192,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
                SPLIT, Q_ROWS, NH)
     else:
         acc, m_i, l_i = gl.warp_specialize(
-            [(_consume, (bufs, cache, x_cache, keys, scale2, 0, 0, HAS_TAIL, NPARTS, ASYNC_FILL,
+            [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL,
                          SKIP)),
              (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
@@ -183,126 +203,129 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     # fmt: on
 
 
-@gluon.jit
-def _persistent_wide(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2,
-                     blocks_per_split, items, LAYOUT: gl.constexpr, P: gl.constexpr,
-                     HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
-                     HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
-                     WIDE: gl.constexpr, CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
-                     PRODUCER_REGS: gl.constexpr, IDX_AHEAD: gl.constexpr,
-                     ASYNC_FILL: gl.constexpr, SKIP: gl.constexpr,
-                     PREFETCH: gl.constexpr):  # fmt: skip
-    """A resident program of the 64-head tile (PERSIST, not NARROW; one split): program p
-    takes the (token, head block) items p, p + G, ... in turn. The producer copies an item's
-    q as soon as the consumers are done with the last one's and gathers its first blocks
-    while they store it, so a program an item's start (barriers, partitions, q and the
-    first block's index and rows one after another) and end (the store, the next program's
-    launch) are paid once a program, not once an item. Shared memory as _one_item's."""
-    main_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
-    tail_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.bfloat16)
-    qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], gl.bfloat16)
-    qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], gl.bfloat16)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 16], gl.bfloat16)
-    q_main_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], qm_sl)
-    q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, ROPE], qt_sl)
-    k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
-    k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
-    p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 16], p_sl)  # unused here
-    idx_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], idx_sl)
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_full.index(0), count=1)
-    mbarrier.init(q_empty.index(0), count=1)
-    for b in gl.static_range(2):
-        mbarrier.init(full.index(b), count=1)
-        mbarrier.init(empty.index(b), count=1)
-    fence_async_shared()
-    gl.thread_barrier()
-    red = gl.allocate_shared_memory(gl.float32, [2 * 4 * 16], WORDS_SL)
-    bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_full.index(0))
-    # fmt: off
-    gl.warp_specialize(
-        [(_consume_wide_items, (bufs, q_empty.index(0), cache, x_cache, outs, parts, sink_ptr,
-                                H, S_Q, LENS_DIV, scale2, blocks_per_split, items, HAS_TAIL,
-                                NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK, HAS_MAXL, ASYNC_FILL,
-                                SKIP)),
-         (_produce_wide_items, (q, bufs, idx_s, q_empty.index(0), cache, x_cache, H, LENS_DIV,
-                                blocks_per_split, items, LAYOUT, P, HAS_TAIL, NPARTS,
-                                HAS_LENS, HAS_X_LENS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                                ASYNC_FILL, SKIP, PREFETCH))],
-        [PRODUCER_WARPS], [PRODUCER_REGS])
-    # fmt: on
+# SPLIT_PV (4-warp partitions): the lead's scores over all 64 keys, both halves' PV
+LEAD_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                instr_shape=[16, 64, 16]))  # fmt: skip
+HALF_O = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                instr_shape=[16, 256, 16]))  # fmt: skip
+HALF = gl.constexpr(D_V // 2)
 
 
 @gluon.jit
-def _wide_item(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NPARTS: gl.constexpr,
-               HAS_LENS: gl.constexpr, HAS_X_LENS: gl.constexpr):  # fmt: skip
-    """(the key list of item k (one split), its head block) at 64 heads a block."""
-    head_blocks = (H + BLOCK_H - 1) // BLOCK_H
-    t = (k // head_blocks).to(gl.int64)
-    keys = key_list(cache, x_cache, t, 0, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
-                    HAS_X_LENS)  # fmt: skip
-    return keys, k % head_blocks
-
-
-@gluon.jit
-def _produce_wide_items(q, bufs, idx_s, q_empty, cache, x_cache, H, LENS_DIV, blocks_per_split,
-                        items, LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
-                        NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
-                        HAS_X_LENS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
-                        PW: gl.constexpr, AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr,
-                        SKIP: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
-    """The wide resident program's producer: each item's q (once the consumers have handed
-    the last one's back), then its key blocks (produce_blocks, fills counted across items)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_full = bufs
-    g = gl.num_programs(0)
-    fills = 0
-    for k in range(gl.program_id(0), items, g):
-        m = (k - gl.program_id(0)) // g
-        keys, hb = _wide_item(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NPARTS,
-                              HAS_LENS, HAS_X_LENS)  # fmt: skip
-        mbarrier.wait(q_empty, (m & 1) ^ 1)
-        copy_q(q, keys[0], hb, H, HAS_TAIL, BLOCK_H, Q_ROWS4, q_main_s, q_tail_s, q_full)
-        produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, fills,
-                       LAYOUT, P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL, SKIP,
-                       PREFETCH)  # fmt: skip
-        fills += keys[5] - keys[4]
-
-
-@gluon.jit
-def _consume_wide_items(bufs, q_empty, cache, x_cache, outs, parts, sink_ptr, H, S_Q, LENS_DIV,
-                        scale2, blocks_per_split, items, HAS_TAIL: gl.constexpr,
-                        NPARTS: gl.constexpr, HAS_LENS: gl.constexpr,
-                        HAS_X_LENS: gl.constexpr, HAS_SINK: gl.constexpr,
-                        HAS_MAXL: gl.constexpr, FENCE: gl.constexpr,
-                        SKIP: gl.constexpr):  # fmt: skip
-    """The wide resident program's consumers: each item's blocks (_consume), q handed back,
-    then its output stored while the producer runs on into the next item."""
-    g = gl.num_programs(0)
-    fills = 0
-    for k in range(gl.program_id(0), items, g):
-        m = (k - gl.program_id(0)) // g
-        keys, hb = _wide_item(k, H, cache, x_cache, LENS_DIV, blocks_per_split, NPARTS,
-                              HAS_LENS, HAS_X_LENS)  # fmt: skip
-        acc, m_i, l_i = _consume(bufs, cache, x_cache, keys, scale2, fills, m & 1, HAS_TAIL,
-                                 NPARTS, FENCE, SKIP)  # fmt: skip
-        mbarrier.arrive(q_empty, count=1)
-        fills += keys[5] - keys[4]
-        _store(acc, m_i, l_i, outs, parts, sink_ptr, keys[0], hb, 0, H, S_Q, HAS_SINK,
-               HAS_MAXL, False, O_LAYOUT, BLOCK_H)  # fmt: skip
-
-
-@gluon.jit
-def _consume(bufs, cache, x_cache, keys, scale2, base, q_phase, HAS_TAIL: gl.constexpr,
-             NPARTS: gl.constexpr, FENCE: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
-    """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
-    fills, its fills counted from `base` (a resident program's earlier items; their q
-    buffer's phase q_phase); (acc [64, 512] unnormalized, m_i, l_i)."""
+def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache, keys, scale2,
+          HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, FENCE: gl.constexpr,
+          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """SPLIT_PV's lead warpgroup (FlashMLA's schedule): S = Q K^T over all 64 keys of a block
+    (one m64n64 wgmma chain: the softmax's row reductions stay within each warp, no barrier),
+    P and the rescale alpha handed to the follower through shared memory, then PV for output
+    columns 0-255 from P in registers; at the end its lse, and l and the sink's divisor for
+    the follower. In _consume both warpgroups split the keys of S, so every block's row max
+    and sum cross them and P goes through shared memory before either PV (11-19% slower on
+    sparse prefill at 64-128 heads: results/sm90/studies/triton-shapes/NOTES.md)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    await_q(q_bar, q_phase)
+    p_full = hand.index(0)
+    p_free = hand.index(1)
+    await_q(q_bar)
+    start = keys[4]
+    stop = keys[5]
+    row_l: gl.constexpr = gl.SliceLayout(1, LEAD_S)
+    p_op_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=HALF_O, k_width=2)
+    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
+    l_i = gl.full([BLOCK_H], 0.0, gl.float32, row_l)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
+    s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, LEAD_S)
+    k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, LEAD_S))
+    pb = p_s.index(0)
+    for i in range(start, stop):
+        n = i - start
+        buf = n % 2
+        kb = k_main_s.index(buf)
+        valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
+                            FENCE)  # fmt: skip
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
+        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
+        p16 = p.to(gl.bfloat16)
+        mbarrier.wait(p_free, (n & 1) ^ 1)  # the follower is done with the last block's P
+        pb.store(p16)
+        red.slice(0, BLOCK_H).store(gl.convert_layout(alpha, vec_l))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p_full, count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, HALF_O))[:, None]
+        p_op = gl.convert_layout(p16, p_op_l)
+        acc = warpgroup_mma(p_op, kb.slice(0, HALF, dim=1), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(empty.index(buf), count=1)
+    o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
+    m_o = gl.convert_layout(m_i, o_row)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)
+    hmask = heads < H
+    l_div, sink_div = store_lse(m_o, gl.convert_layout(l_i, o_row), heads, hmask, outs, parts,
+                                sink_ptr, t, split, H, S_Q, HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
+    red.slice(BLOCK_H, BLOCK_H).store(gl.convert_layout(l_div, vec_l))
+    red.slice(2 * BLOCK_H, BLOCK_H).store(gl.convert_layout(sink_div, vec_l))
+    gl.thread_barrier()
+    mbarrier.arrive(hand.index(2), count=1)
+    c = gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
+    _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
+
+
+@gluon.jit
+def _lead_qk(bufs, buf, s0, HAS_TAIL: gl.constexpr):
+    """The lead's S = Q K^T over key buffer buf, issued (the caller waits)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    s = warpgroup_mma(q_main_s, k_main_s.index(buf).permute((1, 0)), s0, use_acc=False,
+                      is_async=True)  # fmt: skip
+    if HAS_TAIL:
+        s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _follow(bufs, hand, outs, parts, t, hb, split, H, keys, FENCE: gl.constexpr,
+            HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """SPLIT_PV's follower warpgroup: for each block, once the lead has handed over P and
+    alpha, O[:, 256:512] = alpha O + P V[:, 256:512] (P read from shared memory); at the end
+    the lead's l and sink divide its columns."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    p_full = hand.index(0)
+    p_free = hand.index(1)
+    start = keys[4]
+    stop = keys[5]
+    o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
+    pb = p_s.index(0)
+    for i in range(start, stop):
+        n = i - start
+        buf = n % 2
+        mbarrier.wait(full.index(buf), (n // 2) & 1)
+        mbarrier.wait(p_full, n & 1)
+        if FENCE:
+            fence_async_shared()
+        alpha = red.slice(0, BLOCK_H).load(o_row)
+        acc = acc * alpha[:, None]
+        kb = k_main_s.index(buf)
+        acc = warpgroup_mma(pb, kb.slice(HALF, HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(empty.index(buf), count=1)
+    mbarrier.wait(hand.index(2), 0)
+    l_div = red.slice(BLOCK_H, BLOCK_H).load(o_row)
+    sink_div = red.slice(2 * BLOCK_H, BLOCK_H).load(o_row)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)
+    hmask = heads < H
+    c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
+    _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
+
+
+@gluon.jit
+def _consume(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
+             FENCE: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
+    """The consumer warpgroups: online softmax (base 2) over the key blocks the producer
+    fills; (acc [64, 512] unnormalized, m_i, l_i)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    await_q(q_bar)
     start = keys[4]
     stop = keys[5]
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -311,7 +334,7 @@ def _consume(bufs, cache, x_cache, keys, scale2, base, q_phase, HAS_TAIL: gl.con
     s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_LAYOUT)
     k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
     for i in range(start, stop):
-        n = base + i - start
+        n = i - start
         buf = n % 2
         valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
                             FENCE)  # fmt: skip

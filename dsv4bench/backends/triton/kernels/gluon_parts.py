@@ -65,10 +65,9 @@ def copy_q(q, t, hb, H, HAS_TAIL: gl.constexpr, ROWS: gl.constexpr, LAY: gl.cons
 
 
 @gluon.jit
-def await_q(q_bar, phase=0):
-    """A consumer's wait for q in shared memory (copy_q), before its first wgmma reads it
-    (a resident program's item m: phase m & 1)."""
-    mbarrier.wait(q_bar, phase)
+def await_q(q_bar):
+    """A consumer's wait for q in shared memory (copy_q), before its first wgmma reads it."""
+    mbarrier.wait(q_bar, 0)
     fence_async_shared()
 
 

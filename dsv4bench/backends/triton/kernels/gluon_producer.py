@@ -58,25 +58,24 @@ def produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT
              SKIP: gl.constexpr, PREFETCH: gl.constexpr = 0):  # fmt: skip
     """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
     the free buffer, CHUNK keys at a time. With PIPE (V3.2 records) the gather is a pipeline
-    over chunks (_produce_v32_pipelined), else a block at a time (produce_blocks), which
+    over chunks (_produce_v32_pipelined), else a block at a time (_produce_blocks), which
     with PREFETCH asks L2 for the rows of the block PREFETCH blocks ahead."""
     if PIPE:
         _produce_v32_pipelined(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, P,
                                HAS_TAIL, NPARTS, WIDE, CHUNK, PW, SKIP, PIPE)  # fmt: skip
     else:
-        produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, 0, LAYOUT,
-                       P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL, SKIP,
-                       PREFETCH)  # fmt: skip
+        _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                        P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL,
+                        SKIP, PREFETCH)  # fmt: skip
 
 
 @gluon.jit
-def produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, base,
-                   LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
+def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys,
+                    LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
                     NPARTS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
                     PW: gl.constexpr, AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr,
                     SKIP: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
-    """A block at a time: its rows loaded, a key's 16-byte pieces across a warp, then stored;
-    the buffers' fills counted from `base` (a resident program's blocks of earlier items).
+    """A block at a time: its rows loaded, a key's 16-byte pieces across a warp, then stored.
     With AHEAD the next block's indices load while this block's rows do and wait in idx_s
     (two buffers): a block then costs one memory round trip, not two (index, then rows).
     With ASYNC_FILL (bf16 rows) the buffer's full barrier completes when the copies land, so
@@ -92,7 +91,7 @@ def produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys,
     kp = gl.arange(0, BLOCK_N, gl.SliceLayout(1, _lines(PW)))
     if AHEAD:
         first, _ = block_keys(start, keys, cache, x_cache, k, NPARTS)
-        idx_s.index(base % 2).store(first)
+        idx_s.index(0).store(first)
         gl.thread_barrier()
     if PREFETCH:
         for d in gl.static_range(1, PREFETCH):
@@ -100,7 +99,7 @@ def produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys,
             _prefetch(early, start + d, main_blocks, cache, x_cache, LAYOUT, P, HAS_TAIL,
                       NPARTS, WIDE, PW)  # fmt: skip
     for i in range(start, stop):
-        n = base + i - start
+        n = i - start
         buf = n % 2
         if AHEAD:
             nxt, _ = block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
