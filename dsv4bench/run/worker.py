@@ -53,6 +53,26 @@ class Cache:
         self.locality: dict = {}
 
 
+# inputs from this size are dropped after their job: another build's worker makes its own
+RELEASE_BYTES = 1 << 30
+
+
+def release(cache: Cache, limit: int = RELEASE_BYTES) -> None:
+    """What an idle worker keeps on the GPU between jobs: the last case's inputs only when
+    they are small, and none of the allocator's cached blocks. The runner keeps up to three
+    workers alive a GPU (run/slot.py); each holding a V3.2 batch-128 case and its cached
+    blocks (22-26 GiB) left the next 5.7 GiB of an H100's 79 (three `oom` rows in
+    results/sm90/studies/triton-shapes before this)."""
+    import torch
+
+    held = sum(t.numel() * t.element_size() for t in cache.inputs.values()
+               if isinstance(t, torch.Tensor))  # fmt: skip
+    if held >= limit:
+        cache.key, cache.inputs, cache.expected, cache.locality = None, {}, {}, {}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def check(case, backend, arch: str, cache: Cache) -> tuple[dict, object | None]:
     """check_row's row as a dict (what a results file holds), and the Prepared call."""
     row, prepared = check_row(case, backend, arch, cache)
@@ -332,6 +352,7 @@ def main() -> int:
         print(MARK + json.dumps(answer, default=str), flush=True)
         if fatal:
             return 3
+        release(cache)
     return 0
 
 

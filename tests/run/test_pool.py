@@ -198,3 +198,19 @@ def test_a_slot_keeps_at_most_max_pooled_workers_least_recently_used_first():
     assert made[1].stopped and not made[0].stopped and len(slot.workers) == runner.MAX_POOLED
     slot.stop_pooled()  # a limit search starts: none left holding the device
     assert all(w.stopped for w in made) and not slot.workers
+
+
+def test_an_idle_worker_drops_large_inputs_and_keeps_small_ones():
+    """Between jobs a worker keeps its last case's inputs for the next backend of that case
+    only when they are small; large ones would sit on the GPU beside other builds' workers."""
+    import torch
+
+    from dsv4bench.run.worker import Cache, release
+
+    cache = Cache()
+    cache.key, cache.inputs, cache.expected = "c", {"kv": torch.zeros(256)}, {None: "out"}
+    release(cache, limit=2048)  # 1024 bytes held
+    assert cache.key == "c" and "kv" in cache.inputs and cache.expected
+    cache.inputs["q"] = torch.zeros(512)  # 3072 bytes
+    release(cache, limit=2048)
+    assert cache.key is None and not cache.inputs and not cache.expected
