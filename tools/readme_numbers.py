@@ -39,6 +39,7 @@ FILES = (
     "results/sm90/studies/sglang-triton/README.md",
     "results/sm90/studies/vllm-bench/README.md",
     "results/sm90/studies/failures/README.md",
+    "results/sm90/studies/triton-shapes/README.md",
 )
 MARK = re.compile(r"<!-- n:([a-z0-9_]+) -->(.*?)<!-- /n -->", re.S)
 
@@ -143,6 +144,38 @@ def _pair_ratios(path: str, a: str, b: str, **params) -> list[float]:
     return out
 
 
+def _shape_ratios(build: str, tag: str | None = None, heads=(1, 10**9)) -> list[float]:
+    """FlashMLA `build`'s time / the own Triton kernels' on the triton-shapes cases tagged
+    `tag` (None: all) with num_heads in [heads[0], heads[1]] (> 1: ours faster)."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in _last_rows(SHAPES):
+        n = r["params"]["num_heads"]
+        tagged = tag is None or tag in r["tags"]
+        if r.get("status") == "ok" and tagged and heads[0] <= n <= heads[1]:
+            by.setdefault(r["case_id"], {})[r["backend"]] = r
+    out = []
+    for pair in by.values():
+        if build in pair and "triton" in pair:
+            key, _ = timers.shared([pair[build], pair["triton"]])
+            out.append(timers.value(pair[build], key) / timers.value(pair["triton"], key))
+    return out
+
+
+def _shape_figures() -> dict[str, Callable[[], str]]:
+    """shapes_<class>_{span,median}[_26]: the triton-shapes classes against FlashMLA from
+    vLLM 0.33.0 (and _26: 0.26.0)."""
+    classes = {"fewq": ("few-query", (1, 10**9)), "mtp64": ("mtp", (64, 64)),
+               "mtp128": ("mtp", (128, 128)), "batch": ("batch", (64, 128)),
+               "prefill": ("prefill", (64, 128)), "tp": ("tp", (1, 32))}  # fmt: skip
+    out: dict[str, Callable[[], str]] = {}
+    for name, (tag, heads) in classes.items():
+        for suffix, build in (("", "flashmla-vllm-0.33.0"), ("_26", "flashmla-vllm-0.26.0")):
+            ratios = lambda tag=tag, heads=heads, build=build: _shape_ratios(build, tag, heads)
+            out[f"shapes_{name}_span{suffix}"] = lambda r=ratios: span(r())
+            out[f"shapes_{name}_median{suffix}"] = lambda r=ratios: _median(r())
+    return out
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}"
 
@@ -155,6 +188,7 @@ TOPK = f"{STUDIES}/topk/run"
 SGLTRI = f"{STUDIES}/sglang-triton/compare"
 VLLM = f"{STUDIES}/vllm-bench/mla-sparse-decode"
 SPIN = f"{STUDIES}/sglang-triton/spin-check"
+SHAPES = f"{STUDIES}/triton-shapes/run"
 
 
 def _gap_rows(path: str) -> str:
@@ -246,6 +280,13 @@ FIGURES: dict[str, Callable[[], str]] = {
     "envelope_ok": lambda: _envelope("ok"),
     "envelope_unsupported": lambda: _envelope("unsupported"),
     "envelope_incorrect": lambda: _envelope("incorrect"),
+    "shapes_rows": lambda: str(sum(r["status"] == "ok" for r in _last_rows(SHAPES))),
+    "shapes_below_08": lambda: str(sum(r < 0.8 for r in _shape_ratios("flashmla-vllm-0.33.0"))),
+    "shapes_tp_at_least_1": lambda: "{} of {}".format(
+        sum(r >= 1 for r in _shape_ratios("flashmla-vllm-0.33.0", "tp", (1, 32))),
+        len(_shape_ratios("flashmla-vllm-0.33.0", "tp", (1, 32))),
+    ),
+    **_shape_figures(),
 }
 
 
