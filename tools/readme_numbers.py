@@ -144,11 +144,12 @@ def _pair_ratios(path: str, a: str, b: str, **params) -> list[float]:
     return out
 
 
-def _shape_ratios(build: str, tag: str | None = None, heads=(1, 10**9)) -> list[float]:
+def _shape_ratios(build: str, tag: str | None = None, heads=(1, 10**9), run=None) -> list[float]:
     """FlashMLA `build`'s time / the own Triton kernels' on the triton-shapes cases tagged
-    `tag` (None: all) with num_heads in [heads[0], heads[1]] (> 1: ours faster)."""
+    `tag` (None: all) with num_heads in [heads[0], heads[1]] (> 1: ours faster), in `run`
+    (default the H100's)."""
     by: dict[str, dict[str, dict]] = {}
-    for r in _last_rows(SHAPES):
+    for r in _last_rows(run or SHAPES):
         n = r["params"]["num_heads"]
         tagged = tag is None or tag in r["tags"]
         if r.get("status") == "ok" and tagged and heads[0] <= n <= heads[1]:
@@ -168,9 +169,13 @@ def _shape_figures() -> dict[str, Callable[[], str]]:
                "mtp128": ("mtp", (128, 128)), "batch": ("batch", (64, 128)),
                "prefill": ("prefill", (64, 128)), "tp": ("tp", (1, 32))}  # fmt: skip
     out: dict[str, Callable[[], str]] = {}
+    runs = (("", "flashmla-vllm-0.33.0", SHAPES), ("_26", "flashmla-vllm-0.26.0", SHAPES),
+            ("_h200", "flashmla-vllm-0.33.0", SHAPES_H200))  # fmt: skip
     for name, (tag, heads) in classes.items():
-        for suffix, build in (("", "flashmla-vllm-0.33.0"), ("_26", "flashmla-vllm-0.26.0")):
-            ratios = lambda tag=tag, heads=heads, build=build: _shape_ratios(build, tag, heads)
+        for suffix, build, run in runs:
+            ratios = lambda tag=tag, heads=heads, build=build, run=run: _shape_ratios(
+                build, tag, heads, run
+            )
             out[f"shapes_{name}_span{suffix}"] = lambda r=ratios: span(r())
             out[f"shapes_{name}_median{suffix}"] = lambda r=ratios: _median(r())
     return out
@@ -189,6 +194,7 @@ SGLTRI = f"{STUDIES}/sglang-triton/compare"
 VLLM = f"{STUDIES}/vllm-bench/mla-sparse-decode"
 SPIN = f"{STUDIES}/sglang-triton/spin-check"
 SHAPES = f"{STUDIES}/triton-shapes/run"
+SHAPES_H200 = f"{STUDIES}/triton-shapes/run-h200"
 
 
 def _gap_rows(path: str) -> str:
@@ -281,6 +287,10 @@ FIGURES: dict[str, Callable[[], str]] = {
     "envelope_unsupported": lambda: _envelope("unsupported"),
     "envelope_incorrect": lambda: _envelope("incorrect"),
     "shapes_rows": lambda: str(sum(r["status"] == "ok" for r in _last_rows(SHAPES))),
+    "shapes_rows_h200": lambda: str(sum(r["status"] == "ok" for r in _last_rows(SHAPES_H200))),
+    "shapes_below_08_h200": lambda: str(
+        sum(r < 0.8 for r in _shape_ratios("flashmla-vllm-0.33.0", run=SHAPES_H200))
+    ),
     "shapes_below_08": lambda: str(sum(r < 0.8 for r in _shape_ratios("flashmla-vllm-0.33.0"))),
     "shapes_tp_at_least_1": lambda: "{} of {}".format(
         sum(r >= 1 for r in _shape_ratios("flashmla-vllm-0.33.0", "tp", (1, 32))),
