@@ -14,7 +14,9 @@ heads to 64 pays off where the keys cost most to read. Pipelining the Triton ker
 NOTES.md), so num_stages stays as below. plan_attention drops `persist` when the (token, head
 block) items fit in one wave, where a program an item takes 11-21% less time; above, resident
 took 8-22% less, except 2-4% more at d_qk 512 and 2.5-3 items an SM (sweeps/ab-items.txt in
-results/sm90/triton-gluon4-h100).
+results/sm90/triton-gluon4-h100). At 64 heads every Gluon rule takes split_pv (FlashMLA's
+split of the consumer work) and the FP8 ones the L2 prefetch of the next block
+(results/sm90/studies/triton-shapes/README.md: what won and what lost on issue 36's shapes).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ through shared memory, and each runs PV for half of the output columns. The prod
 gluon_producer.py. The plain Triton kernel cannot express this overlap: its dequantization,
 both dots and the softmax are one serial chain per warp (results/sm90/triton-speed-h100/
 NOTES.md; this kernel's: triton-gluon-h100/, triton-gluon2-h100/, triton-gluon3-h100/NOTES.md
-and studies/triton-shapes/NOTES.md).
+and studies/triton-shapes/README.md).
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
     columns 0-255 from P in registers; at the end its lse, and l and the sink's divisor for
     the follower. In _consume both warpgroups split the keys of S, so every block's row max
     and sum cross them and P goes through shared memory before either PV (11-19% slower on
-    sparse prefill at 64-128 heads: results/sm90/studies/triton-shapes/NOTES.md)."""
+    sparse prefill at 64-128 heads: results/sm90/studies/triton-shapes/README.md)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
     p_full = hand.index(0)
     p_free = hand.index(1)
