@@ -243,6 +243,20 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
     assert plan.info["persist"] and plan.info["splits"] == 1
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d_qk", [576, 512])
+@pytest.mark.parametrize("qk_ahead", [True, False])
+@pytest.mark.parametrize("tokens", [5, 301])
+def test_prefill_on_cuda_wide_with_scores_a_block_ahead(d_qk, qk_ahead, tokens):
+    """The 64-head tile's consumers with QK a block ahead of PV (config_for's pick above 32
+    heads) and without, on 128 heads: tokens without keys (topk_length 0), and with 5 tokens
+    the key list split (ranges past a short token's blocks are empty)."""
+    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), qk_ahead=qk_ahead)
+    plan = _prefill_on_cuda(tokens, 128, d_qk, cfg, 11)
+    assert plan.info["qk_ahead"] == qk_ahead and (plan.info["splits"] > 1) == (tokens == 5)
+
+
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():
     """3 heads run in 16-head rows: the plan says so, outputs keep the caller's 3 heads, and
     q is copied in at each call (a second run after q changed gives the new answer)."""
@@ -368,11 +382,12 @@ GPU_CASES = [
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 12, 3), ("v32", 70, 3),
                                                  ("v4", 8, 2), ("v4", 128, None)])  # fmt: skip
-@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate"])
+@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "qk_ahead"])
 def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
-    """The Gluon producer/consumer kernel (as config_for picks it, and forced to alternate
-    key blocks between its consumers) and the Triton kernel, compiled, at the CPU test's
-    contract (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
+    """The Gluon producer/consumer kernel (as config_for picks it, forced to alternate key
+    blocks between its consumers, or on the 64-head tile with QK a block ahead of PV) and
+    the Triton kernel, compiled, at the CPU test's contract (topk_length, -1 rows, a query
+    without keys, sink, extra cache, split-KV)."""
     gluon = kernel != "triton"
     config = tuning.config_for(heads, layout, gluon=gluon)
     if gluon and not config.gluon:
@@ -382,6 +397,10 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
             pytest.skip("the alternate consumers take at most 32 heads")
         bh = 16 if heads <= 16 else 32
         config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
+    if kernel == "qk_ahead":  # the 64-head tile's consumers with QK a block ahead of PV
+        if config.narrow:
+            pytest.skip("qk_ahead is the 64-head tile's (above 16-32 heads)")
+        config = dataclasses.replace(config, qk_ahead=True)
     _decode_check(layout, 64, heads, 200, splits, config, "cuda")
 
 

@@ -51,6 +51,7 @@ class Config:
     pipe: int = 0  # gluon, V3.2 cache: chunks in flight ahead of the one stored (0: by blocks)
     persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
+    qk_ahead: bool = False  # gluon, 64 heads (not narrow): QK a block ahead of PV
 
 
 @dataclass(frozen=True)
@@ -239,12 +240,13 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
+    bad = bad or (cfg.qk_ahead and cfg.narrow)
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
             "records without idx_ahead, persist only alternate and async_fill with one split, "
-            "prefetch 1 or 2 blocks ahead without pipe or persist), "
+            "prefetch 1 or 2 blocks ahead without pipe or persist, qk_ahead not narrow), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -261,5 +263,6 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "PIPE": cfg.pipe,
         "PERSIST": cfg.persist,
         "PREFETCH": cfg.prefetch,
+        "QK_AHEAD": cfg.qk_ahead,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

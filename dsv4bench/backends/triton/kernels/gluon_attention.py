@@ -69,7 +69,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
-                PREFETCH: gl.constexpr = 0):  # fmt: skip
+                PREFETCH: gl.constexpr = 0, QK_AHEAD: gl.constexpr = False):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -87,7 +87,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH)  # fmt: skip
+                  PREFETCH, QK_AHEAD)  # fmt: skip
 
 
 @gluon.jit
@@ -100,7 +100,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
-              PREFETCH: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, QK_AHEAD: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -165,6 +165,16 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
         rows = gl.convert_layout(gl.permute(acc, (1, 0)), Q_ROWS)  # (heads, 512)
         _store(rows, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
                SPLIT, Q_ROWS, NH)
+    elif QK_AHEAD:
+        acc, m_i, l_i = gl.warp_specialize(
+            [(_consume_ahead, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS,
+                               ASYNC_FILL)),
+             (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
+                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH))],
+            [PRODUCER_WARPS], [PRODUCER_REGS])
+        _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
+               SPLIT, O_LAYOUT, BLOCK_H)
     else:
         acc, m_i, l_i = gl.warp_specialize(
             [(_consume, (bufs, cache, x_cache, keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL,
@@ -218,6 +228,63 @@ def _consume(
             acc = warpgroup_mma(p_op, kb, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(buf), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _qk(bufs, buf, s0, HAS_TAIL: gl.constexpr):
+    """S = Q K^T of key buffer buf, issued (asynchronous: the caller waits)."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    s = warpgroup_mma(q_main_s, k_main_s.index(buf).permute((1, 0)), s0, use_acc=False,
+                      is_async=True)  # fmt: skip
+    if HAS_TAIL:
+        s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _consume_ahead(bufs, cache, x_cache, keys, scale2, HAS_TAIL: gl.constexpr,
+                   NPARTS: gl.constexpr, FENCE: gl.constexpr):  # fmt: skip
+    """_consume with the scores one block ahead (QK_AHEAD): block i's QK is issued before
+    block i - 1's PV, and block i's softmax runs while that PV is on the tensor cores (in
+    _consume the tensor cores idle through every softmax). Block i - 1's buffer is handed
+    back once its PV is done, so the producer still fills one buffer while both are read."""
+    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
+    await_q(q_bar)
+    start = keys[4]
+    stop = keys[5]
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.full([BLOCK_H], 0.0, gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, O_LAYOUT)
+    s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_LAYOUT)
+    k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
+    # the first block's scores and softmax. Not under `if start < stop`: that branch made
+    # ptxas spill 1.1-2.4 KB. An empty range (start >= the token's blocks) skips the wait,
+    # its keys are all masked (p 0, m_i and l_i unchanged) and the PV below is skipped, so
+    # the unfilled buffer's scores are never used.
+    valid = await_block(start, 0, 0, keys, cache, x_cache, k_cols, full, NPARTS, FENCE,
+                        start < stop)  # fmt: skip
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(_qk(bufs, 0, s0, HAS_TAIL),))
+    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
+    p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+    for i in range(start + 1, stop):
+        n = i - start
+        buf = n % 2
+        valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
+                            FENCE)  # fmt: skip
+        s = _qk(bufs, buf, s0, HAS_TAIL)
+        acc = warpgroup_mma(p_op, k_main_s.index(1 - buf), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the QK (issued first) only
+        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(empty.index(1 - buf), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+    if start < stop:  # the last block's PV
+        last = (stop - 1 - start) % 2
+        acc = warpgroup_mma(p_op, k_main_s.index(last), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(empty.index(last), count=1)
     return acc, m_i, l_i
 
 
