@@ -162,7 +162,8 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
                          ASYNC_FILL, PIPE, SKIP, PREFETCH)),
              (_lead, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache,
-                      keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT)),
+                      keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT,
+                      SPLIT_PV == 2)),
              (_follow, (bufs, hand, outs, parts, t, hb, split, H, keys, ASYNC_FILL, HAS_SINK,
                         SPLIT))],
             [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
@@ -214,14 +215,17 @@ HALF = gl.constexpr(D_V // 2)
 @gluon.jit
 def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache, keys, scale2,
           HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, FENCE: gl.constexpr,
-          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr,
+          AHEAD: gl.constexpr):  # fmt: skip
     """SPLIT_PV's lead warpgroup (FlashMLA's schedule): S = Q K^T over all 64 keys of a block
     (one m64n64 wgmma chain: the softmax's row reductions stay within each warp, no barrier),
     P and the rescale alpha handed to the follower through shared memory, then PV for output
     columns 0-255 from P in registers; at the end its lse, and l and the sink's divisor for
     the follower. In _consume both warpgroups split the keys of S, so every block's row max
-    and sum cross them and P goes through shared memory before either PV (11-19% slower on
-    sparse prefill at 64-128 heads: results/sm90/studies/triton-shapes/NOTES.md)."""
+    and sum cross them and P goes through shared memory before either PV. With AHEAD
+    (split_pv 2) the next block's QK is issued behind this block's PV, so the tensor cores
+    run one after the other without the lead's waits between them (past the last block the
+    QK reads a buffer nobody fills and is dropped)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
     p_full = hand.index(0)
     p_free = hand.index(1)
@@ -237,13 +241,18 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
     s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, LEAD_S)
     k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, LEAD_S))
     pb = p_s.index(0)
+    if AHEAD:  # the first block's scores (an empty range: no wait, every key masked)
+        valid = await_block(start, 0, 0, keys, cache, x_cache, k_cols, full, NPARTS, FENCE,
+                            start < stop)  # fmt: skip
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, 0, s0, HAS_TAIL),))
     for i in range(start, stop):
         n = i - start
         buf = n % 2
         kb = k_main_s.index(buf)
-        valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
-                            FENCE)  # fmt: skip
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
+        if not AHEAD:
+            valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full,
+                                NPARTS, FENCE)  # fmt: skip
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
         p16 = p.to(gl.bfloat16)
         mbarrier.wait(p_free, (n & 1) ^ 1)  # the follower is done with the last block's P
@@ -255,8 +264,17 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, HALF_O))[:, None]
         p_op = gl.convert_layout(p16, p_op_l)
         acc = warpgroup_mma(p_op, kb.slice(0, HALF, dim=1), acc, is_async=True)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        mbarrier.arrive(empty.index(buf), count=1)
+        if AHEAD:  # the next block's QK queued behind this PV (past the last: no wait, unused)
+            valid = await_block(i + 1, 1 - buf, ((n + 1) // 2) & 1, keys, cache, x_cache,
+                                k_cols, full, NPARTS, FENCE, i + 1 < stop)  # fmt: skip
+            s = _lead_qk(bufs, 1 - buf, s0, HAS_TAIL)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=2 if HAS_TAIL else 1,
+                                           deps=(acc, p_op))  # fmt: skip
+            mbarrier.arrive(empty.index(buf), count=1)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        else:
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(empty.index(buf), count=1)
     o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
     m_o = gl.convert_layout(m_i, o_row)
     heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)

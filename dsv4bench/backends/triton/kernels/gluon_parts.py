@@ -81,12 +81,13 @@ def key_length(cache, t, LENS_DIV, HAS_LENS: gl.constexpr):
 
 @gluon.jit
 def await_block(i, buf, phase, keys, cache, x_cache, k, full, NPARTS: gl.constexpr,
-                FENCE: gl.constexpr):  # fmt: skip
+                FENCE: gl.constexpr, pred=True):  # fmt: skip
     """A consumer's wait for key block i in buffer buf: its valid keys at offsets k (loaded
-    before the wait), once the producer's full barrier has reached `phase`."""
+    before the wait), once the producer's full barrier has reached `phase` (no wait where
+    pred is false: a block past the list, whose keys are all masked)."""
     idx, slots = block_keys(i, keys, cache, x_cache, k, NPARTS)
     valid = (idx >= 0) & (idx < slots)
-    mbarrier.wait(full.index(buf), phase)
+    mbarrier.wait(full.index(buf), phase, pred=pred)
     if FENCE:  # the producer's cp.async writes, seen through the barrier, before wgmma reads
         fence_async_shared()
     return valid
