@@ -383,12 +383,13 @@ GPU_CASES = [
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 12, 3), ("v32", 70, 3),
                                                  ("v4", 8, 2), ("v4", 128, None)])  # fmt: skip
-@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv"])
+@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv", "pair"])
 def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
     """The Gluon producer/consumer kernel (as config_for picks it, forced to alternate key
-    blocks between its consumers, or on the 64-head tile with both consumers on every step
-    instead of split_pv) and the Triton kernel, compiled, at the CPU test's contract
-    (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
+    blocks between its consumers, on the 64-head tile with both consumers on every step
+    instead of split_pv, or with V4's paired gather) and the Triton kernel, compiled, at the
+    CPU test's contract (topk_length, -1 rows, a query without keys, sink, extra cache,
+    split-KV)."""
     gluon = kernel != "triton"
     config = tuning.config_for(heads, layout, gluon=gluon)
     if gluon and not config.gluon:
@@ -398,6 +399,10 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
             pytest.skip("the alternate consumers take at most 32 heads")
         bh = 16 if heads <= 16 else 32
         config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
+    if kernel == "pair":  # V4: both 32-key chunks' words loaded before either is stored
+        if layout != "v4":
+            pytest.skip("pair is the V4 gather's")
+        config = dataclasses.replace(config, pair=True)
     if kernel == "both_pv":
         if config.narrow:
             pytest.skip("split_pv is the 64-head tile's (config_for: above 16-32 heads)")

@@ -133,7 +133,9 @@ def _fp8_cache(cache, layout: str, idx, lens) -> tuple[CacheDesc, int, bool]:
             f"kernel's wide loads, got strides {u8.stride()}"
         )
     u16 = _as_dtype(u8, torch.int16)
-    f32 = _as_dtype(u8, torch.float32) if layout == "v32" else u8
+    # V4: 32-bit words where the cache is 4-byte aligned (the paired gather reads them)
+    words = layout == "v32" or not (u8.data_ptr() % 4 or any(st % 4 for st in u8.stride()[:2]))
+    f32 = _as_dtype(u8, torch.float32) if words else u8
     slots = u8.shape[0] * u8.shape[1]
     desc = CacheDesc(u8, u16, f32, idx, idx.shape[1], lens, slots, u8.stride(0), u8.stride(1))
     return desc, u8.shape[1], _span(u8) >= INT32_SPAN
@@ -349,6 +351,9 @@ def plan_attention(q, kv, indices, scale: float, *, layout: str, op: str = "deco
                                q.shape[-1])  # fmt: skip
     q, kw, stage, heads = _pad_prefill_heads(q, kw, op, cfg)
     x = _inputs(q, kv, indices, layout, op, kw)
+    unaligned = [c for c in (x.cache, x.extra) if c is not None and c.f32 is c.u8]
+    if cfg.pair and unaligned:  # the paired gather reads 32-bit words of both caches
+        cfg = replace(cfg, pair=False)
     tokens, h = x.b * x.s_q, x.heads
     blocks = _cdiv(x.cache.width, cfg.block_n)
     if x.extra is not None:
@@ -413,7 +418,8 @@ def _combine(x: Inputs, cfg: Config, c_args: tuple, tokens: int, exact: bool) ->
 def _config_info(cfg: Config) -> dict:
     """The launch shape as a row records it."""
     keys = ("block_h", "block_n", "num_warps", "num_stages", "idx_ahead", "gluon", "narrow",
-            "alternate", "async_fill", "pipe", "persist", "prefetch", "split_pv")  # fmt: skip
+            "alternate", "async_fill", "pipe", "persist", "prefetch", "split_pv",
+            "pair")  # fmt: skip
     return {k: getattr(cfg, k) for k in keys}
 
 

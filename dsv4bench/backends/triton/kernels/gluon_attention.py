@@ -72,7 +72,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
-                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False):  # fmt: skip
+                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False,
+                PAIR: gl.constexpr = False):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -90,7 +91,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH, SPLIT_PV)  # fmt: skip
+                  PREFETCH, SPLIT_PV, PAIR)  # fmt: skip
 
 
 @gluon.jit
@@ -103,7 +104,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
-              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr, PAIR: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -160,7 +161,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
         gl.warp_specialize(
             [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, PIPE, SKIP, PREFETCH)),
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH, PAIR)),
              (_lead, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache,
                       keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT)),
              (_follow, (bufs, hand, outs, parts, t, hb, split, H, keys, ASYNC_FILL, HAS_SINK,
@@ -171,7 +172,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
         gl.warp_specialize(
             [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, PIPE, SKIP, PREFETCH)),
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH, PAIR)),
              (_consume_alternate, (bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL,
                                    NPARTS, ASYNC_FILL, SKIP, 0)),
              (_consume_alternate, (bufs, acc_s, ml_s, cache, x_cache, keys, scale2, HAS_TAIL,
@@ -185,7 +186,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
                                 ASYNC_FILL, SKIP)),
              (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, PIPE, SKIP, PREFETCH))],
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH, PAIR))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         rows = gl.convert_layout(gl.permute(acc, (1, 0)), Q_ROWS)  # (heads, 512)
         _store(rows, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
@@ -196,7 +197,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
                          SKIP)),
              (produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, PIPE, SKIP, PREFETCH))],
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH, PAIR))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
         _store(acc, m_i, l_i, outs, parts, sink_ptr, t, hb, split, H, S_Q, HAS_SINK, HAS_MAXL,
                SPLIT, O_LAYOUT, BLOCK_H)

@@ -55,7 +55,8 @@ def produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT
              P: gl.constexpr, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
              WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr,
              AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr,
-             SKIP: gl.constexpr, PREFETCH: gl.constexpr = 0):  # fmt: skip
+             SKIP: gl.constexpr, PREFETCH: gl.constexpr = 0,
+             PAIR: gl.constexpr = False):  # fmt: skip
     """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
     the free buffer, CHUNK keys at a time. With PIPE (V3.2 records) the gather is a pipeline
     over chunks (_produce_v32_pipelined), else a block at a time (_produce_blocks), which
@@ -66,7 +67,7 @@ def produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT
     else:
         _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL,
-                        SKIP, PREFETCH)  # fmt: skip
+                        SKIP, PREFETCH, PAIR)  # fmt: skip
 
 
 @gluon.jit
@@ -74,7 +75,8 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
                     LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
                     NPARTS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
                     PW: gl.constexpr, AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr,
-                    SKIP: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
+                    SKIP: gl.constexpr, PREFETCH: gl.constexpr,
+                    PAIR: gl.constexpr):  # fmt: skip
     """A block at a time: its rows loaded, a key's 16-byte pieces across a warp, then stored.
     With AHEAD the next block's indices load while this block's rows do and wait in idx_s
     (two buffers): a block then costs one memory round trip, not two (index, then rows).
@@ -110,7 +112,12 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
         kb = k_main_s.index(buf)
         tb = k_tail_s.index(buf)
         ks = (idx_s.index(buf), i, keys, cache, x_cache, slots)
-        if SKIP != 1:  # measurement: 1 leaves out the gather
+        if SKIP != 1 and PAIR:  # V4's two 32-key chunks: both in flight before either is stored
+            r0 = _v4_words(ks, 0, u8, f32, u16, s0, P, NPARTS, AHEAD, WIDE, CHUNK, PW)
+            r1 = _v4_words(ks, 1, u8, f32, u16, s0, P, NPARTS, AHEAD, WIDE, CHUNK, PW)
+            _v4_put_words(r0, 0, kb, CHUNK)
+            _v4_put_words(r1, 1, kb, CHUNK)
+        elif SKIP != 1:  # measurement: 1 leaves out the gather
             for c in gl.static_range(BLOCK_N // CHUNK):
                 if LAYOUT == BF16:
                     _bf16_chunk(ks, c, u8, s0, kb, tb, HAS_TAIL, NPARTS, AHEAD, CHUNK, PW)
@@ -408,6 +415,56 @@ def _v32_put(rows, c, kb, tb, HAS_TAIL: gl.constexpr, CHUNK: gl.constexpr):
     kb.slice(c * CHUNK, CHUNK).store(gl.reshape(x.to(gl.bfloat16), [CHUNK, D_V]))
     if HAS_TAIL:
         tb.slice(c * CHUNK, CHUNK).store(rope.to(gl.bfloat16, bitcast=True))
+
+
+@gluon.constexpr_function
+def _v4_word_layout(PW):
+    """V4's e4m3 bytes as 32-bit words: (keys, 8 tiles, 16 words, 4 a thread) over PW warps."""
+    return gl.BlockedLayout([1, 1, 4], [1, 8, 4], [PW, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _v4_words(ks, c, u8, w32, u16, s0, P: gl.constexpr, NPARTS: gl.constexpr, AHEAD: gl.constexpr,
+              WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """Chunk c's V4 rows loaded, not yet stored: the e4m3 bytes as 32-bit words (w32: the
+    cache as words; a quarter of the registers bytes take), the ue8m0 scales, the rope."""
+    WL: gl.constexpr = _v4_word_layout(PW)
+    ROPE_ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+    valid, slot = _slots(ks, c, gl.SliceLayout(1, gl.SliceLayout(2, WL)), NPARTS, AHEAD, WIDE,
+                         CHUNK)  # fmt: skip
+    page = (slot // P) * s0
+    data = page + (slot % P) * V4_DATA
+    scl = page + P * V4_DATA + (slot % P) * V4_SCALE
+    g = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(2, WL)))
+    w = gl.arange(0, V4_TILE // 4, gl.SliceLayout(0, gl.SliceLayout(1, WL)))
+    at = data[:, None, None] // 4 + (g[None, :, None] * (V4_TILE // 4) + w[None, None, :])
+    words = gl.load(w32 + at, mask=valid[:, None, None] & (g[None, :, None] < V4_TILES),
+                    other=0.0)  # fmt: skip
+    sb = gl.load(u8 + scl[:, None] + g[None, :], mask=valid[:, None], other=127)
+    valid_r, slot_r = _slots(ks, c, gl.SliceLayout(1, ROPE_ROWS), NPARTS, AHEAD, WIDE, CHUNK)
+    data_r = (slot_r // P) * s0 + (slot_r % P) * V4_DATA
+    r = gl.arange(0, ROPE, gl.SliceLayout(0, ROPE_ROWS))
+    rope = gl.load(u16 + (data_r[:, None] + V4_ROPE_AT) // 2 + r[None, :], mask=valid_r[:, None],
+                   other=0)  # fmt: skip
+    return words, sb, rope
+
+
+@gluon.jit
+def _v4_put_words(rows, c, kb, CHUNK: gl.constexpr):
+    """Chunk c's rows (_v4_words) dequantized into kb as _v4_chunk stores them: each word's
+    four e4m3 in order (a join's new axis is the last: bytes 0 and 2 join, then 1 and 3)."""
+    words, sb, rope = rows
+    u = words.to(gl.uint32, bitcast=True)
+    b = gl.join(gl.join(u.to(gl.uint8), (u >> 16).to(gl.uint8)),
+                gl.join((u >> 8).to(gl.uint8), (u >> 24).to(gl.uint8)))  # fmt: skip
+    raw = gl.reshape(b, [CHUNK, 8, V4_TILE])
+    s32 = gl.convert_layout(sb, gl.SliceLayout(2, raw.type.layout)).to(gl.uint32)
+    sc = gl.where(s32 == 0, 0x400000, s32 << 23).to(gl.float32, bitcast=True)
+    deq = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+    rows_s = kb.slice(c * CHUNK, CHUNK)
+    rows_s.store(gl.reshape(deq.to(gl.bfloat16), [CHUNK, D_V]))
+    gl.thread_barrier()  # the rope overwrites the zeros of tile 7 stored by other threads
+    rows_s.slice(V4_ROPE_AT, ROPE, dim=1).store(rope.to(gl.bfloat16, bitcast=True))
 
 
 @gluon.jit
