@@ -130,11 +130,16 @@ def _last_rows(path: str) -> list[dict]:
     return list(last.values())
 
 
-def _pair_ratios(path: str, a: str, b: str, **params) -> list[float]:
-    """a's time / b's time per case both ran ok, by the first timer both rows measured."""
+def _pair_ratios(path: str, a: str, b: str, where=None, **params) -> list[float]:
+    """a's time / b's time per case both ran ok, by the first timer both rows measured; only
+    rows with these params and, given `where`, for which where(row) holds."""
     by: dict[str, dict[str, dict]] = {}
     for r in _last_rows(path):
-        if r.get("status") == "ok" and all(r["params"].get(k) == v for k, v in params.items()):
+        if (
+            r.get("status") == "ok"
+            and all(r["params"].get(k) == v for k, v in params.items())
+            and (where is None or where(r))
+        ):
             by.setdefault(r["case_id"], {})[r["backend"]] = r
     out = []
     for pair in by.values():
@@ -148,18 +153,12 @@ def _shape_ratios(build: str, tag: str | None = None, heads=(1, 10**9), run=None
     """FlashMLA `build`'s time / the own Triton kernels' on the triton-shapes cases tagged
     `tag` (None: all) with num_heads in [heads[0], heads[1]] (> 1: ours faster), in `run`
     (default the H100's)."""
-    by: dict[str, dict[str, dict]] = {}
-    for r in _last_rows(run or SHAPES):
-        n = r["params"]["num_heads"]
+
+    def where(r: dict) -> bool:
         tagged = tag is None or tag in r["tags"]
-        if r.get("status") == "ok" and tagged and heads[0] <= n <= heads[1]:
-            by.setdefault(r["case_id"], {})[r["backend"]] = r
-    out = []
-    for pair in by.values():
-        if build in pair and "triton" in pair:
-            key, _ = timers.shared([pair[build], pair["triton"]])
-            out.append(timers.value(pair[build], key) / timers.value(pair["triton"], key))
-    return out
+        return tagged and heads[0] <= r["params"]["num_heads"] <= heads[1]
+
+    return _pair_ratios(run or SHAPES, build, "triton", where)
 
 
 def _shape_figures() -> dict[str, Callable[[], str]]:

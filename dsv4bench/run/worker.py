@@ -65,9 +65,7 @@ def release(cache: Cache, limit: int = RELEASE_BYTES) -> None:
     results/sm90/studies/triton-shapes before this)."""
     import torch
 
-    held = sum(t.numel() * t.element_size() for t in cache.inputs.values()
-               if isinstance(t, torch.Tensor))  # fmt: skip
-    if held >= limit:
+    if held_bytes(cache.inputs) >= limit:
         cache.key, cache.inputs, cache.expected, cache.locality = None, {}, {}, {}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -250,14 +248,20 @@ def index_locality(case, x: dict) -> dict:
     return {k: patterns.locality(v, case.page_size) for k, v in sets.items()}
 
 
+def held_bytes(x: dict) -> int:
+    """Bytes of the tensors among a case's inputs."""
+    import torch
+
+    return sum(t.numel() * t.element_size() for t in x.values() if isinstance(t, torch.Tensor))
+
+
 def memory(x: dict) -> dict:
     """GPU memory of one call: its inputs, and the peak while the backend prepared and ran it
     once (inputs and the oracle's answer resident)."""
     import torch
 
-    held = sum(t.numel() * t.element_size() for t in x.values() if isinstance(t, torch.Tensor))
     return {
-        "inputs_mib": round(held / 2**20, 1),
+        "inputs_mib": round(held_bytes(x) / 2**20, 1),
         "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
     }
 
