@@ -440,3 +440,57 @@ def _v4_chunk(ks, c, u8, u16, s0, kb, P: gl.constexpr, NPARTS: gl.constexpr,
     rows.store(gl.reshape(deq.to(gl.bfloat16), [CHUNK, D_V]))
     gl.thread_barrier()  # the rope overwrites the zeros of tile 7 stored by other threads
     rows.slice(V4_ROPE_AT, ROPE, dim=1).store(rope.to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def produce_pair_halves(k_main_s, k_tail_s, full, empty, cache, x_cache, keys,
+                        HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+    """BLOCK_PAIR's producer on bf16 rows (FlashMLA's sparse prefill): a step's two blocks i
+    (buffer 0) and i + 1 (buffer 1) copied by halves, each with its own full and empty
+    barrier (buffer * 2 + half; half 0: columns 0-255, half 1: 256-511 and the rope), in the
+    order the consumer warpgroups free them: block i's left half (the first warpgroup's own PV
+    is done with it early), block i + 1's right half, block i's right, block i + 1's left.
+    The next step's gather then overlaps this step's second halves of work; whole buffers
+    would wait for the last PV of the step."""
+    start = keys[4]
+    for i in range(start, keys[5], 2):
+        ph = (((i - start) // 2) & 1) ^ 1
+        _pair_half(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, i, 0, 0, ph,
+                   HAS_TAIL, NPARTS, PW)  # fmt: skip
+        _pair_half(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, i + 1, 1, 1, ph,
+                   HAS_TAIL, NPARTS, PW)  # fmt: skip
+        _pair_half(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, i, 0, 1, ph,
+                   HAS_TAIL, NPARTS, PW)  # fmt: skip
+        _pair_half(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, i + 1, 1, 0, ph,
+                   HAS_TAIL, NPARTS, PW)  # fmt: skip
+
+
+@gluon.jit
+def _pair_half(k_main_s, k_tail_s, full, empty, cache, x_cache, keys, i, buf: gl.constexpr,
+               half: gl.constexpr, ph, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
+               PW: gl.constexpr):  # fmt: skip
+    """One half of key block i's bf16 rows (cp.async; masked rows zero-filled) into buffer
+    buf, its full barrier completed when the copies land."""
+    HALF_V: gl.constexpr = D_V // 2
+    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [PW, 1], [1, 0])
+    u8, u16, f32, s0, s1, slots = block_src(i, keys[1], cache, x_cache, NPARTS)
+    k = gl.arange(0, BLOCK_N, gl.SliceLayout(1, ROWS))
+    idx, _ = block_keys(i, keys, cache, x_cache, k, NPARTS)
+    valid = (idx >= 0) & (idx < slots)
+    rows = u16 + gl.where(valid, idx, 0)[:, None] * s0
+    col = half * HALF_V + gl.arange(0, HALF_V, gl.SliceLayout(0, ROWS))
+    bar = full.index(buf * 2 + half)
+    mbarrier.wait(empty.index(buf * 2 + half), ph)
+    kb = k_main_s.index(buf).slice(half * HALF_V, HALF_V, dim=1)
+    async_copy.async_copy_global_to_shared(kb, rows + col[None, :], mask=valid[:, None])
+    if HAS_TAIL and half == 1:
+        TAIL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+        kt = gl.arange(0, BLOCK_N, gl.SliceLayout(1, TAIL))
+        idx_t, _ = block_keys(i, keys, cache, x_cache, kt, NPARTS)
+        valid_t = (idx_t >= 0) & (idx_t < slots)
+        r = gl.arange(0, ROPE, gl.SliceLayout(0, TAIL))
+        tail = u16 + gl.where(valid_t, idx_t, 0)[:, None] * s0 + D_V + r[None, :]
+        async_copy.async_copy_global_to_shared(k_tail_s.index(buf), tail, mask=valid_t[:, None])
+    async_copy.mbarrier_arrive(bar)  # when this thread's copies have landed
+    gl.thread_barrier()  # every thread's pending arrival counted before the last one
+    mbarrier.arrive(bar, count=1)
