@@ -247,19 +247,15 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("d_qk", [576, 512])
 @pytest.mark.parametrize("tokens", [5, 301])
-@pytest.mark.parametrize("schedule", ["split_pv", "both", "block_pair"])
-def test_prefill_on_cuda_split_pv(d_qk, tokens, schedule):
-    """The 64-head tile's schedules: split_pv (one warpgroup's QK and softmax, PV split by
-    output columns), both warpgroups on every step, and block_pair (FlashMLA's prefill: two
-    blocks a step, one warpgroup's QK each; odd block counts gather one masked block more):
-    128 heads, tokens without keys, a sink, and with 5 tokens the key list split (the combine
-    kernel; ranges past a short token's blocks are empty)."""
-    split_pv, pair = schedule == "split_pv", schedule == "block_pair"
-    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), split_pv=split_pv,
-                              block_pair=pair)  # fmt: skip
+@pytest.mark.parametrize("split_pv", [True, False])
+def test_prefill_on_cuda_split_pv(d_qk, tokens, split_pv):
+    """The 64-head tile in FlashMLA's schedule (split_pv, config_for's pick: one warpgroup's
+    QK and softmax, PV split by output columns) and both warpgroups on every step: 128 heads,
+    tokens without keys, a sink, and with 5 tokens the key list split (the combine kernel;
+    ranges past a short token's blocks are empty)."""
+    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), split_pv=split_pv)
     plan = _prefill_on_cuda(tokens, 128, d_qk, cfg, 13)
-    assert plan.info["split_pv"] == split_pv and plan.info["block_pair"] == pair
-    assert (plan.info["splits"] > 1) == (tokens == 5)
+    assert plan.info["split_pv"] == split_pv and (plan.info["splits"] > 1) == (tokens == 5)
 
 
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():

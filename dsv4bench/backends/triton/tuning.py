@@ -54,7 +54,6 @@ class Config:
     persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
     split_pv: bool = False  # gluon, 64 heads: one warpgroup's QK + softmax, PV split by columns
-    block_pair: bool = False  # gluon, 64 heads, bf16 async_fill: two blocks a step, a QK each
 
 
 @dataclass(frozen=True)
@@ -232,8 +231,7 @@ def gluon_maxnreg() -> int:
 def gluon_options(cfg: Config) -> dict:
     """The Gluon kernel's launch options: the warps of its default partition (both consumer
     warpgroups, or with `alternate` the producer), registers a thread at launch."""
-    four = cfg.alternate or cfg.split_pv or cfg.block_pair  # two 4-warp consumer partitions
-    return {"num_warps": 4 if four else 8, "maxnreg": gluon_maxnreg()}
+    return {"num_warps": 4 if cfg.alternate or cfg.split_pv else 8, "maxnreg": gluon_maxnreg()}
 
 
 def consumer_regs(producer_regs: int) -> int:
@@ -252,14 +250,12 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
     bad = bad or (cfg.split_pv and cfg.narrow)
-    bad = bad or (cfg.block_pair and (cfg.narrow or cfg.split_pv or not cfg.async_fill))
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
             "records without idx_ahead, persist only alternate and async_fill with one split, "
-            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads, "
-            "block_pair on 64 heads of bf16 rows with async_fill), "
+            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -277,6 +273,5 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "PERSIST": cfg.persist,
         "PREFETCH": cfg.prefetch,
         "SPLIT_PV": cfg.split_pv,
-        "BLOCK_PAIR": cfg.block_pair,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

@@ -45,11 +45,7 @@ from dsv4bench.backends.triton.kernels.gluon_parts import (
     key_list,
     store_lse,
 )
-from dsv4bench.backends.triton.kernels.gluon_producer import (
-    BLOCK_N,
-    produce,
-    produce_pair_halves,
-)
+from dsv4bench.backends.triton.kernels.gluon_producer import BLOCK_N, produce
 from dsv4bench.backends.triton.kernels.gluon_resident import persistent
 
 BLOCK_H = gl.constexpr(64)
@@ -76,8 +72,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
-                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False,
-                BLOCK_PAIR: gl.constexpr = False):  # fmt: skip
+                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -95,7 +90,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH, SPLIT_PV, BLOCK_PAIR)  # fmt: skip
+                  PREFETCH, SPLIT_PV)  # fmt: skip
 
 
 @gluon.jit
@@ -108,8 +103,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
-              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr,
-              BLOCK_PAIR: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -124,13 +118,12 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     qm_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, D_V], gl.bfloat16)
     qt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, ROPE], gl.bfloat16)
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, NH], gl.bfloat16)
-    FOUR: gl.constexpr = ALTERNATE or SPLIT_PV or BLOCK_PAIR  # 4-warp partitions
-    q_rows: gl.constexpr = Q_ROWS4 if FOUR else Q_ROWS
+    q_rows: gl.constexpr = Q_ROWS4 if ALTERNATE or SPLIT_PV else Q_ROWS
     q_main_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_V], qm_sl)
     q_tail_s = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROPE], qt_sl)
     k_main_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], main_sl)
     k_tail_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], tail_sl)
-    if SPLIT_PV or BLOCK_PAIR:  # P (heads x keys, the other warpgroup's wgmma A)
+    if SPLIT_PV:  # P (heads x keys, the follower's wgmma A) and the lead's row vectors
         pp_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N],
                                                                    gl.bfloat16)  # fmt: skip
         p_s = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, BLOCK_N], pp_sl)
@@ -138,53 +131,27 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
         p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, NH], p_sl)
     idx_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     idx_s = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], idx_sl)  # the producer's indices
-    NBAR: gl.constexpr = 4 if BLOCK_PAIR else 2  # BLOCK_PAIR: a barrier a buffer's half
-    full = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar.index(0), count=1)
-    for b in gl.static_range(NBAR):
+    for b in gl.static_range(2):
         mbarrier.init(full.index(b), count=1)
-    if BLOCK_PAIR:  # both read buffer 0's right half (the first's QK, the second's PV) and
-        for b in gl.static_range(NBAR):  # buffer 1's left half; one warpgroup the others
-            mbarrier.init(empty.index(b), count=2 if b % 3 != 0 else 1)
-    else:  # SPLIT_PV: both read a buffer
-        for b in gl.static_range(NBAR):
-            mbarrier.init(empty.index(b), count=2 if SPLIT_PV else 1)
+        mbarrier.init(empty.index(b), count=2 if SPLIT_PV else 1)  # SPLIT_PV: both read it
     fence_async_shared()
     gl.thread_barrier()
     # q lands while the producer gathers the first block: the consumers wait on q_bar
     copy_q(q, t, hb, H, HAS_TAIL, ROWS, q_rows, q_main_s, q_tail_s, q_bar.index(0))
     keys = key_list(cache, x_cache, t, split, LENS_DIV, blocks_per_split, NPARTS, HAS_LENS,
                     HAS_X_LENS)  # fmt: skip
-    stop = keys[5]
     # softmax_down's; SPLIT_PV: the lead's alpha, l and sink divisor for the follower
-    RED: gl.constexpr = (4 * BLOCK_H) if SPLIT_PV or BLOCK_PAIR else (2 * 4 * NH)
+    RED: gl.constexpr = (4 * BLOCK_H) if SPLIT_PV else (2 * 4 * NH)
     red = gl.allocate_shared_memory(gl.float32, [RED], WORDS_SL)
     bufs = (q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar.index(0))
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
     # constexprs into the partitions as plain values)
-    if BLOCK_PAIR:
-        # the blocks past an odd count's last, gathered (their keys masked) so both consumer
-        # warpgroups always have a block: no branch around a wgmma
-        stop_pair = keys[4] + (keys[5] - keys[4] + 1) // 2 * 2
-        keys = (keys[0], keys[1], keys[2], keys[3], keys[4], stop_pair)
-        hand = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(6):  # m0, m1, P0, P1 written; l1, l and sink written
-            mbarrier.init(hand.index(b), count=1)
-        fence_async_shared()
-        gl.thread_barrier()
-        gl.warp_specialize(
-            [(produce_pair_halves, (k_main_s, k_tail_s, full, empty, cache, x_cache, keys,
-                                    HAS_TAIL, NPARTS, PRODUCER_WARPS)),
-             (_pair_first, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache,
-                            x_cache, keys, stop, scale2, HAS_TAIL, NPARTS, ASYNC_FILL,
-                            HAS_SINK, HAS_MAXL, SPLIT)),
-             (_pair_second, (bufs, hand, outs, parts, t, hb, split, H, cache, x_cache, keys,
-                             stop, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, SPLIT))],
-            [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
-    elif SPLIT_PV:
+    if SPLIT_PV:
         hand = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(3):  # P written, P read, the lead's l and sink written
             mbarrier.init(hand.index(b), count=1)
@@ -350,189 +317,6 @@ def _follow(bufs, hand, outs, parts, t, hb, split, H, keys, FENCE: gl.constexpr,
     hmask = heads < H
     c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
     _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
-
-
-# BLOCK_PAIR (4-warp partitions, bf16 rows): FlashMLA's sparse prefill schedule. A step
-# takes two key blocks, one a warpgroup: each runs QK over its own 64 keys, the first's row
-# max goes to the second, which takes the max of both; each runs PV for its half of the
-# output columns over both blocks (its own P from registers, the other's through shared
-# memory). The buffers fill and free by halves (full/empty index buffer * 2 + half; half 0:
-# columns 0-255, half 1: 256-511 and the rope): produce_pair_halves.
-@gluon.jit
-def _pair_first(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache, keys,
-                stop, scale2, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
-                FENCE: gl.constexpr, HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr,
-                SPLIT: gl.constexpr):  # fmt: skip
-    """BLOCK_PAIR's first warpgroup: the even blocks (buffer 0), output columns 0-255. Its
-    row max goes out before its exponentials, so the second's softmax overlaps them and its
-    PV; its P, rescaled to the second's max, goes out through k_tail_s[0] (the block's rope
-    keys, read by its own QK only: FlashMLA keeps it there too)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    await_q(q_bar)
-    start = keys[4]
-    row_l: gl.constexpr = gl.SliceLayout(1, LEAD_S)
-    o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
-    p_op_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=HALF_O, k_width=2)
-    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
-    l_i = gl.full([BLOCK_H], 0.0, gl.float32, row_l)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
-    s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, LEAD_S)
-    k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, LEAD_S))
-    for i in range(start, keys[5], 2):
-        # buffer 0 and 1, but not to the compiler: with constant buffers the dots'
-        # descriptors are hoisted out of the loop and spill (580-840 bytes)
-        own = (i - start) % 2
-        other = 1 - own
-        zero = i // (keys[5] + 1)
-        p_own = k_tail_s.index(zero)
-        p_other = p_s.index(zero)
-        ph = ((i - start) // 2) & 1
-        valid = await_block(i, 0, ph, keys, cache, x_cache, k_cols, full, NPARTS, FENCE)
-        valid = valid & (i < stop)
-        s = _qk_half(bufs, own, s0, 0, HAS_TAIL, use_acc=False)
-        mbarrier.wait(full.index(1), ph)
-        fence_async_shared()
-        s = _qk_half(bufs, own, s, 1, HAS_TAIL)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(empty.index(1), count=1)  # its QK is done with the right half
-        s = gl.where(gl.expand_dims(valid, 0), s * scale2, float("-inf"))
-        m_own = gl.maximum(m_i, gl.max(s, 1))
-        red.slice(0, BLOCK_H).store(gl.convert_layout(m_own, vec_l))
-        gl.thread_barrier()
-        mbarrier.arrive(hand.index(0), count=1)
-        m_use = gl.where(m_own == float("-inf"), 0.0, m_own)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p, 1)
-        acc = acc * gl.convert_layout(alpha, o_row)[:, None]
-        p_op = gl.convert_layout(p.to(gl.bfloat16), p_op_l)
-        acc = warpgroup_mma(p_op, k_main_s.index(own).slice(0, HALF, dim=1), acc,
-                            is_async=True)  # fmt: skip
-        mbarrier.wait(hand.index(1), ph)  # the second's max over both blocks
-        m_both = red.slice(BLOCK_H, BLOCK_H).load(row_l)
-        # m_both >= m_own: beta <= 1; no key yet (m_own -inf): p and acc are 0, beta 1
-        m_both_use = gl.where(m_both == float("-inf"), 0.0, m_both)
-        beta = gl.where(m_own == float("-inf"), 1.0, gl.exp2(m_use - m_both_use))
-        p_own.store((p * gl.expand_dims(beta, 1)).to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(hand.index(2), count=1)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        mbarrier.arrive(empty.index(0), count=1)  # the left half: its QK and PV are done
-        acc = acc * gl.convert_layout(beta, o_row)[:, None]
-        l_i = l_i * beta
-        m_i = m_both
-        mbarrier.wait(hand.index(3), ph)  # the second's P
-        mbarrier.wait(full.index(2), ph)  # (complete: the second read it) its writes
-        fence_async_shared()
-        acc = warpgroup_mma(p_other, k_main_s.index(other).slice(0, HALF, dim=1), acc,
-                            is_async=True)  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(2), count=1)
-    mbarrier.wait(hand.index(4), 0)
-    l_i = l_i + red.slice(2 * BLOCK_H, BLOCK_H).load(row_l)
-    m_o = gl.convert_layout(m_i, o_row)
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)
-    hmask = heads < H
-    l_div, sink_div = store_lse(m_o, gl.convert_layout(l_i, o_row), heads, hmask, outs, parts,
-                                sink_ptr, t, split, H, S_Q, HAS_SINK, HAS_MAXL, SPLIT)  # fmt: skip
-    red.slice(0, BLOCK_H).store(gl.convert_layout(l_div, vec_l))
-    red.slice(BLOCK_H, BLOCK_H).store(gl.convert_layout(sink_div, vec_l))
-    gl.thread_barrier()
-    mbarrier.arrive(hand.index(5), count=1)
-    c = gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
-    _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
-
-
-@gluon.jit
-def _pair_second(bufs, hand, outs, parts, t, hb, split, H, cache, x_cache, keys, stop, scale2,
-                 HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, FENCE: gl.constexpr,
-                 HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """BLOCK_PAIR's second warpgroup: the odd blocks (buffer 1), output columns 256-511; its
-    QK takes the right half first (the producer fills it first); its row max is the step's
-    (the first's and its own), its P goes out through p_s; at the end its l to the first,
-    which stores the lse."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    await_q(q_bar)
-    start = keys[4]
-    row_l: gl.constexpr = gl.SliceLayout(1, LEAD_S)
-    o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
-    p_op_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=HALF_O, k_width=2)
-    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
-    l_i = gl.full([BLOCK_H], 0.0, gl.float32, row_l)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
-    s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, LEAD_S)
-    k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, LEAD_S))
-    for i in range(start + 1, keys[5], 2):
-        own = (i - start) % 2  # 1 (not to the compiler: see _pair_first)
-        other = 1 - own
-        zero = i // (keys[5] + 1)
-        p_own = p_s.index(zero)
-        p_other = k_tail_s.index(zero)
-        ph = ((i - start) // 2) & 1
-        valid = await_block(i, 3, ph, keys, cache, x_cache, k_cols, full, NPARTS, FENCE)
-        valid = valid & (i < stop)
-        s = _qk_half(bufs, own, s0, 1, HAS_TAIL, use_acc=False)
-        mbarrier.wait(full.index(2), ph)
-        fence_async_shared()
-        s = _qk_half(bufs, own, s, 0, HAS_TAIL)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(empty.index(2), count=1)  # its QK is done with the left half
-        s = gl.where(gl.expand_dims(valid, 0), s * scale2, float("-inf"))
-        mbarrier.wait(hand.index(0), ph)  # the first's max
-        m_both = gl.maximum(red.slice(0, BLOCK_H).load(row_l), gl.max(s, 1))
-        red.slice(BLOCK_H, BLOCK_H).store(gl.convert_layout(m_both, vec_l))
-        gl.thread_barrier()
-        mbarrier.arrive(hand.index(1), count=1)
-        m_use = gl.where(m_both == float("-inf"), 0.0, m_both)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p, 1)
-        acc = acc * gl.convert_layout(alpha, o_row)[:, None]
-        p16 = p.to(gl.bfloat16)
-        p_op = gl.convert_layout(p16, p_op_l)
-        acc = warpgroup_mma(p_op, k_main_s.index(own).slice(HALF, HALF, dim=1), acc,
-                            is_async=True)  # fmt: skip
-        p_own.store(p16)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(hand.index(3), count=1)
-        m_i = m_both
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        mbarrier.arrive(empty.index(3), count=1)  # the right half: its QK and PV are done
-        mbarrier.wait(hand.index(2), ph)  # the first's P
-        mbarrier.wait(full.index(1), ph)  # (complete: the first read it) its writes
-        fence_async_shared()
-        acc = warpgroup_mma(p_other, k_main_s.index(other).slice(HALF, HALF, dim=1), acc,
-                            is_async=True)  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(1), count=1)
-    red.slice(2 * BLOCK_H, BLOCK_H).store(gl.convert_layout(l_i, vec_l))
-    gl.thread_barrier()
-    mbarrier.arrive(hand.index(4), count=1)
-    mbarrier.wait(hand.index(5), 0)
-    l_div = red.slice(0, BLOCK_H).load(o_row)
-    sink_div = red.slice(BLOCK_H, BLOCK_H).load(o_row)
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)
-    hmask = heads < H
-    c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
-    _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
-
-
-@gluon.jit
-def _qk_half(bufs, buf, s, half: gl.constexpr, HAS_TAIL: gl.constexpr,
-             use_acc: gl.constexpr = True):  # fmt: skip
-    """S (+)= Q K^T over one half of key buffer buf's columns (half 1 with the rope), issued
-    (the caller waits)."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    kb = k_main_s.index(buf).slice(half * HALF, HALF, dim=1)
-    s = warpgroup_mma(q_main_s.slice(half * HALF, HALF, dim=1), kb.permute((1, 0)), s,
-                      use_acc=use_acc, is_async=True)  # fmt: skip
-    if HAS_TAIL and half == 1:
-        s = warpgroup_mma(q_tail_s, k_tail_s.index(buf).permute((1, 0)), s, is_async=True)
-    return s
 
 
 @gluon.jit
