@@ -247,21 +247,15 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("d_qk", [576, 512])
 @pytest.mark.parametrize("tokens", [5, 301])
-@pytest.mark.parametrize("schedule", ["split_pv", "both", "split_qk"])
-def test_prefill_on_cuda_split_pv(d_qk, tokens, schedule):
+@pytest.mark.parametrize("split_pv", [True, False])
+def test_prefill_on_cuda_split_pv(d_qk, tokens, split_pv):
     """The 64-head tile in FlashMLA's schedule (split_pv, config_for's pick: one warpgroup's
-    QK and softmax, PV split by output columns), with split_qk (d_qk 512: the follower's
-    half of QK a block ahead) and both warpgroups on every step: 128 heads, tokens without
-    keys, a sink, and with 5 tokens the key list split (the combine kernel; ranges past a
-    short token's blocks are empty)."""
-    if schedule == "split_qk" and d_qk != 512:
-        pytest.skip("split_qk is d_qk 512's (the rope keys' buffer holds its scores)")
-    split_pv, split_qk = schedule != "both", schedule == "split_qk"
-    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), split_pv=split_pv,
-                              split_qk=split_qk)  # fmt: skip
+    QK and softmax, PV split by output columns) and both warpgroups on every step: 128 heads,
+    tokens without keys, a sink, and with 5 tokens the key list split (the combine kernel;
+    ranges past a short token's blocks are empty)."""
+    cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), split_pv=split_pv)
     plan = _prefill_on_cuda(tokens, 128, d_qk, cfg, 13)
-    assert plan.info["split_pv"] == split_pv and plan.info["split_qk"] == split_qk
-    assert (plan.info["splits"] > 1) == (tokens == 5)
+    assert plan.info["split_pv"] == split_pv and (plan.info["splits"] > 1) == (tokens == 5)
 
 
 def test_prefill_with_few_heads_reads_q_padded_at_every_call():
@@ -389,11 +383,11 @@ GPU_CASES = [
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 12, 3), ("v32", 70, 3),
                                                  ("v4", 8, 2), ("v4", 128, None)])  # fmt: skip
-@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv", "split_qk"])
+@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv"])
 def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
     """The Gluon producer/consumer kernel (as config_for picks it, forced to alternate key
     blocks between its consumers, or on the 64-head tile with both consumers on every step
-    instead of split_pv, or split_qk) and the Triton kernel, compiled, at the CPU test's contract
+    instead of split_pv) and the Triton kernel, compiled, at the CPU test's contract
     (topk_length, -1 rows, a query without keys, sink, extra cache, split-KV)."""
     gluon = kernel != "triton"
     config = tuning.config_for(heads, layout, gluon=gluon)
@@ -404,13 +398,10 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
             pytest.skip("the alternate consumers take at most 32 heads")
         bh = 16 if heads <= 16 else 32
         config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
-    if kernel in ("both_pv", "split_qk"):
+    if kernel == "both_pv":
         if config.narrow:
             pytest.skip("split_pv is the 64-head tile's (config_for: above 16-32 heads)")
-        if kernel == "split_qk" and layout != "v4":
-            pytest.skip("split_qk is d_qk 512's (the rope keys' buffer holds its scores)")
-        config = dataclasses.replace(config, split_pv=kernel == "split_qk",
-                                     split_qk=kernel == "split_qk")  # fmt: skip
+        config = dataclasses.replace(config, split_pv=False)
     _decode_check(layout, 64, heads, 200, splits, config, "cuda")
 
 

@@ -54,7 +54,6 @@ class Config:
     persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
     split_pv: bool = False  # gluon, 64 heads: one warpgroup's QK + softmax, PV split by columns
-    split_qk: bool = False  # split_pv at d_qk 512: the follower's QK half, a block ahead
 
 
 @dataclass(frozen=True)
@@ -251,14 +250,12 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
     bad = bad or (cfg.split_pv and cfg.narrow)
-    bad = bad or (cfg.split_qk and (not cfg.split_pv or meta["HAS_TAIL"]))
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
             "records without idx_ahead, persist only alternate and async_fill with one split, "
-            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads, "
-            "split_qk with split_pv at d_qk 512), "
+            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -276,6 +273,5 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "PERSIST": cfg.persist,
         "PREFETCH": cfg.prefetch,
         "SPLIT_PV": cfg.split_pv,
-        "SPLIT_QK": cfg.split_qk,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

@@ -72,8 +72,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
-                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False,
-                SPLIT_QK: gl.constexpr = False):  # fmt: skip
+                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -91,7 +90,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH, SPLIT_PV, SPLIT_QK)  # fmt: skip
+                  PREFETCH, SPLIT_PV)  # fmt: skip
 
 
 @gluon.jit
@@ -104,8 +103,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
-              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr,
-              SPLIT_QK: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -153,28 +151,7 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
     # fmt: off
     # (the argument tuples are written out in each call: a tuple variable would carry the
     # constexprs into the partitions as plain values)
-    if SPLIT_QK:  # the follower's scores over columns 256-511 (fp32), a buffer a block
-        # parity; block n's P (bf16, the follower's wgmma A) overwrites the first half of
-        # its scores once the lead has read them: p_s and the rope buffers stay unused, so the
-        # kernel fits in shared memory
-        sb = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H, BLOCK_N], SB_SL)
-        sp = sb._reinterpret(gl.bfloat16, [4, BLOCK_H, BLOCK_N], pp_sl)
-        hand = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(4):  # P written, P read, l and sink written, scores written
-            mbarrier.init(hand.index(b), count=1)
-        fence_async_shared()
-        gl.thread_barrier()
-        gl.warp_specialize(
-            [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
-                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, PIPE, SKIP, PREFETCH)),
-             (_lead, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache,
-                      keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT,
-                      sb, sp, True)),
-             (_follow_qk, (bufs, hand, outs, parts, t, hb, split, H, keys, sb, sp,
-                           ASYNC_FILL, HAS_SINK, SPLIT))],
-            [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
-    elif SPLIT_PV:
+    if SPLIT_PV:
         hand = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(3):  # P written, P read, the lead's l and sink written
             mbarrier.init(hand.index(b), count=1)
@@ -232,14 +209,12 @@ LEAD_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4
 HALF_O = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                 instr_shape=[16, 256, 16]))  # fmt: skip
 HALF = gl.constexpr(D_V // 2)
-SB_SL = gl.constexpr(gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))  # SPLIT_QK's scores
 
 
 @gluon.jit
 def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache, keys, scale2,
           HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, FENCE: gl.constexpr,
-          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr, sb=None,
-          sp=None, SPLIT_QK: gl.constexpr = False):  # fmt: skip
+          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
     """SPLIT_PV's lead warpgroup (FlashMLA's schedule): S = Q K^T over all 64 keys of a block
     (one m64n64 wgmma chain: the softmax's row reductions stay within each warp, no barrier),
     P and the rescale alpha handed to the follower through shared memory, then PV for output
@@ -268,19 +243,10 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
         kb = k_main_s.index(buf)
         valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
                             FENCE)  # fmt: skip
-        if SPLIT_QK:  # columns 0-255 here, the follower's 256-511 added
-            s = _qk_cols(bufs, buf, s0, 0)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            mbarrier.wait(hand.index(3), n & 1)
-            s = s + sb.index(n % 2).load(LEAD_S)
-            pb = sp.index(2 * (n % 2))
-        else:
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
         p16 = p.to(gl.bfloat16)
         mbarrier.wait(p_free, (n & 1) ^ 1)  # the follower is done with the last block's P
-        if SPLIT_QK:  # P overwrites the scores every thread of the warpgroup has read
-            gl.thread_barrier()
         pb.store(p16)
         red.slice(0, BLOCK_H).store(gl.convert_layout(alpha, vec_l))
         fence_async_shared()
@@ -344,70 +310,6 @@ def _follow(bufs, hand, outs, parts, t, hb, split, H, keys, FENCE: gl.constexpr,
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(empty.index(buf), count=1)
-    mbarrier.wait(hand.index(2), 0)
-    l_div = red.slice(BLOCK_H, BLOCK_H).load(o_row)
-    sink_div = red.slice(2 * BLOCK_H, BLOCK_H).load(o_row)
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)
-    hmask = heads < H
-    c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
-    _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
-
-
-@gluon.jit
-def _qk_cols(bufs, buf, s0, half: gl.constexpr):
-    """S = Q K^T over columns half * 256 .. + 255 of key buffer buf (d_qk 512), issued."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    kb = k_main_s.index(buf).slice(half * HALF, HALF, dim=1)
-    return warpgroup_mma(q_main_s.slice(half * HALF, HALF, dim=1), kb.permute((1, 0)), s0,
-                         use_acc=False, is_async=True)  # fmt: skip
-
-
-@gluon.jit
-def _follow_qk(bufs, hand, outs, parts, t, hb, split, H, keys, sb, sp, FENCE: gl.constexpr,
-               HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """SPLIT_QK's follower (d_qk 512): as _follow, and besides the scores over columns
-    256-511 of each block, one block ahead: block i + 1's are issued before it waits for the
-    lead's P of block i, so they run while the lead's softmax does (with split_pv alone the
-    tensor cores idle then), and handed over through sb (block parity). The last block's
-    "next" is itself (its scores unread): no wgmma under a branch."""
-    q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
-    p_full = hand.index(0)
-    p_free = hand.index(1)
-    s_full = hand.index(3)
-    await_q(q_bar)
-    start = keys[4]
-    stop = keys[5]
-    o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
-    s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, LEAD_S)
-    if start < stop:
-        mbarrier.wait(full.index(0), 0)
-        if FENCE:
-            fence_async_shared()
-        sf = warpgroup_mma_wait(num_outstanding=0, deps=(_qk_cols(bufs, 0, s0, 1),))
-        sb.index(0).store(sf)
-        gl.thread_barrier()
-        mbarrier.arrive(s_full, count=1)
-    for i in range(start, stop):
-        n = i - start
-        buf = n % 2
-        nn = gl.minimum(i + 1, stop - 1) - start
-        nbuf = nn % 2
-        mbarrier.wait(full.index(nbuf), (nn // 2) & 1)  # (the last block: complete already)
-        if FENCE:
-            fence_async_shared()
-        sf = _qk_cols(bufs, nbuf, s0, 1)
-        mbarrier.wait(p_full, n & 1)
-        alpha = red.slice(0, BLOCK_H).load(o_row)
-        acc = acc * alpha[:, None]
-        kb = k_main_s.index(buf)
-        acc = warpgroup_mma(sp.index(2 * buf), kb.slice(HALF, HALF, dim=1), acc, is_async=True)
-        acc, sf = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sf))
-        mbarrier.arrive(p_free, count=1)
-        mbarrier.arrive(empty.index(buf), count=1)
-        sb.index(1 - buf).store(sf)
-        gl.thread_barrier()
-        mbarrier.arrive(s_full, count=1)
     mbarrier.wait(hand.index(2), 0)
     l_div = red.slice(BLOCK_H, BLOCK_H).load(o_row)
     sink_div = red.slice(2 * BLOCK_H, BLOCK_H).load(o_row)
