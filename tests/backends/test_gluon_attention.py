@@ -8,6 +8,7 @@ suite tests, which take it by default there)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -143,6 +144,31 @@ def test_gluon_meta_refuses_a_prefetch_it_cannot_run(layout, op, prefetch):
     cfg = tuning.config_for(8, "bf16" if op == "prefill" else layout, True, 512)
     cfg = dataclasses.replace(cfg, prefetch=prefetch)
     with pytest.raises(ValueError, match="prefetch 1 or 2 blocks ahead without pipe or persist"):
+        tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
+
+
+@needs_gluon
+def test_key_bias_moves_the_lead_warpgroups_index_loads_to_the_producer():
+    """With key_bias the lead's index loads a block (its 16 score columns, 8 loads of 2) are
+    gone and the producer loads the block's 64 indices once more (one a thread): 40 global
+    loads in the PTX, not 47."""
+    plan = probe._plan("v32", 128, tuning.Config(64, 64, 8, 1), "decode")
+    cfg = tuning.config_for(128, "v32", True)
+    assert cfg.key_bias and cfg.split_pv
+    loads = {}
+    for key_bias in (True, False):
+        k = probe.compile_sm90(plan, dataclasses.replace(cfg, key_bias=key_bias))
+        loads[key_bias] = len(re.findall(r"ld\.global", k.asm["ptx"]))
+        assert k.metadata.shared <= SM90_SMEM
+    assert loads[True] <= loads[False] - 4, loads
+
+
+def test_gluon_meta_refuses_a_key_bias_without_split_pv():
+    """key_bias hands the key mask to split_pv's lead warpgroup; without it nobody reads it."""
+    plan = probe._plan("v32", 128, tuning.Config(64, 64, 8, 1), "decode")
+    cfg = dataclasses.replace(tuning.config_for(128, "v32", True), split_pv=False)
+    assert cfg.key_bias
+    with pytest.raises(ValueError, match="key_bias with split_pv"):
         tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
 
 

@@ -15,7 +15,8 @@ NOTES.md), so num_stages stays as below. plan_attention drops `persist` when the
 block) items fit in one wave, where a program an item takes 11-21% less time; above, resident
 took 8-22% less, except 2-4% more at d_qk 512 and 2.5-3 items an SM (sweeps/ab-items.txt in
 results/sm90/triton-gluon4-h100). At 64 heads every Gluon rule takes split_pv (FlashMLA's
-split of the consumer work) and the FP8 ones the L2 prefetch of the next block
+split of the consumer work), the FP8 ones the L2 prefetch of the next block, and all but V4
+decode (producer-bound) key_bias, the key mask from the producer
 (results/sm90/studies/triton-shapes/README.md: what won and what lost on issue 36's shapes).
 """
 
@@ -54,6 +55,7 @@ class Config:
     persist: bool = False  # alternate, async_fill, one split: resident, tokens whole
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
     split_pv: bool = False  # gluon, 64 heads: one warpgroup's QK + softmax, PV split by columns
+    key_bias: bool = False  # split_pv: the producer hands the lead each block's key mask
 
 
 @dataclass(frozen=True)
@@ -110,12 +112,21 @@ RULES: tuple[Rule, ...] = (
         True,
         "v32",
         None,
-        _gluon(64, idx_ahead=True, chunk=64, producer_regs=120, prefetch=1, split_pv=True),
+        _gluon(
+            64,
+            idx_ahead=True,
+            chunk=64,
+            producer_regs=120,
+            prefetch=1,
+            split_pv=True,
+            key_bias=True,
+        ),
         f"1.3-1.5x the Triton kernel on the FP8 caches; 64-key chunks (more loads in "
         f"flight) ({GLUON_H100}); the next block prefetched into L2: 6-10% faster at 128 heads "
         f"batch 32-64 ({SHAPES}/ab-prefetch-1.txt), with idx_ahead (6% slower without the "
         f"prefetch, {GLUON_H100}) 1-8% more ({SHAPES}/ab-prefetch-2.txt); split_pv (one "
-        f"warpgroup's QK and softmax, PV split by columns): 5% faster ({SHAPES}/ab-split-pv-2.txt)",
+        f"warpgroup's QK and softmax, PV split by columns): 5% faster ({SHAPES}/ab-split-pv-2.txt);"
+        f" key_bias 6% faster at batch 128, 128 heads ({SHAPES}/ab-key-bias.txt)",
     ),  # fmt: skip
     # ---- Gluon, the V4 cache
     Rule(
@@ -137,7 +148,8 @@ RULES: tuple[Rule, ...] = (
         f"L2: 5-9% faster at batch 32-128 and 32-128 heads, two ahead less "
         f"({SHAPES}/ab-prefetch-1.txt, ab-prefetch-2.txt); split_pv 2-3% faster, 2% slower at "
         f"MTP s_q 4 with 128 heads ({SHAPES}/ab-split-pv-2.txt); with it 120 producer "
-        f"registers (the consumers 192) 4-5% faster at MTP ({SHAPES}/ab-split-pv-3.txt)",
+        f"registers (the consumers 192) 4-5% faster at MTP ({SHAPES}/ab-split-pv-3.txt); "
+        f"key_bias 1.4-4% slower (the producer bounds V4 decode: {SHAPES}/ab-key-bias.txt)",
     ),  # fmt: skip
     # ---- Gluon, bf16 rows (sparse prefill)
     Rule(True, "bf16", 16, _gluon(16, **_RESIDENT), _RESIDENT_WHY),
@@ -146,10 +158,19 @@ RULES: tuple[Rule, ...] = (
         True,
         "bf16",
         None,
-        _gluon(64, idx_ahead=True, chunk=64, producer_regs=56, split_pv=True, async_fill=True),
+        _gluon(
+            64,
+            idx_ahead=True,
+            chunk=64,
+            producer_regs=56,
+            split_pv=True,
+            async_fill=True,
+            key_bias=True,
+        ),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
         f"the chunk sets only the grouping; split_pv 11-13% faster ({SHAPES}/ab-split-pv-2.txt), "
-        f"async_fill 3.5% more ({SHAPES}/ab-split-pv-3.txt), "
+        f"async_fill 3.5% more ({SHAPES}/ab-split-pv-3.txt), key_bias 1% more "
+        f"({SHAPES}/ab-key-bias.txt), "
         f"an L2 prefetch of the next block 4-6% slower at 128 heads (the consumers bound it: "
         f"{SHAPES}/ab-prefetch-1.txt, parts-prefill.txt), resident 2-4% slower "
         f"({SHAPES}/ab-persist-wide.txt)",
@@ -159,10 +180,19 @@ RULES: tuple[Rule, ...] = (
         True,
         "bf16",
         None,
-        _gluon(64, idx_ahead=True, chunk=16, producer_regs=96, split_pv=True, async_fill=True),
+        _gluon(
+            64,
+            idx_ahead=True,
+            chunk=16,
+            producer_regs=96,
+            split_pv=True,
+            async_fill=True,
+            key_bias=True,
+        ),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
         f"the chunk sets only the grouping; split_pv 17-19% faster ({SHAPES}/ab-split-pv-2.txt), "
-        f"async_fill 0-1% more, 64-key chunks 7% less ({SHAPES}/ab-split-pv-3.txt), "
+        f"async_fill 0-1% more, 64-key chunks 7% less ({SHAPES}/ab-split-pv-3.txt), key_bias "
+        f"1.3-2.7% more ({SHAPES}/ab-key-bias.txt), "
         f"resident 2-4% faster at 128 heads but not with split_pv ({SHAPES}/ab-persist-wide.txt)",
     ),  # fmt: skip
     # ---- Triton
@@ -249,13 +279,14 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
-    bad = bad or (cfg.split_pv and cfg.narrow)
+    bad = bad or (cfg.split_pv and cfg.narrow) or (cfg.key_bias and not cfg.split_pv)
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
             "records without idx_ahead, persist only alternate and async_fill with one split, "
-            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads), "
+            "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads, "
+            "key_bias with split_pv), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -273,5 +304,6 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "PERSIST": cfg.persist,
         "PREFETCH": cfg.prefetch,
         "SPLIT_PV": cfg.split_pv,
+        "KEY_BIAS": cfg.key_bias,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

@@ -72,7 +72,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
-                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False):  # fmt: skip
+                PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False,
+                KEY_BIAS: gl.constexpr = False):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -90,7 +91,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH, SPLIT_PV)  # fmt: skip
+                  PREFETCH, SPLIT_PV, KEY_BIAS)  # fmt: skip
 
 
 @gluon.jit
@@ -103,7 +104,8 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               NARROW: gl.constexpr, NH: gl.constexpr, IDX_AHEAD: gl.constexpr,
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
-              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr):  # fmt: skip
+              PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr,
+              KEY_BIAS: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -157,12 +159,15 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
             mbarrier.init(hand.index(b), count=1)
         fence_async_shared()
         gl.thread_barrier()
+        # KEY_BIAS: the producer's key mask a buffer, for the lead (0 or -inf a key)
+        bias_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], WORDS_SL)
         gl.warp_specialize(
             [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
-                         ASYNC_FILL, PIPE, SKIP, PREFETCH)),
+                         ASYNC_FILL, PIPE, SKIP, PREFETCH, bias_s, KEY_BIAS)),
              (_lead, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache,
-                      keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT)),
+                      keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT,
+                      bias_s, KEY_BIAS)),
              (_follow, (bufs, hand, outs, parts, t, hb, split, H, keys, ASYNC_FILL, HAS_SINK,
                         SPLIT))],
             [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
@@ -214,7 +219,8 @@ HALF = gl.constexpr(D_V // 2)
 @gluon.jit
 def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache, keys, scale2,
           HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, FENCE: gl.constexpr,
-          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+          HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr, bias_s,
+          KEY_BIAS: gl.constexpr):  # fmt: skip
     """SPLIT_PV's lead warpgroup (FlashMLA's schedule): S = Q K^T over all 64 keys of a block
     (one m64n64 wgmma chain: the softmax's row reductions stay within each warp, no barrier),
     P and the rescale alpha handed to the follower through shared memory, then PV for output
@@ -241,10 +247,18 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
         n = i - start
         buf = n % 2
         kb = k_main_s.index(buf)
-        valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full, NPARTS,
-                            FENCE)  # fmt: skip
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
+        if KEY_BIAS:  # the producer's mask, with the keys (no index load here)
+            mbarrier.wait(full.index(buf), (n // 2) & 1)
+            if FENCE:
+                fence_async_shared()
+            bias = bias_s.index(buf).load(gl.SliceLayout(0, LEAD_S))
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
+            p, alpha, m_i, l_i = _softmax_bias(s, bias, m_i, l_i, scale2)
+        else:
+            valid = await_block(i, buf, (n // 2) & 1, keys, cache, x_cache, k_cols, full,
+                                NPARTS, FENCE)  # fmt: skip
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_lead_qk(bufs, buf, s0, HAS_TAIL),))
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, scale2)
         p16 = p.to(gl.bfloat16)
         mbarrier.wait(p_free, (n & 1) ^ 1)  # the follower is done with the last block's P
         pb.store(p16)
@@ -363,6 +377,18 @@ def _softmax_step(s, valid, m_i, l_i, scale2):
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _softmax_bias(s, bias, m_i, l_i, scale2):
+    """_softmax_step with the key mask as a bias (0, or -inf for a masked key) added to the
+    raw scores: the max taken before the scale (scale2 > 0), the exponent one fma a score."""
+    t = s + gl.expand_dims(bias, 0)
+    m_new = gl.maximum(m_i, gl.max(t, 1) * scale2)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(t * scale2 - gl.expand_dims(m_use, 1))
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 

@@ -55,7 +55,8 @@ def produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT
              P: gl.constexpr, HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr,
              WIDE: gl.constexpr, CHUNK: gl.constexpr, PW: gl.constexpr,
              AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr,
-             SKIP: gl.constexpr, PREFETCH: gl.constexpr = 0):  # fmt: skip
+             SKIP: gl.constexpr, PREFETCH: gl.constexpr = 0, bias_s=None,
+             KEY_BIAS: gl.constexpr = False):  # fmt: skip
     """The producer warps (PW): each key block gathered, dequantized to bf16 and written into
     the free buffer, CHUNK keys at a time. With PIPE (V3.2 records) the gather is a pipeline
     over chunks (_produce_v32_pipelined), else a block at a time (_produce_blocks), which
@@ -66,7 +67,7 @@ def produce(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT
     else:
         _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                         P, HAS_TAIL, NPARTS, WIDE, CHUNK, PW, AHEAD, ASYNC_FILL,
-                        SKIP, PREFETCH)  # fmt: skip
+                        SKIP, PREFETCH, bias_s, KEY_BIAS)  # fmt: skip
 
 
 @gluon.jit
@@ -74,7 +75,8 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
                     LAYOUT: gl.constexpr, P: gl.constexpr, HAS_TAIL: gl.constexpr,
                     NPARTS: gl.constexpr, WIDE: gl.constexpr, CHUNK: gl.constexpr,
                     PW: gl.constexpr, AHEAD: gl.constexpr, ASYNC_FILL: gl.constexpr,
-                    SKIP: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
+                    SKIP: gl.constexpr, PREFETCH: gl.constexpr, bias_s,
+                    KEY_BIAS: gl.constexpr):  # fmt: skip
     """A block at a time: its rows loaded, a key's 16-byte pieces across a warp, then stored.
     With AHEAD the next block's indices load while this block's rows do and wait in idx_s
     (two buffers): a block then costs one memory round trip, not two (index, then rows).
@@ -83,7 +85,8 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
     With PREFETCH (d) block i + d's indices load with block i's rows and, once block i is
     handed over, its rows are prefetched into L2: they travel while the producer waits for
     a free buffer, when no load of its own is in flight (FlashMLA's producer prefetches the
-    same way)."""
+    same way). With KEY_BIAS each block's key mask goes into bias_s (0 or -inf a key) with its
+    rows: the lead consumer adds it to its scores instead of loading the indices itself."""
     start = keys[4]
     stop = keys[5]
     main_blocks = keys[1]
@@ -105,6 +108,9 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
             nxt, _ = block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
         if PREFETCH:
             ahead, _ = block_keys(i + PREFETCH, keys, cache, x_cache, kp, NPARTS)
+        if KEY_BIAS:
+            kidx, kslots = block_keys(i, keys, cache, x_cache, k, NPARTS)
+            kbias = gl.where((kidx >= 0) & (kidx < kslots), 0.0, float("-inf"))
         u8, u16, f32, s0, s1, slots = block_src(i, main_blocks, cache, x_cache, NPARTS)
         mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
         kb = k_main_s.index(buf)
@@ -119,6 +125,9 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
                                WIDE, CHUNK, PW)  # fmt: skip
                 else:
                     _v4_chunk(ks, c, u8, u16, s0, kb, P, NPARTS, AHEAD, WIDE, CHUNK, PW)
+        if KEY_BIAS:
+            bias_s.index(buf).store(kbias)
+            gl.thread_barrier()
         if ASYNC_FILL:
             async_copy.mbarrier_arrive(full.index(buf))  # when this thread's copies have landed
             gl.thread_barrier()  # every thread's pending arrival counted before the last one
