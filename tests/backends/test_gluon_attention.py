@@ -38,8 +38,10 @@ SM90_SMEM = 232448  # bytes of shared memory a CTA may take on sm90
 @pytest.mark.parametrize(
     "layout,heads,op,extra,wgmma",
     [
-        ("v32", 128, "decode", False, 44),  # split_pv: QK 512/16 + rope 64/16, 2 x PV 64/16
-        ("v4", 64, "decode", True, 40),  # no rope tail: d_qk 512
+        # split_pv: QK 512/16 + rope 64/16, PV 64/16 for the lead's 128 columns and the
+        # other's 256 and 128 (lead_cols 128)
+        ("v32", 128, "decode", False, 48),
+        ("v4", 64, "decode", True, 44),  # no rope tail: d_qk 512
         ("bf16-576", 128, "prefill", False, 44),
         ("bf16", 64, "prefill", False, 40),
         ("v4", 16, "decode", True, 48),  # narrow: QK 32 + PV 512/128 m-tiles x 4 k-steps
@@ -71,8 +73,12 @@ def test_gluon_kernel_compiles_for_sm90(layout, heads, op, extra, wgmma):
     if cfg.alternate or cfg.split_pv:  # two consumer partitions of 4 warps, the producer
         consumers = tuning.consumer_regs(cfg.producer_regs)  # (default) the rest
         producer = 512 - 2 * consumers
-        # a 512 x NH fp32 acc (alternate), a 64 x 256 one (split_pv) and the lead's scores
-        assert consumers in regs and consumers >= (192 if cfg.split_pv else 4 * cfg.block_h + 64)
+        if cfg.split_pv:  # a 64 x 256 fp32 acc each, or the lead 64 x 128 and the other 384
+            lead, follow = tuning.split_pv_regs(cfg)
+            assert lead in regs and follow in regs and lead + follow == 2 * consumers
+            assert min(lead, follow) >= (192 if cfg.lead_cols == 256 else 160)
+        else:  # a 512 x NH fp32 acc (alternate)
+            assert consumers in regs and consumers >= 4 * cfg.block_h + 64
         assert min(regs) <= producer  # the default partition's share, set by the compiler
     else:
         producer, consumers = cfg.producer_regs, max(r for r in regs if r < 240)
@@ -163,13 +169,16 @@ def test_key_bias_moves_the_lead_warpgroups_index_loads_to_the_producer():
     assert loads[True] <= loads[False] - 4, loads
 
 
-def test_gluon_meta_refuses_a_key_bias_without_split_pv():
-    """key_bias hands the key mask to split_pv's lead warpgroup; without it nobody reads it."""
+@pytest.mark.parametrize("change", [dict(split_pv=False), dict(split_pv=False, key_bias=False),
+                                    dict(lead_cols=64)])  # fmt: skip
+def test_gluon_meta_refuses_a_lead_warpgroup_option_without_split_pv(change):
+    """key_bias (the key mask for split_pv's lead) and lead_cols (its PV columns, 128 or 256)
+    mean nothing without split_pv's lead warpgroup."""
     plan = probe._plan("v32", 128, tuning.Config(64, 64, 8, 1), "decode")
-    cfg = dataclasses.replace(tuning.config_for(128, "v32", True), split_pv=False)
-    assert cfg.key_bias
-    with pytest.raises(ValueError, match="key_bias with split_pv"):
-        tuning.gluon_meta(dict(plan.meta, EXACT=False), cfg)
+    cfg = tuning.config_for(128, "v32", True)
+    assert cfg.key_bias and cfg.lead_cols == 128
+    with pytest.raises(ValueError, match="key_bias and lead_cols 128 with split_pv"):
+        tuning.gluon_meta(dict(plan.meta, EXACT=False), dataclasses.replace(cfg, **change))
 
 
 @pytest.mark.parametrize("change", [dict(alternate=False, narrow=False, block_h=64),

@@ -247,16 +247,17 @@ def test_prefill_on_cuda_with_few_tokens_splits_instead_of_staying_resident():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("d_qk", [576, 512])
 @pytest.mark.parametrize("tokens", [5, 301])
-@pytest.mark.parametrize("schedule", ["split_pv", "both", "key_bias"])
+@pytest.mark.parametrize("schedule", ["split_pv", "both", "key_bias", "lead_cols"])
 def test_prefill_on_cuda_split_pv(d_qk, tokens, schedule):
     """The 64-head tile in FlashMLA's schedule (split_pv, config_for's pick: one warpgroup's
     QK and softmax, PV split by output columns), with the key mask from the producer
-    (key_bias) and both warpgroups on every step: 128 heads, tokens without keys, a sink, and
-    with 5 tokens the key list split (the combine kernel; ranges past a short token's blocks
-    are empty)."""
-    split_pv, key_bias = schedule != "both", schedule == "key_bias"
+    (key_bias), with the lead's PV on 128 of the 512 columns (lead_cols) and both
+    warpgroups on every step: 128 heads, tokens without keys, a sink, and with 5 tokens the
+    key list split (the combine kernel; ranges past a short token's blocks are empty)."""
+    split_pv, key_bias = schedule != "both", schedule in ("key_bias", "lead_cols")
     cfg = dataclasses.replace(tuning.config_for(128, "bf16", True, d_qk), split_pv=split_pv,
-                              key_bias=key_bias)  # fmt: skip
+                              key_bias=key_bias,
+                              lead_cols=128 if schedule == "lead_cols" else 256)  # fmt: skip
     plan = _prefill_on_cuda(tokens, 128, d_qk, cfg, 13)
     assert plan.info["split_pv"] == split_pv and plan.info["key_bias"] == key_bias
     assert (plan.info["splits"] > 1) == (tokens == 5)
@@ -387,7 +388,8 @@ GPU_CASES = [
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("layout,heads,splits", [("v32", 3, 1), ("v32", 12, 3), ("v32", 70, 3),
                                                  ("v4", 8, 2), ("v4", 128, None)])  # fmt: skip
-@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv", "key_bias"])
+@pytest.mark.parametrize("kernel", ["gluon", "triton", "alternate", "both_pv", "key_bias",
+                                    "lead_cols"])  # fmt: skip
 def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
     """The Gluon producer/consumer kernel (as config_for picks it, forced to alternate key
     blocks between its consumers, or on the 64-head tile with both consumers on every step
@@ -403,11 +405,12 @@ def test_decode_on_cuda_both_kernels(layout, heads, splits, kernel):
             pytest.skip("the alternate consumers take at most 32 heads")
         bh = 16 if heads <= 16 else 32
         config = dataclasses.replace(config, block_h=bh, narrow=True, alternate=True)
-    if kernel in ("both_pv", "key_bias"):
+    if kernel in ("both_pv", "key_bias", "lead_cols"):
         if config.narrow:
             pytest.skip("split_pv is the 64-head tile's (config_for: above 16-32 heads)")
-        config = dataclasses.replace(config, split_pv=kernel == "key_bias",
-                                     key_bias=kernel == "key_bias")  # fmt: skip
+        config = dataclasses.replace(config, split_pv=kernel != "both_pv",
+                                     key_bias=kernel != "both_pv",
+                                     lead_cols=128 if kernel == "lead_cols" else 256)  # fmt: skip
     _decode_check(layout, 64, heads, 200, splits, config, "cuda")
 
 

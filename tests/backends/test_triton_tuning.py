@@ -45,21 +45,22 @@ def test_a_source_without_a_rule_is_refused():
 # The Gluon kernel's measured choices (each rule's `chose` names the A/B): a changed chunk or
 # idx_ahead is a new measurement, so it changes this table too.
 GLUON_CHOICES = {
-    # (KV source, heads, d_qk): (block_h, chunk, idx_ahead, prefetch, split_pv, key_bias)
-    ("v32", 8, 576): (16, 16, False, 0, False, False),  # pipe 2: two 16-key chunks in flight
-    ("v32", 16, 576): (16, 16, False, 0, False, False),
-    ("v32", 32, 576): (32, 64, False, 1, False, False),
+    # (KV source, heads, d_qk): (block_h, chunk, idx_ahead, prefetch, split_pv, key_bias,
+    # lead_cols)
+    ("v32", 8, 576): (16, 16, False, 0, False, False, 256),  # pipe 2: two 16-key chunks
+    ("v32", 16, 576): (16, 16, False, 0, False, False, 256),
+    ("v32", 32, 576): (32, 64, False, 1, False, False, 256),
     # idx_ahead was 6% slower on V3.2's cache; beside the L2 prefetch 0.5-8% faster
-    ("v32", 128, 576): (64, 64, True, 1, True, True),
-    ("v4", 16, 512): (16, 32, True, 1, False, False),
+    ("v32", 128, 576): (64, 64, True, 1, True, True, 128),
+    ("v4", 16, 512): (16, 32, True, 1, False, False, 256),
     # 32-key chunks: V4's footprint spills at 64; key_bias lost on V4 decode (producer-bound)
-    ("v4", 64, 512): (64, 32, True, 1, True, False),
-    ("v4", 128, 512): (64, 32, True, 1, True, False),
-    ("bf16", 8, 576): (16, 64, True, 0, False, False),  # resident, narrow
-    ("bf16", 32, 512): (32, 64, True, 0, False, False),
-    # bf16 rows: the prefetch lost (consumer-bound)
-    ("bf16", 64, 576): (64, 64, True, 0, True, True),
-    ("bf16", 128, 512): (64, 16, True, 0, True, True),
+    ("v4", 64, 512): (64, 32, True, 1, True, False, 128),
+    ("v4", 128, 512): (64, 32, True, 1, True, False, 128),
+    ("bf16", 8, 576): (16, 64, True, 0, False, False, 256),  # resident, narrow
+    ("bf16", 32, 512): (32, 64, True, 0, False, False, 256),
+    # bf16 rows: the prefetch lost (consumer-bound), and the lead's PV on 128 columns
+    ("bf16", 64, 576): (64, 64, True, 0, True, True, 256),
+    ("bf16", 128, 512): (64, 16, True, 0, True, True, 256),
 }
 
 
@@ -68,6 +69,7 @@ def test_the_gluon_chunk_and_idx_ahead_are_the_measured_ones(where):
     layout, heads, d_qk = where
     cfg = tuning.config_for(heads, layout, gluon=True, d_qk=d_qk)
     got = (cfg.block_h, cfg.chunk, cfg.idx_ahead, cfg.prefetch, cfg.split_pv, cfg.key_bias)
+    got += (cfg.lead_cols,)
     assert got == GLUON_CHOICES[where]
 
 

@@ -414,7 +414,7 @@ def _config_info(cfg: Config) -> dict:
     """The launch shape as a row records it."""
     keys = ("block_h", "block_n", "num_warps", "num_stages", "idx_ahead", "gluon", "narrow",
             "alternate", "async_fill", "pipe", "persist", "prefetch", "split_pv",
-            "key_bias")  # fmt: skip
+            "key_bias", "lead_cols")  # fmt: skip
     return {k: getattr(cfg, k) for k in keys}
 
 

@@ -15,8 +15,9 @@ NOTES.md), so num_stages stays as below. plan_attention drops `persist` when the
 block) items fit in one wave, where a program an item takes 11-21% less time; above, resident
 took 8-22% less, except 2-4% more at d_qk 512 and 2.5-3 items an SM (sweeps/ab-items.txt in
 results/sm90/triton-gluon4-h100). At 64 heads every Gluon rule takes split_pv (FlashMLA's
-split of the consumer work), the FP8 ones the L2 prefetch of the next block, and all but V4
-decode (producer-bound) key_bias, the key mask from the producer
+split of the consumer work), the FP8 ones the L2 prefetch of the next block and the lead's
+PV on 128 columns, and all but V4 decode (producer-bound) key_bias, the key mask from the
+producer
 (results/sm90/studies/triton-shapes/README.md: what won and what lost on issue 36's shapes).
 """
 
@@ -56,6 +57,7 @@ class Config:
     prefetch: int = 0  # gluon, not pipe or persist: L2 prefetch of the block this far ahead
     split_pv: bool = False  # gluon, 64 heads: one warpgroup's QK + softmax, PV split by columns
     key_bias: bool = False  # split_pv: the producer hands the lead each block's key mask
+    lead_cols: int = 256  # split_pv: the lead's PV output columns (256 or 128), the rest the other
 
 
 @dataclass(frozen=True)
@@ -120,13 +122,15 @@ RULES: tuple[Rule, ...] = (
             prefetch=1,
             split_pv=True,
             key_bias=True,
+            lead_cols=128,
         ),
         f"1.3-1.5x the Triton kernel on the FP8 caches; 64-key chunks (more loads in "
         f"flight) ({GLUON_H100}); the next block prefetched into L2: 6-10% faster at 128 heads "
         f"batch 32-64 ({SHAPES}/ab-prefetch-1.txt), with idx_ahead (6% slower without the "
         f"prefetch, {GLUON_H100}) 1-8% more ({SHAPES}/ab-prefetch-2.txt); split_pv (one "
         f"warpgroup's QK and softmax, PV split by columns): 5% faster ({SHAPES}/ab-split-pv-2.txt);"
-        f" key_bias 6% faster at batch 128, 128 heads ({SHAPES}/ab-key-bias.txt)",
+        f" key_bias 6% faster at batch 128, 128 heads ({SHAPES}/ab-key-bias.txt); lead_cols 128 "
+        f"1.8% more ({SHAPES}/ab-lead-cols.txt)",
     ),  # fmt: skip
     # ---- Gluon, the V4 cache
     Rule(
@@ -142,14 +146,24 @@ RULES: tuple[Rule, ...] = (
         True,
         "v4",
         None,
-        _gluon(64, idx_ahead=True, chunk=32, producer_regs=120, prefetch=1, split_pv=True),
+        _gluon(
+            64,
+            idx_ahead=True,
+            chunk=32,
+            producer_regs=120,
+            prefetch=1,
+            split_pv=True,
+            lead_cols=128,
+        ),
         f"1.3-1.5x the Triton kernel; idx_ahead: V4 decode 8-10% faster; 32-key chunks "
         f"(V4's larger footprint spills at 64) ({GLUON_H100}); the next block prefetched into "
         f"L2: 5-9% faster at batch 32-128 and 32-128 heads, two ahead less "
         f"({SHAPES}/ab-prefetch-1.txt, ab-prefetch-2.txt); split_pv 2-3% faster, 2% slower at "
         f"MTP s_q 4 with 128 heads ({SHAPES}/ab-split-pv-2.txt); with it 120 producer "
         f"registers (the consumers 192) 4-5% faster at MTP ({SHAPES}/ab-split-pv-3.txt); "
-        f"key_bias 1.4-4% slower (the producer bounds V4 decode: {SHAPES}/ab-key-bias.txt)",
+        f"key_bias 1.4-4% slower (the producer bounds V4 decode: {SHAPES}/ab-key-bias.txt); "
+        f"lead_cols 128 (the lead 160 registers, the other 224: no spills) 1.5-3.3% faster, "
+        f"prefill 2-6% slower ({SHAPES}/ab-lead-cols.txt)",
     ),  # fmt: skip
     # ---- Gluon, bf16 rows (sparse prefill)
     Rule(True, "bf16", 16, _gluon(16, **_RESIDENT), _RESIDENT_WHY),
@@ -270,6 +284,15 @@ def consumer_regs(producer_regs: int) -> int:
     return (65536 // 128 - producer_regs) // 2 // 8 * 8
 
 
+def split_pv_regs(cfg: Config) -> tuple[int, int]:
+    """Registers a thread of split_pv's lead and of the other consumer warpgroup: the halves of
+    what the producer leaves, or with lead_cols 128 the other's 384 columns 224 and the lead the
+    rest (160 beside a 120-register producer)."""
+    both = consumer_regs(cfg.producer_regs)
+    follow = both if cfg.lead_cols == 256 else 224
+    return 2 * both - follow, follow
+
+
 def gluon_meta(meta: dict, cfg: Config) -> dict:
     """The Gluon kernel's constexprs: the Triton kernel's less its fixed or absent ones."""
     heads_ok = cfg.block_h in ((16, 32) if cfg.narrow else (64,))
@@ -280,13 +303,14 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
     bad = bad or (cfg.split_pv and cfg.narrow) or (cfg.key_bias and not cfg.split_pv)
+    bad = bad or cfg.lead_cols not in (128, 256) or (cfg.lead_cols != 256 and not cfg.split_pv)
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
             "the Gluon kernel runs on a GPU with 64-key blocks of 64 heads (16 or 32 narrow; "
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
             "records without idx_ahead, persist only alternate and async_fill with one split, "
             "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads, "
-            "key_bias with split_pv), "
+            "key_bias and lead_cols 128 with split_pv), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
@@ -305,5 +329,8 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "PREFETCH": cfg.prefetch,
         "SPLIT_PV": cfg.split_pv,
         "KEY_BIAS": cfg.key_bias,
+        "LEAD_COLS": cfg.lead_cols,
+        "LEAD_REGS": split_pv_regs(cfg)[0],
+        "FOLLOW_REGS": split_pv_regs(cfg)[1],
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

@@ -73,7 +73,8 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                 ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr = 0,
                 PERSIST: gl.constexpr = False, SKIP: gl.constexpr = 0,
                 PREFETCH: gl.constexpr = 0, SPLIT_PV: gl.constexpr = False,
-                KEY_BIAS: gl.constexpr = False):  # fmt: skip
+                KEY_BIAS: gl.constexpr = False, LEAD_COLS: gl.constexpr = 256,
+                LEAD_REGS: gl.constexpr = 0, FOLLOW_REGS: gl.constexpr = 0):  # fmt: skip
     """Arguments as attention.py's attn_kernel (BLOCK_N = 64). A program takes
     BLOCK_H = 64 heads, or with NARROW the NH (16 or 32) heads are the wgmma's N and the keys
     its M: no head is padded to 64 (consumers: _consume_narrow). With ALTERNATE (narrow, 4
@@ -91,7 +92,7 @@ def attn_kernel(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scal
                   blocks_per_split, LAYOUT, P, HAS_TAIL, NPARTS, HAS_LENS, HAS_X_LENS, HAS_SINK,
                   HAS_MAXL, SPLIT, WIDE, CHUNK, PRODUCER_WARPS, PRODUCER_REGS, NARROW, NH,
                   IDX_AHEAD, ALTERNATE, CONSUMER_REGS, ASYNC_FILL, PIPE, SKIP,
-                  PREFETCH, SPLIT_PV, KEY_BIAS)  # fmt: skip
+                  PREFETCH, SPLIT_PV, KEY_BIAS, LEAD_COLS, LEAD_REGS, FOLLOW_REGS)  # fmt: skip
 
 
 @gluon.jit
@@ -105,7 +106,8 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
               ALTERNATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
               ASYNC_FILL: gl.constexpr, PIPE: gl.constexpr, SKIP: gl.constexpr,
               PREFETCH: gl.constexpr, SPLIT_PV: gl.constexpr,
-              KEY_BIAS: gl.constexpr):  # fmt: skip
+              KEY_BIAS: gl.constexpr, LEAD_COLS: gl.constexpr, LEAD_REGS: gl.constexpr,
+              FOLLOW_REGS: gl.constexpr):  # fmt: skip
     """The program's one item: token program_id(2), head block program_id(0), split
     program_id(1)."""
     hb = gl.program_id(0)
@@ -161,16 +163,17 @@ def _one_item(q, cache, x_cache, sink_ptr, outs, parts, H, S_Q, LENS_DIV, scale2
         gl.thread_barrier()
         # KEY_BIAS: the producer's key mask a buffer, for the lead (0 or -inf a key)
         bias_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], WORDS_SL)
+        # (LEAD_REGS, FOLLOW_REGS: tuning.split_pv_regs, more to the follower at LEAD_COLS 128)
         gl.warp_specialize(
             [(produce, (k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys, LAYOUT,
                          P, HAS_TAIL, NPARTS, WIDE, CHUNK, PRODUCER_WARPS, IDX_AHEAD,
                          ASYNC_FILL, PIPE, SKIP, PREFETCH, bias_s, KEY_BIAS)),
              (_lead, (bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache,
                       keys, scale2, HAS_TAIL, NPARTS, ASYNC_FILL, HAS_SINK, HAS_MAXL, SPLIT,
-                      bias_s, KEY_BIAS)),
+                      bias_s, KEY_BIAS, LEAD_COLS)),
              (_follow, (bufs, hand, outs, parts, t, hb, split, H, keys, ASYNC_FILL, HAS_SINK,
-                        SPLIT))],
-            [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+                        SPLIT, LEAD_COLS))],
+            [4, 4], [LEAD_REGS, FOLLOW_REGS])
     elif ALTERNATE:
         acc_s, ml_s = _merge_buffers(k_main_s, k_tail_s, NH)
         gl.warp_specialize(
@@ -214,13 +217,15 @@ LEAD_S = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4
 HALF_O = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                 instr_shape=[16, 256, 16]))  # fmt: skip
 HALF = gl.constexpr(D_V // 2)
+QUARTER_O = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, 128, 16]))  # fmt: skip
 
 
 @gluon.jit
 def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cache, keys, scale2,
           HAS_TAIL: gl.constexpr, NPARTS: gl.constexpr, FENCE: gl.constexpr,
           HAS_SINK: gl.constexpr, HAS_MAXL: gl.constexpr, SPLIT: gl.constexpr, bias_s,
-          KEY_BIAS: gl.constexpr):  # fmt: skip
+          KEY_BIAS: gl.constexpr, LEAD_COLS: gl.constexpr):  # fmt: skip
     """SPLIT_PV's lead warpgroup (FlashMLA's schedule): S = Q K^T over all 64 keys of a block
     (one m64n64 wgmma chain: the softmax's row reductions stay within each warp, no barrier),
     P and the rescale alpha handed to the follower through shared memory, then PV for output
@@ -235,11 +240,12 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
     start = keys[4]
     stop = keys[5]
     row_l: gl.constexpr = gl.SliceLayout(1, LEAD_S)
-    p_op_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=HALF_O, k_width=2)
+    o_l: gl.constexpr = HALF_O if LEAD_COLS == HALF else QUARTER_O
+    p_op_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
     l_i = gl.full([BLOCK_H], 0.0, gl.float32, row_l)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
+    acc = gl.zeros([BLOCK_H, LEAD_COLS], gl.float32, o_l)
     s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, LEAD_S)
     k_cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, LEAD_S))
     pb = p_s.index(0)
@@ -266,12 +272,12 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(p_full, count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, HALF_O))[:, None]
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         p_op = gl.convert_layout(p16, p_op_l)
-        acc = warpgroup_mma(p_op, kb.slice(0, HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma(p_op, kb.slice(0, LEAD_COLS, dim=1), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         mbarrier.arrive(empty.index(buf), count=1)
-    o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_l)
     m_o = gl.convert_layout(m_i, o_row)
     heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, o_row)
     hmask = heads < H
@@ -281,7 +287,7 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
     red.slice(2 * BLOCK_H, BLOCK_H).store(gl.convert_layout(sink_div, vec_l))
     gl.thread_barrier()
     mbarrier.arrive(hand.index(2), count=1)
-    c = gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
+    c = gl.arange(0, LEAD_COLS, gl.SliceLayout(0, o_l))
     _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
 
 
@@ -298,17 +304,22 @@ def _lead_qk(bufs, buf, s0, HAS_TAIL: gl.constexpr):
 
 @gluon.jit
 def _follow(bufs, hand, outs, parts, t, hb, split, H, keys, FENCE: gl.constexpr,
-            HAS_SINK: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+            HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, LEAD_COLS: gl.constexpr):  # fmt: skip
     """SPLIT_PV's follower warpgroup: for each block, once the lead has handed over P and
     alpha, O[:, 256:512] = alpha O + P V[:, 256:512] (P read from shared memory); at the end
-    the lead's l and sink divide its columns."""
+    the lead's l and sink divide its columns. With LEAD_COLS 128 it takes columns 128-255
+    too (a second accumulator; a slice of the key buffer starts at a multiple of its width):
+    the lead, the critical warpgroup, keeps a quarter of the PV and of the rescale."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
     p_full = hand.index(0)
     p_free = hand.index(1)
     start = keys[4]
     stop = keys[5]
     o_row: gl.constexpr = gl.SliceLayout(1, HALF_O)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)
+    q_row: gl.constexpr = gl.SliceLayout(1, QUARTER_O)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, HALF_O)  # columns 256-511
+    if LEAD_COLS != HALF:
+        acc2 = gl.zeros([BLOCK_H, HALF // 2], gl.float32, QUARTER_O)  # columns 128-255
     pb = p_s.index(0)
     for i in range(start, stop):
         n = i - start
@@ -321,7 +332,13 @@ def _follow(bufs, hand, outs, parts, t, hb, split, H, keys, FENCE: gl.constexpr,
         acc = acc * alpha[:, None]
         kb = k_main_s.index(buf)
         acc = warpgroup_mma(pb, kb.slice(HALF, HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if LEAD_COLS != HALF:
+            acc2 = acc2 * red.slice(0, BLOCK_H).load(q_row)[:, None]
+            acc2 = warpgroup_mma(pb, kb.slice(LEAD_COLS, HALF // 2, dim=1), acc2,
+                                 is_async=True)  # fmt: skip
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(empty.index(buf), count=1)
     mbarrier.wait(hand.index(2), 0)
@@ -331,6 +348,11 @@ def _follow(bufs, hand, outs, parts, t, hb, split, H, keys, FENCE: gl.constexpr,
     hmask = heads < H
     c = HALF + gl.arange(0, HALF, gl.SliceLayout(0, HALF_O))
     _store_cols(acc, l_div, sink_div, c, heads, hmask, outs, parts, t, split, H, HAS_SINK, SPLIT)
+    if LEAD_COLS != HALF:
+        heads2 = hb * BLOCK_H + gl.arange(0, BLOCK_H, q_row)
+        c2 = LEAD_COLS + gl.arange(0, HALF // 2, gl.SliceLayout(0, QUARTER_O))
+        _store_cols(acc2, gl.convert_layout(l_div, q_row), gl.convert_layout(sink_div, q_row),
+                    c2, heads2, heads2 < H, outs, parts, t, split, H, HAS_SINK, SPLIT)  # fmt: skip
 
 
 @gluon.jit
