@@ -170,14 +170,14 @@ def test_key_bias_moves_the_lead_warpgroups_index_loads_to_the_producer():
 
 
 @pytest.mark.parametrize("change", [dict(split_pv=False), dict(split_pv=False, key_bias=False),
-                                    dict(lead_cols=64)])  # fmt: skip
+                                    dict(lead_cols=64), dict(pipe=2, idx_ahead=False)])  # fmt: skip
 def test_gluon_meta_refuses_a_lead_warpgroup_option_without_split_pv(change):
     """key_bias (the key mask for split_pv's lead) and lead_cols (its PV columns, 128 or 256)
-    mean nothing without split_pv's lead warpgroup."""
+    mean nothing without split_pv's lead warpgroup; the pipelined V3.2 gather writes no mask."""
     plan = probe._plan("v32", 128, tuning.Config(64, 64, 8, 1), "decode")
     cfg = tuning.config_for(128, "v32", True)
     assert cfg.key_bias and cfg.lead_cols == 128
-    with pytest.raises(ValueError, match="key_bias and lead_cols 128 with split_pv"):
+    with pytest.raises(ValueError, match=r"key_bias \(not with pipe\) and lead_cols 128 with"):
         tuning.gluon_meta(dict(plan.meta, EXACT=False), dataclasses.replace(cfg, **change))
 
 

@@ -302,7 +302,8 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
     bad = bad or cfg.pipe not in (0, 1, 2) or (cfg.pipe and (not v32 or cfg.idx_ahead))
     bad = bad or (cfg.persist and not (cfg.alternate and cfg.async_fill and not meta["SPLIT"]))
     bad = bad or cfg.prefetch not in (0, 1, 2) or (cfg.prefetch and (cfg.pipe or cfg.persist))
-    bad = bad or (cfg.split_pv and cfg.narrow) or (cfg.key_bias and not cfg.split_pv)
+    bad = bad or (cfg.split_pv and cfg.narrow)
+    bad = bad or (cfg.key_bias and (not cfg.split_pv or cfg.pipe))  # the block-at-a-time producer
     bad = bad or cfg.lead_cols not in (128, 256) or (cfg.lead_cols != 256 and not cfg.split_pv)
     if meta["EXACT"] or cfg.block_n != 64 or not heads_ok or bad:
         raise ValueError(
@@ -310,7 +311,7 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
             "alternate only narrow, async_fill only on bf16 rows, pipe 1 or 2 only on V3.2 "
             "records without idx_ahead, persist only alternate and async_fill with one split, "
             "prefetch 1 or 2 blocks ahead without pipe or persist, split_pv on 64 heads, "
-            "key_bias and lead_cols 128 with split_pv), "
+            "key_bias (not with pipe) and lead_cols 128 with split_pv), "
             f"not {cfg}"
         )
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")

@@ -14,7 +14,8 @@ warpgroups are partitions of their own that take alternate key blocks with all t
 merge at the end; resident (PERSIST, sparse prefill) each takes whole tokens of its own, so
 no state is merged. SPLIT_PV (64 heads, config_for's pick) is FlashMLA's own split: one
 warpgroup (the lead) runs QK over all 64 keys and the softmax and hands P to the other
-through shared memory, and each runs PV for half of the output columns. The producer is
+through shared memory, and each runs PV for half of the output columns (LEAD_COLS 128: the
+lead a quarter; KEY_BIAS: the lead's key mask comes from the producer). The producer is
 gluon_producer.py. The plain Triton kernel cannot express this overlap: its dequantization,
 both dots and the softmax are one serial chain per warp (results/sm90/triton-speed-h100/
 NOTES.md; this kernel's: triton-gluon-h100/, triton-gluon2-h100/, triton-gluon3-h100/NOTES.md
@@ -229,10 +230,12 @@ def _lead(bufs, hand, outs, parts, sink_ptr, t, hb, split, H, S_Q, cache, x_cach
     """SPLIT_PV's lead warpgroup (FlashMLA's schedule): S = Q K^T over all 64 keys of a block
     (one m64n64 wgmma chain: the softmax's row reductions stay within each warp, no barrier),
     P and the rescale alpha handed to the follower through shared memory, then PV for output
-    columns 0-255 from P in registers; at the end its lse, and l and the sink's divisor for
-    the follower. In _consume both warpgroups split the keys of S, so every block's row max
-    and sum cross them and P goes through shared memory before either PV (11-19% slower on
-    sparse prefill at 64-128 heads: results/sm90/studies/triton-shapes/README.md)."""
+    columns 0 to LEAD_COLS - 1 (256 or 128) from P in registers; at the end its lse, and l and
+    the sink's divisor for the follower. With KEY_BIAS the block's key mask comes from the
+    producer (bias_s), not from index loads of its own. In _consume both warpgroups split the
+    keys of S, so every block's row max and sum cross them and P goes through shared memory
+    before either PV (11-19% slower on sparse prefill at 64-128 heads:
+    results/sm90/studies/triton-shapes/README.md)."""
     q_main_s, q_tail_s, k_main_s, k_tail_s, p_s, full, empty, red, q_bar = bufs
     p_full = hand.index(0)
     p_free = hand.index(1)
