@@ -84,6 +84,7 @@ _RESIDENT_WHY = (
     f"heads, V4 7% at 8 ({GLUON2}/breakdown-*.txt); the lean narrow softmax: V4 prefill 7%/3% "
     f"at 16/32 heads ({GLUON3}/ab-lean-*.txt)"
 )
+_WIDE_BF16 = dict(idx_ahead=True, split_pv=True, async_fill=True, key_bias=True)  # 64 heads
 _TRITON_BF16_WHY = (
     f"bf16 rows up to 32 heads: BLOCK_H 16/32 (fewer heads padded in memory); idx_ahead up "
     f"to 12% faster, though 8 heads in unpadded rows lost 20% with it ({SPEED})"
@@ -172,15 +173,7 @@ RULES: tuple[Rule, ...] = (
         True,
         "bf16",
         None,
-        _gluon(
-            64,
-            idx_ahead=True,
-            chunk=64,
-            producer_regs=56,
-            split_pv=True,
-            async_fill=True,
-            key_bias=True,
-        ),
+        _gluon(64, chunk=64, producer_regs=56, **_WIDE_BF16),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
         f"the chunk sets only the grouping; split_pv 11-13% faster ({SHAPES}/ab-split-pv-2.txt), "
         f"async_fill 3.5% more ({SHAPES}/ab-split-pv-3.txt), key_bias 1% more "
@@ -194,15 +187,7 @@ RULES: tuple[Rule, ...] = (
         True,
         "bf16",
         None,
-        _gluon(
-            64,
-            idx_ahead=True,
-            chunk=16,
-            producer_regs=96,
-            split_pv=True,
-            async_fill=True,
-            key_bias=True,
-        ),
+        _gluon(64, chunk=16, producer_regs=96, **_WIDE_BF16),
         f"above 32 heads 1.2-1.6x the Triton kernel ({GLUON_H100}); copied by cp.async: "
         f"the chunk sets only the grouping; split_pv 17-19% faster ({SHAPES}/ab-split-pv-2.txt), "
         f"async_fill 0-1% more, 64-key chunks 7% less ({SHAPES}/ab-split-pv-3.txt), key_bias "
