@@ -299,6 +299,7 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
             "key_bias (not with pipe) and lead_cols 128 with split_pv), "
             f"not {cfg}"
         )
+    lead_regs, follow_regs = split_pv_regs(cfg)
     drop = ("BLOCK_H", "BLOCK_N", "EXACT")
     kept = {k: v for k, v in meta.items() if k not in drop}
     return kept | {
@@ -316,7 +317,7 @@ def gluon_meta(meta: dict, cfg: Config) -> dict:
         "SPLIT_PV": cfg.split_pv,
         "KEY_BIAS": cfg.key_bias,
         "LEAD_COLS": cfg.lead_cols,
-        "LEAD_REGS": split_pv_regs(cfg)[0],
-        "FOLLOW_REGS": split_pv_regs(cfg)[1],
+        "LEAD_REGS": lead_regs,
+        "FOLLOW_REGS": follow_regs,
         "CONSUMER_REGS": consumer_regs(cfg.producer_regs),
     }

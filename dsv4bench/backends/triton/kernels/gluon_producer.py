@@ -108,10 +108,13 @@ def _produce_blocks(k_main_s, k_tail_s, idx_s, full, empty, cache, x_cache, keys
             nxt, _ = block_keys(i + 1, keys, cache, x_cache, k, NPARTS)  # -1 past the list
         if PREFETCH:
             ahead, _ = block_keys(i + PREFETCH, keys, cache, x_cache, kp, NPARTS)
-        if KEY_BIAS:
-            kidx, kslots = block_keys(i, keys, cache, x_cache, k, NPARTS)
-            kbias = gl.where((kidx >= 0) & (kidx < kslots), 0.0, float("-inf"))
         u8, u16, f32, s0, s1, slots = block_src(i, main_blocks, cache, x_cache, NPARTS)
+        if KEY_BIAS:  # with AHEAD the block's indices are in idx_s already
+            if AHEAD:
+                kidx = idx_s.index(buf).load(k.type.layout)
+            else:
+                kidx, _ = block_keys(i, keys, cache, x_cache, k, NPARTS)
+            kbias = gl.where((kidx >= 0) & (kidx < slots), 0.0, float("-inf"))
         mbarrier.wait(empty.index(buf), ((n // 2) & 1) ^ 1)
         kb = k_main_s.index(buf)
         tb = k_tail_s.index(buf)
