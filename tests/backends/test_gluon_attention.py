@@ -156,8 +156,8 @@ def test_gluon_meta_refuses_a_prefetch_it_cannot_run(layout, op, prefetch):
 @needs_gluon
 def test_key_bias_moves_the_lead_warpgroups_index_loads_to_the_producer():
     """With key_bias the lead's index loads a block (its 16 score columns, 8 loads of 2) are
-    gone and the producer loads the block's 64 indices once more (one a thread): 40 global
-    loads in the PTX, not 47."""
+    gone; the producer takes the mask's indices from idx_s (idx_ahead loaded them): 39
+    global loads in the PTX, not 47."""
     plan = probe._plan("v32", 128, tuning.Config(64, 64, 8, 1), "decode")
     cfg = tuning.config_for(128, "v32", True)
     assert cfg.key_bias and cfg.split_pv
