@@ -212,3 +212,13 @@ def known_builds() -> list[tuple[str, str]]:
 def default_specs() -> list[str]:
     """What `kernels fetch` takes with no spec: every known release."""
     return [f"{p.dist}=={v}" for p in PACKAGES.values() for v in p.versions]
+
+
+def fetch_spec(build_name: str) -> str | None:
+    """The `kernels fetch` spec that brings a build (`vllm==0.33.0` for `flashmla-vllm-0.33.0`);
+    None for a name no known release ships."""
+    for p in PACKAGES.values():
+        for v in p.versions:
+            if any(p.build_name(b, v) == build_name for b in p.builds):
+                return f"{p.dist}=={v}"
+    return None

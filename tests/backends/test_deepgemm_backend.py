@@ -1,7 +1,8 @@
 """The deepgemm backend against DeepGEMM's two metadata APIs: 2.5.0's (context_lens 2-D,
 block_kv, num_sms), read from a pybind docstring as printed on the H100, and the older
 (context_lens, num_sms); an unknown one is a one-line `unsupported`. On an sm90 GPU with
-DeepGEMM, the real kernels in both forms against the oracle."""
+GPU, the real kernels in both forms against the oracle, once per DeepGEMM build of the kernels
+folder (2.8.1 from vLLM 0.33.0, 2.5.0 from vLLM 0.26.0: tests/kernel_builds.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from dsv4bench.backends import deepgemm as dgb
 from dsv4bench.backends.deepgemm import DeepGEMM
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases import indexer_case, inputs
+from dsv4bench.measure import hardware
 from dsv4bench.measure.metrics import accuracy
 from dsv4bench.measure.topk import compare_topk
 from dsv4bench.scenarios import load_text
 from reference import indexer
+from tests.kernel_builds import build_folder, build_params, expect_supported, ran_alone
 
 # docstring first lines of DeepGEMM 2.5.0's pybind functions
 # (results/sm90/studies/engine-kernels/probe.log)
@@ -184,17 +187,18 @@ GPU_POINTS = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("build", build_params("deepgemm"))
 @pytest.mark.parametrize("name", list(GPU_POINTS))
-def test_real_deepgemm_matches_the_oracle(name: str) -> None:
+def test_real_deepgemm_matches_the_oracle(request, name: str, build: str) -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10):
         pytest.skip("needs an sm90/sm100 GPU")
-    b = DeepGEMM()
-    try:
-        prov = b.provider()
-    except Unsupported as e:
-        pytest.skip(str(e))
+    if ran_alone(request, "deepgemm", build):
+        return
+    b = DeepGEMM(lib=build_folder(build))
     text = f"name: gpu\nop: indexer\nbackends: [deepgemm]\ncases:\n  - {GPU_POINTS[name]}\n"
     case = load_text(textwrap.dedent(text), "gpu.yaml", known_backends=("deepgemm",)).cases[0]
+    expect_supported(build, b.supports(case, hardware.arch_of(0)))  # both forms, V3.2 and V4
+    prov = b.provider()
     x = inputs.make_inputs(case, "cuda")
     want = oracle_call(case, x)()
     p = b.prepare(case, x, "cuda")
@@ -202,7 +206,7 @@ def test_real_deepgemm_matches_the_oracle(name: str) -> None:
     torch.cuda.synchronize()
     acc = accuracy(want, got)
     top = compare_topk(want.out, want.topk, got.topk, actual_logits=got.out)
-    print(name, prov.version, p.info, acc["cos_diff"], top)
+    print(name, build, prov.version, p.info, acc["cos_diff"], top)
     assert acc["nonfinite"] == 0 and acc["cos_diff"] < 1e-6, acc
     assert top["topk_matched"] == 1.0 and top["topk_invalid"] == 0, top
 

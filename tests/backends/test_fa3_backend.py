@@ -1,6 +1,7 @@
 """The fa3 backend (vLLM's FA3 build as sparse MLA): the argument mapping on the CPU around a fake
 op bound by the real op's schema, discovery failures as one line, and on an H100 the real
-kernel against the oracle.
+kernel against the oracle, once per FA3 build of the kernels folder (vLLM 0.33.0's and 0.26.0's:
+tests/kernel_builds.py).
 
 The fake computes what the H100 probe showed the kernel computes
 (results/sm90/studies/engine-kernels/probe.log): per query row, the slots
@@ -23,6 +24,7 @@ from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.measure import metrics
+from tests.kernel_builds import build_folder, build_params, expect_supported, ran_alone
 
 # the schema of torch.ops._vllm_fa3_C.fwd in vLLM 0.26.0 (probe.log), as (name, optional)
 VLLM_SCHEMA = [
@@ -299,22 +301,23 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("build", build_params("fa3"))
 @pytest.mark.parametrize("name,case", GPU_CASES, ids=[n for n, _ in GPU_CASES])
-def test_real_kernel_matches_the_oracle(name, case):
+def test_real_kernel_matches_the_oracle(request, name, case, build):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm90 GPU")
-    b = fa3.FA3()
-    try:
-        prov = b.provider()
-    except Unsupported as e:
-        pytest.skip(str(e))
+    if ran_alone(request, "fa3", build):
+        return
+    b = fa3.FA3(lib=build_folder(build))
+    expect_supported(build, b.supports(case, "sm90"))
+    prov = b.provider()
     x = make_inputs(case, "cuda")
     p = b.prepare(case, x, "cuda")
     p.poison()
     got = p.finish(p.run())
     torch.cuda.synchronize()
     acc = metrics.accuracy(oracle_call(case, x)(), got)
-    print(name, prov.name, prov.version, acc["cos_diff"], acc["lse_max_abs"])
+    print(name, build, prov.name, prov.version, acc["cos_diff"], acc["lse_max_abs"])
     assert acc["nonfinite"] == 0 and acc["cos_diff"] < 5e-6, acc
     assert acc["lse_max_abs"] < 1e-3
 

@@ -8,7 +8,8 @@ what the H100 probe showed the kernel computes
 (results/sm90/studies/engine-kernels/flashinfer-fa3/notes/probe.txt): K in bf16
 (FP8: bf16(e4m3 * scale) per token and 128 columns, bf16(bf16(e4m3) * bf16(kpe_scale))), lse of
 the keys in natural log with return_lse_base_on_e (base 2 otherwise), out 0 and lse -inf for a
-row with no key, any head count.
+row with no key, any head count. The GPU test runs once per FlashInfer build of the kernels
+folder (0.7.2.post1 and 0.6.18: tests/kernel_builds.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dsv4bench.cases.case import Case
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.measure import metrics
 from reference import attention
+from tests.kernel_builds import build_folder, build_params, expect_supported, loaded_from, ran_alone
 
 V32 = dict(model="v3.2", d_qk=576, layout="v32", num_heads=16, topk=200, page_size=64)
 V4 = dict(
@@ -346,19 +348,14 @@ def test_pow2_scales_and_groups():
 # ---- GPU: the real kernel ------------------------------------------------------------------
 
 
-def _real_wrapper():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (sm90) and flashinfer")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("FlashInfer's FA3 MLA path is sm90")
-    from dsv4bench.backends.flashinfer import backend as fib
-
-    try:  # an installed flashinfer, or the kernels folder's newest build (put on sys.path)
-        fib.discover()
-    except Unsupported as e:
-        pytest.skip(f"flashinfer not found: {e}")
-    fi = pytest.importorskip("flashinfer.mla", reason="flashinfer has no mla module")
-    return fi.BatchMLAPagedAttentionWrapper
+def _real_ops(build: str) -> KernelOps:
+    """The kernels folder's build `build` loaded as its pinned instance's worker loads it (its
+    site/ first on sys.path), with its BatchMLAPagedAttentionWrapper."""
+    ops = FlashInfer(lib=build_folder(build)).kernel_ops()
+    assert ops.fa3_mla is not None, f"{build}: {ops.provider} has no BatchMLAPagedAttentionWrapper"
+    assert ops.names["fa3_mla"] == "flashinfer.mla.BatchMLAPagedAttentionWrapper"
+    assert loaded_from(build, ops.provider.location), ops.provider
+    return ops
 
 
 BIG_V32 = {**V32, "num_heads": 128, "topk": 2048, "context_len": 4096}
@@ -373,14 +370,24 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("build", build_params("flashinfer"))
 @pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
 @pytest.mark.parametrize("name,case", GPU_CASES, ids=[n for n, _ in GPU_CASES])
-def test_real_kernel_matches_the_oracle_and_the_fake(name, case, kv_dtype):
-    real = _real_wrapper()
+def test_real_kernel_matches_the_oracle_and_the_fake(request, name, case, kv_dtype, build):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FlashInfer's FA3 MLA path is sm90: needs an sm90 GPU")
+    if ran_alone(request, "flashinfer", build):
+        return
+    expect_supported(
+        build, FlashInfer(lib=build_folder(build), kv_dtype=kv_dtype).supports(case, "sm90")
+    )
+    real = _real_ops(build)
     x = make_inputs(case, "cuda")
-    p, acc, conversion, got = run_case(case, kv_dtype, x=x, device="cuda", wrapper=real)
+    p, acc, conversion, got = run_case(case, kv_dtype, x=x, device="cuda", wrapper=real.fa3_mla)
     print(
         name,
+        build,
+        real.provider.version,
         kv_dtype,
         {k: acc[k] for k in ("cos_diff", "lse_max_abs")},
         conversion and conversion["cos_diff"],

@@ -1,7 +1,9 @@
 """FlashMLA backend on a CPU: support rules, head padding, provider discovery, and the
-prepare/run/finish plumbing around fake ops registered with the real ops' schemas.
+prepare/run/finish plumbing around fake ops registered with the real ops' schemas. On an sm90
+GPU, each FlashMLA build of the kernels folder (vLLM 0.33.0's, 0.26.0's, sgl-flash-mla 1.0.0's
+legacy half: tests/kernel_builds.py) against the oracle on V3.2 and V4 decode and prefill.
 
-NOT run here: the real FlashMLA kernels (torch.ops._flashmla_C.sparse_decode_fwd /
+NOT run on a CPU: the real FlashMLA kernels (torch.ops._flashmla_C.sparse_decode_fwd /
 sparse_prefill_fwd from .kernels/flashmla-vllm-0.26.0 or an installed flash_mla / vllm /
 sgl-kernel); they need an sm90/sm100 GPU. So these tests do not show the kernels' numbers, the
 lse layout this build really returns, that a schedule from the first call is accepted on later
@@ -23,6 +25,8 @@ from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.flashmla import FlashMLA, KernelOps, ops_from_namespace, padded_heads
 from dsv4bench.cases.case import Case
 from reference.layout_table import LAYOUTS
+from tests.factories import load_scenario
+from tests.kernel_builds import build_folder, build_params, expect_supported, loaded_from, ran_alone
 
 DECODE_SCHEMA = (
     "sparse_decode_fwd(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, "
@@ -530,3 +534,38 @@ def test_batch_invariant_passes_the_switch_to_a_build_that_has_it(fake):
         FlashMLA(ops=fake_backend()._found.get, batch_invariant=True).prepare(
             case, decode_inputs(case), "cpu"
         )
+
+
+# ---- GPU: each build's real kernels against the oracle ---------------------------------------
+
+# decode V3.2 (MTP 2) and V4-Flash (window + compressed extra cache, sink), sparse prefill of both
+GPU_POINTS = {
+    "decode-v32-mtp2": "{op: decode, model: v3.2, batch_size: 4, s_q: 2, context_len: 8192}",
+    "decode-v4": "{op: decode, model: v4-flash, batch_size: 4, context_len: 8192}",
+    "prefill-v32": "{op: prefill, model: v3.2, tokens: 512, context_len: 8192}",
+    "prefill-v4": "{op: prefill, model: v4-flash, tokens: 512, context_len: 8192}",
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", build_params("flashmla"))
+@pytest.mark.parametrize("point", list(GPU_POINTS))
+def test_real_flashmla_matches_the_oracle(request, point: str, build: str) -> None:
+    """The worker's own check (the row a run writes, judged by the suite's judge): `ok`."""
+    from dsv4bench.measure import hardware
+    from dsv4bench.run import worker
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm90 GPU")
+    if ran_alone(request, "flashmla", build):
+        return
+    text = f"name: gpu\nbackends: [flashmla]\ncases:\n  - {GPU_POINTS[point]}\n"
+    case = load_scenario(text, ("flashmla",)).cases[0]
+    b = FlashMLA(lib=build_folder(build))
+    b.name = build
+    expect_supported(build, b.supports(case, hardware.arch_of(0)))
+    row, _ = worker.check(case, b, hardware.arch_of(0), worker.Cache())
+    acc = row["accuracy"] or {}
+    print(point, build, row["provider"], acc.get("cos_diff"), acc.get("lse_max_abs"), row["info"])
+    assert row["status"] == "ok", row["message"]
+    assert loaded_from(build, row["provider"]["location"]), row["provider"]
