@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dsv4bench.cases.case import CACHE_OPS, Case, Tolerance, padding_count
 from dsv4bench.cases.output import Output
+from dsv4bench.kernels.known import release_reason
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
 
@@ -275,5 +277,18 @@ class LibraryBackend(Backend):
     def provider(self) -> Provider:
         return self.kernel_ops().provider
 
+    def supports(self, case: Case, arch: str) -> str | None:
+        return super().supports(case, arch) or self.build_reason()
+
+    def build_reason(self) -> str | None:
+        # a kernels-folder build of a release the catalog does not know (read, not loaded)
+        return pinned_release_reason(self._lib)
+
     def process_key(self) -> str:
         return f"{self.base}.lib={self._lib}" if self._lib else ""
+
+
+def pinned_release_reason(lib: str | None) -> str | None:
+    """Why the kernels-folder build at `lib` (its build.json) is no release the catalog knows;
+    None for no `lib`, a known release, or a library file named by hand."""
+    return release_reason(Path(lib)) if lib else None

@@ -49,7 +49,14 @@ import tarfile
 from pathlib import Path
 
 from dsv4bench.backends import library
-from dsv4bench.backends.base import Backend, LazyOps, Prepared, Provider, Unsupported
+from dsv4bench.backends.base import (
+    Backend,
+    LazyOps,
+    Prepared,
+    Provider,
+    Unsupported,
+    pinned_release_reason,
+)
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
@@ -219,7 +226,9 @@ class DeepGEMM(Backend):
         return f"{self.base}.lib={self.lib}" if self.lib else ""  # one deep_gemm a process
 
     def build_reason(self) -> str | None:
-        return static_api(Path(self.lib)) if self.lib else None
+        if not self.lib:
+            return None
+        return static_api(Path(self.lib)) or pinned_release_reason(self.lib)
 
     def provider(self) -> Provider:
         dg = self._found.get()
@@ -231,7 +240,7 @@ class DeepGEMM(Backend):
         if reason:
             return reason
         if self.lib and not self._found.loaded:  # never import a pinned build here
-            return static_api(Path(self.lib))
+            return self.build_reason()
         try:
             dg = self._found.get()
         except Unsupported:

@@ -57,6 +57,11 @@ NO_INVARIANT_SM90 = (
     "(sm100); the sm90 kernels (vLLM's builds, sgl-flash-mla's legacy half) have no such switch"
 )
 NO_INVARIANT_PREFILL = "batch_invariant is a decode-kernel switch (split-KV off); prefill has none"
+# sgl-flash-mla built with FLASH_MLA_BUILD_LEGACY=0 (flash_mla.has_legacy() False)
+NO_LEGACY = (
+    f"sgl-flash-mla without its legacy half (has_legacy() False, no flash_mla/{LEGACY_GLOB}), "
+    "the only half this adapter runs (sm90; the V3.2/V4 caches)"
+)
 
 
 @dataclass
@@ -121,9 +126,11 @@ def _argument_names(packet) -> set[str]:
 def _flash_mla_ops(build: library.Build) -> KernelOps:
     package = importlib.import_module("flash_mla")
     if hasattr(package, "has_legacy"):  # sgl-flash-mla: op libraries loaded by its import
+        # its distribution is sgl-flash-mla, not flash_mla: the version is the package's own
+        version = str(getattr(package, "__version__", build.version))
         if not package.has_legacy():
-            raise Unsupported(f"flash_mla {build.version} was built without its sm90 (legacy) half")
-        prov = Provider("flash_mla (sgl-flash-mla)", build.version, str(package.__file__))
+            raise Unsupported(f"flash_mla {version}: {NO_LEGACY}")
+        prov = Provider("flash_mla (sgl-flash-mla)", version, str(package.__file__))
         return ops_from_namespace("flash_mla_legacy", prov)
     iface = importlib.import_module("flash_mla.flash_mla_interface")
     cuda = importlib.import_module("flash_mla.cuda")  # what the interface itself calls
@@ -161,19 +168,38 @@ def load_file(path: str) -> KernelOps:
 
     # sgl-flash-mla's folder (flash_mla/): its sm90 kernels are the legacy half
     folder = Path(path)
-    legacy = (
-        [*folder.glob(f"flash_mla/{LEGACY_GLOB}"), *folder.glob(LEGACY_GLOB)]
-        if folder.is_dir()
-        else []
-    )
+    reason = legacy_reason(folder)
+    if reason:
+        raise Unsupported(reason)
+    package = sgl_package(folder)
+    legacy = sorted((package or folder).glob(LEGACY_GLOB)) if folder.is_dir() else []
     file_name = legacy[0].name if legacy else LIB_FILE
     where = str(legacy[0].parent) if legacy else path
     so, prov = library.load_op_library(where, "FlashMLA", file_name, "flashmla.lib", ENV_LIB)
-    for namespace in NAMESPACES:
+    # a legacy library registers flash_mla_legacy alone (never another build's _flashmla_C)
+    namespaces = ("flash_mla_legacy",) if legacy else NAMESPACES
+    for namespace in namespaces:
         if hasattr(getattr(torch.ops, namespace), "sparse_decode_fwd"):
             return ops_from_namespace(namespace, prov)
-    looked = ", ".join(NAMESPACES)
+    looked = ", ".join(namespaces)
     raise Unsupported(f"{so} registers no FlashMLA sparse ops (looked in {looked})")
+
+
+def sgl_package(folder: Path) -> Path | None:
+    """The flash_mla/ package of an sgl-flash-mla build folder (or the folder itself)."""
+    if (folder / "flash_mla").is_dir():
+        return folder / "flash_mla"
+    return folder if folder.name == "flash_mla" and folder.is_dir() else None
+
+
+def legacy_reason(folder: Path) -> str | None:
+    """Why an sgl-flash-mla folder cannot run any case here: no legacy half (read, not
+    loaded); None for any other folder."""
+    package = sgl_package(folder)
+    if package is None or any(package.glob(LEGACY_GLOB)):
+        return None
+    name = folder.parent.name if folder.name == "flash_mla" else folder.name
+    return f"{name}: {NO_LEGACY}"
 
 
 LIBRARY = library.LibrarySpec(
@@ -247,6 +273,9 @@ class FlashMLA(LibraryBackend):
     ):
         self._find_with(lib, ops, discover)
         self.batch_invariant = bool(batch_invariant)
+
+    def build_reason(self) -> str | None:
+        return super().build_reason() or (legacy_reason(Path(self.lib)) if self.lib else None)
 
     def v32_scale_reading(self, arch: str) -> str | None:
         return {"sm90": "bf16", "sm100": "e8m0"}.get(arch)  # how each reads the fp32 scale

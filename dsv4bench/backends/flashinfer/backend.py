@@ -90,6 +90,7 @@ from dsv4bench.backends.base import (
     Unsupported,
     check_cache_width,
     fp8_cache_reason,
+    pinned_release_reason,
     resolve_heads,
 )
 from dsv4bench.backends.flashinfer import sm90, sm100, sm120, topk
@@ -269,6 +270,9 @@ class FlashInfer(Backend):
     def process_key(self) -> str:
         return f"{self.base}.lib={self.lib}" if self.lib else ""  # one flashinfer a process
 
+    def build_reason(self) -> str | None:
+        return pinned_release_reason(self.lib)
+
     def provider(self) -> Provider:
         return self.kernel_ops().provider
 
@@ -283,7 +287,7 @@ class FlashInfer(Backend):
     def supports(self, case: Case, arch: str) -> str | None:
         if arch not in self.archs:
             return f"{ARCH_REASON}, not {arch}"
-        reason = super().supports(case, arch)
+        reason = super().supports(case, arch) or self.build_reason()
         if reason or case.op == "topk":
             return reason or topk.supports(case)
         if arch == "sm90":
