@@ -5,8 +5,9 @@
   solutions/<backend>/<definition>.json         a thin wrapper naming the backend and its build
   traces/<op_type>/<definition>.jsonl           one trace per row
 Inputs are made again from each case's seed (dsv4bench/cases/inputs.py); a case whose tensors
-pass `max_dump_mib` keeps its workload without them (inputs "random", only the axes its fields
-fix). Row status -> their EvaluationStatus: STATUS below."""
+pass `max_dump_mib` keeps its workload without them (inputs "random"), its axes computed from
+its fields (dsv4bench/cases/input_shapes.py), so their harness can size it all the same.
+Row status -> their EvaluationStatus: STATUS below."""
 
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def _wrapper(doc: str, names: list[str], body: str, case: Case) -> str:
         f'"""{doc}\nNeeds the dsv4bench package (it ships reference/)."""\n\n'
         f"CASE_FIELDS = {fixed!r}\n\n\n"
         f"def run({args}, **variable):\n"
-        "    # variable: the case's varying fields (batch_size, s_q, tokens, context_len, seed)\n"
+        "    # variable: case fields the inputs do not show (context_len, context_lens, seed);\n"
+        "    # batch_size, s_q and tokens are read from the inputs (adapter.sizes_of)\n"
         "    CASE = {**CASE_FIELDS, **variable}\n"
         f"    inputs = {{{packed}}}\n"
         f"    {body}\n"
@@ -135,12 +137,12 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
     """Their Workload of one case, and whether its tensors were written."""
     from flashinfer_bench.data import Workload
 
-    from dsv4bench.scenarios.sizes import case_bytes
+    from dsv4bench.cases.input_shapes import input_shapes
 
-    size = sum(case_bytes(dataclasses.asdict(case)).values()) / 2**20
-    if size > max_dump_mib:
-        axes = _fixed_axes(case)
-        return Workload(uuid=case_id, axes=axes, inputs=_random_inputs(case)), False
+    shapes = input_shapes(case)
+    if sum(s.nbytes for s in shapes.values()) / 2**20 > max_dump_mib:
+        axes = _variable_axes(case, {k: s.dims for k, s in shapes.items()})
+        return Workload(uuid=case_id, axes=axes, inputs=dict.fromkeys(shapes, _RANDOM)), False
     import safetensors.torch
     import torch
 
@@ -154,29 +156,22 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
         for k, v in inputs.items()
     }
     safetensors.torch.save_file(saved, str(out / blob))
-    axes = {}
-    for key, t in schema.shapes_of(inputs).items():
-        for axis, size_ in zip(schema.axis_names(case, key, len(t.shape)), t.shape, strict=True):
-            if axis not in schema.CONSTANT:
-                axes[axis] = size_
-    axes.update(_fixed_axes(case))
+    axes = _variable_axes(case, {k: tuple(v.shape) for k, v in inputs.items()})
     spec = {k: {"type": "safetensors", "path": str(blob), "tensor_key": k} for k in saved}
     return Workload(uuid=case_id, axes=axes, inputs=spec), True
 
 
-def _fixed_axes(case: Case) -> dict[str, int]:
-    """The variable axes a case's fields fix without its tensors."""
-    if schema.family(case) == "decode":
-        b, s_q = case.decode_shape
-        return {"batch_size": b, "s_q": s_q} | ({"num_tokens": case.tokens} if case.tokens else {})
-    return {"num_tokens": case.query_tokens}
+_RANDOM = {"type": "random"}
 
 
-def _random_inputs(case: Case) -> dict:
-    from dsv4bench.cases.inputs import make_inputs
-
-    names = schema.shapes_of(make_inputs(schema.shrunk(case), "cpu"))
-    return {n: {"type": "random"} for n in names}
+def _variable_axes(case: Case, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """The value of every variable axis of the inputs' dims."""
+    axes = {}
+    for key, dims in shapes.items():
+        for axis, size in zip(schema.axis_names(case, key, len(dims)), dims, strict=True):
+            if axis not in schema.CONSTANT:
+                axes[axis] = size
+    return axes
 
 
 def _write_solution(out: Path, definition, case: Case, row: dict):
