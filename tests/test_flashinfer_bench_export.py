@@ -1,6 +1,7 @@
 """flashinfer-bench export, as their harness reads it: every workload sized by its definition
-(dumped or not), every output axis an input's or a constant, a ragged batch's tensors
-declared, and the exported solution wrappers runnable on the CPU."""
+(dumped or not), every output axis an input's or a constant, a ragged batch's tensors declared,
+every row status mapped, the oracle's latency present or marked absent, and the exported
+solution wrappers runnable on the CPU."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.factories import write_run
 pytest.importorskip("flashinfer_bench.data", reason="flashinfer-bench (make install) is absent")
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILDS = ROOT / "results/sm90/studies/builds/flashinfer"
+BUILDS = ROOT / "results/sm90/studies/builds/flashinfer"  # no torch rows
 BASELINE = ROOT / "results/sm90/baseline-h100"  # every op family of the sm90 sweep
 WORKLOADS = ROOT / "results/sm90/studies/workloads/results.jsonl.gz"
 # a ragged batch of V4-Flash window layers (V4 passes topk_length) and its uniform twin: the
@@ -124,6 +125,58 @@ def test_a_dumped_ragged_batch_carries_only_its_definitions_inputs(tmp_path):
             seen[w.uuid] = name, set(blob)
     assert seen[RAGGED][0] != seen[UNIFORM][0]
     assert "topk_length" in seen[RAGGED][1] and "topk_length" not in seen[UNIFORM][1]
+
+
+def test_timeout_and_oom_rows_are_traces_with_their_message(tmp_path):
+    from flashinfer_bench.data import TraceSet
+
+    crash = next(r for r in _rows(BUILDS) if r["status"] == "crash")
+    rows = [
+        {**crash, "backend": "flashinfer-a", "status": "timeout", "message": "timed out (300 s)"},
+        {**crash, "backend": "flashinfer-b", "status": "oom", "message": "CUDA out of memory"},
+    ]
+    out = tmp_path / "fib"
+    _export(write_run(tmp_path / "run", rows), out, "--max-dump-mib", "0")
+    traces = [t for ts in TraceSet.from_path(str(out)).traces.values() for t in ts]
+    got = {t.solution.split("__")[0]: t.evaluation for t in traces}
+    assert {k: e.status.value for k, e in got.items()} == {
+        "dsv4bench_flashinfer-a": "TIMEOUT",
+        "dsv4bench_flashinfer-b": "RUNTIME_ERROR",
+    }
+    assert "dsv4bench status timeout: timed out (300 s)" in got["dsv4bench_flashinfer-a"].log
+    assert "dsv4bench status oom: CUDA out of memory" in got["dsv4bench_flashinfer-b"].log
+    assert all(e.correctness is None and e.performance is None for e in got.values())
+
+
+def test_oracle_latency_is_the_torch_rows_or_marked_absent(smoke, undumped):
+    """With a `torch` row of the case: its median, and the speedup over it. Without: their
+    numbers stay 0 and the log and extra say the oracle was not timed."""
+    from flashinfer_bench.data import TraceSet
+
+    from dsv4bench.interop.flashinfer_bench.export import NO_ORACLE
+
+    run, out = smoke
+    oracle = {r["case_id"]: r["timing"]["median_ms"] for r in _rows(run) if r["backend"] == "torch"}
+    timed = [
+        t.evaluation
+        for ts in TraceSet.from_path(str(out)).traces.values()
+        for t in ts
+        if "_reference-f64__" in t.solution
+        and t.evaluation.status.value == "PASSED"
+        and oracle.get(t.workload.uuid)
+    ]
+    assert timed
+    for e, ms in ((e, e.correctness.extra["oracle_latency_ms"]) for e in timed):
+        assert ms > 0 and e.performance.reference_latency_ms == ms
+        assert e.performance.speedup_factor == pytest.approx(ms / e.performance.latency_ms)
+        assert NO_ORACLE not in e.log
+    _, traces = undumped[BUILDS.name]
+    passed = [t.evaluation for ts in traces.traces.values() for t in ts]
+    passed = [e for e in passed if e.status.value == "PASSED"]
+    assert passed
+    for e in passed:
+        assert e.performance.reference_latency_ms == 0 and e.performance.speedup_factor == 0
+        assert NO_ORACLE in e.log and e.correctness.extra["oracle_latency_ms"] is None
 
 
 def test_exported_torch_solutions_run_on_the_cpu_as_the_reference(smoke):

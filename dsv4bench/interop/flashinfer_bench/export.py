@@ -32,6 +32,10 @@ STATUS = {
     "unsupported": "COMPILE_ERROR",
 }
 ORACLE = "torch"  # the backend whose rows time the oracle itself
+NO_ORACLE = (
+    f"no oracle timing: the run has no {ORACLE!r} row of this case, so reference_latency_ms and "
+    "speedup_factor are 0 (absent)"
+)
 
 
 @dataclasses.dataclass
@@ -233,14 +237,19 @@ def _evaluation(row: dict, oracle_ms: float | None, stamp: str):
         correctness = Correctness(
             max_absolute_error=acc.get("max_abs", float("nan")),
             max_relative_error=acc.get("max_rel", float("nan")),
-            extra={"accuracy": acc or None, "tolerance": row.get("tolerance")},
+            extra={
+                "accuracy": acc or None,
+                "tolerance": row.get("tolerance"),
+                "oracle_latency_ms": oracle_ms,  # None: the run timed no oracle for the case
+            },
         )
     if status == "PASSED":
-        ms = _median(row) or 0.0
-        ref = oracle_ms or 0.0
+        ms, ref = _median(row) or 0.0, oracle_ms or 0.0
         performance = Performance(
             latency_ms=ms, reference_latency_ms=ref, speedup_factor=ref / ms if ms and ref else 0
         )
+        if not ref:  # their fields are numbers, 0.0 by default: the log says 0 is absent
+            log += f"; {NO_ORACLE}"
     return Evaluation(
         status=status,
         environment=Environment(hardware=str(env.get("gpu") or env.get("arch") or "?"), libs=libs),
