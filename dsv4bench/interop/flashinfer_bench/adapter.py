@@ -3,8 +3,8 @@ their inputs, answered in the definition's outputs (schema.output_specs): lse in
 (rows..., heads) order, int8 caches read back as the uint8 records they are.
 
 Their harness passes the inputs alone: the case's sizes the call needs (batch_size, s_q,
-tokens; the indexer's key count) are read from them (sizes_of) unless the caller passes the
-case's own fields."""
+tokens; the indexer's and top-k's key count) are read from them (sizes_of) unless the caller
+passes the case's own fields."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def case_of(params: dict, given: dict | None = None) -> Case:
 
 def sizes_of(case: Case, given: dict) -> dict:
     """The variable case fields the inputs show (see the module docstring)."""
+    if case.op == "topk":  # a column per key
+        return {"context_len": given["logits"].shape[1] * _ratio(case)}
     q = given.get("q")
     if q is None:
         return {}
