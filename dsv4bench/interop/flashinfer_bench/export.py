@@ -32,6 +32,7 @@ STATUS = {
     "unsupported": "COMPILE_ERROR",
 }
 ORACLE = "torch"  # the backend whose rows time the oracle itself
+RANDOM = {"type": "random"}  # a workload input their harness draws (a case not dumped)
 NO_ORACLE = (
     f"no oracle timing: the run has no {ORACLE!r} row of this case, so reference_latency_ms and "
     "speedup_factor are 0 (absent)"
@@ -146,7 +147,7 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
     shapes = input_shapes(case)
     if sum(s.nbytes for s in shapes.values()) / 2**20 > max_dump_mib:
         axes = _variable_axes(case, {k: s.dims for k, s in shapes.items()})
-        return Workload(uuid=case_id, axes=axes, inputs=dict.fromkeys(shapes, _RANDOM)), False
+        return Workload(uuid=case_id, axes=axes, inputs=dict.fromkeys(shapes, RANDOM)), False
     import safetensors.torch
     import torch
 
@@ -163,9 +164,6 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
     axes = _variable_axes(case, {k: tuple(v.shape) for k, v in inputs.items()})
     spec = {k: {"type": "safetensors", "path": str(blob), "tensor_key": k} for k in saved}
     return Workload(uuid=case_id, axes=axes, inputs=spec), True
-
-
-_RANDOM = {"type": "random"}
 
 
 def _variable_axes(case: Case, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
