@@ -5,8 +5,9 @@
   solutions/<backend>/<definition>.json         a thin wrapper naming the backend and its build
   traces/<op_type>/<definition>.jsonl           one trace per row
 Inputs are made again from each case's seed (dsv4bench/cases/inputs.py); a case whose tensors
-pass `max_dump_mib` keeps its workload without them (inputs "random", only the axes its fields
-fix). Row status -> their EvaluationStatus: STATUS below."""
+pass `max_dump_mib` keeps its workload without them (inputs "random"), its axes computed from
+its fields (dsv4bench/cases/input_shapes.py), so their harness can size it all the same.
+Row status -> their EvaluationStatus: STATUS below."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ STATUS = {
     "unsupported": "COMPILE_ERROR",
 }
 ORACLE = "torch"  # the backend whose rows time the oracle itself
+RANDOM = {"type": "random"}  # a workload input their harness draws (a case not dumped)
+NO_ORACLE = (
+    f"no oracle timing: the run has no {ORACLE!r} row of this case, so reference_latency_ms and "
+    "speedup_factor are 0 (absent)"
+)
 
 
 @dataclasses.dataclass
@@ -124,7 +130,8 @@ def _wrapper(doc: str, names: list[str], body: str, case: Case) -> str:
         f'"""{doc}\nNeeds the dsv4bench package (it ships reference/)."""\n\n'
         f"CASE_FIELDS = {fixed!r}\n\n\n"
         f"def run({args}, **variable):\n"
-        "    # variable: the case's varying fields (batch_size, s_q, tokens, context_len, seed)\n"
+        "    # variable: case fields the inputs do not show (context_len, context_lens, seed);\n"
+        "    # batch_size, s_q and tokens are read from the inputs (adapter.sizes_of)\n"
         "    CASE = {**CASE_FIELDS, **variable}\n"
         f"    inputs = {{{packed}}}\n"
         f"    {body}\n"
@@ -135,12 +142,12 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
     """Their Workload of one case, and whether its tensors were written."""
     from flashinfer_bench.data import Workload
 
-    from dsv4bench.scenarios.sizes import case_bytes
+    from dsv4bench.cases.input_shapes import input_shapes
 
-    size = sum(case_bytes(dataclasses.asdict(case)).values()) / 2**20
-    if size > max_dump_mib:
-        axes = _fixed_axes(case)
-        return Workload(uuid=case_id, axes=axes, inputs=_random_inputs(case)), False
+    shapes = input_shapes(case)
+    if sum(s.nbytes for s in shapes.values()) / 2**20 > max_dump_mib:
+        axes = _variable_axes(case, {k: s.dims for k, s in shapes.items()})
+        return Workload(uuid=case_id, axes=axes, inputs=dict.fromkeys(shapes, RANDOM)), False
     import safetensors.torch
     import torch
 
@@ -154,29 +161,19 @@ def _workload(out: Path, name: str, case_id: str, case: Case, max_dump_mib: floa
         for k, v in inputs.items()
     }
     safetensors.torch.save_file(saved, str(out / blob))
-    axes = {}
-    for key, t in schema.shapes_of(inputs).items():
-        for axis, size_ in zip(schema.axis_names(case, key, len(t.shape)), t.shape, strict=True):
-            if axis not in schema.CONSTANT:
-                axes[axis] = size_
-    axes.update(_fixed_axes(case))
+    axes = _variable_axes(case, {k: tuple(v.shape) for k, v in inputs.items()})
     spec = {k: {"type": "safetensors", "path": str(blob), "tensor_key": k} for k in saved}
     return Workload(uuid=case_id, axes=axes, inputs=spec), True
 
 
-def _fixed_axes(case: Case) -> dict[str, int]:
-    """The variable axes a case's fields fix without its tensors."""
-    if schema.family(case) == "decode":
-        b, s_q = case.decode_shape
-        return {"batch_size": b, "s_q": s_q} | ({"num_tokens": case.tokens} if case.tokens else {})
-    return {"num_tokens": case.query_tokens}
-
-
-def _random_inputs(case: Case) -> dict:
-    from dsv4bench.cases.inputs import make_inputs
-
-    names = schema.shapes_of(make_inputs(schema.shrunk(case), "cpu"))
-    return {n: {"type": "random"} for n in names}
+def _variable_axes(case: Case, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """The value of every variable axis of the inputs' dims."""
+    axes = {}
+    for key, dims in shapes.items():
+        for axis, size in zip(schema.axis_names(case, key, len(dims)), dims, strict=True):
+            if axis not in schema.CONSTANT:
+                axes[axis] = size
+    return axes
 
 
 def _write_solution(out: Path, definition, case: Case, row: dict):
@@ -238,14 +235,19 @@ def _evaluation(row: dict, oracle_ms: float | None, stamp: str):
         correctness = Correctness(
             max_absolute_error=acc.get("max_abs", float("nan")),
             max_relative_error=acc.get("max_rel", float("nan")),
-            extra={"accuracy": acc or None, "tolerance": row.get("tolerance")},
+            extra={
+                "accuracy": acc or None,
+                "tolerance": row.get("tolerance"),
+                "oracle_latency_ms": oracle_ms,  # None: the run timed no oracle for the case
+            },
         )
     if status == "PASSED":
-        ms = _median(row) or 0.0
-        ref = oracle_ms or 0.0
+        ms, ref = _median(row) or 0.0, oracle_ms or 0.0
         performance = Performance(
             latency_ms=ms, reference_latency_ms=ref, speedup_factor=ref / ms if ms and ref else 0
         )
+        if not ref:  # their fields are numbers, 0.0 by default: the log says 0 is absent
+            log += f"; {NO_ORACLE}"
     return Evaluation(
         status=status,
         environment=Environment(hardware=str(env.get("gpu") or env.get("arch") or "?"), libs=libs),

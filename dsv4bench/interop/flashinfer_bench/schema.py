@@ -1,6 +1,7 @@
 """A Case as a flashinfer-bench Definition: one definition per combination of the constant
-fields (model, layout, heads, dims, top-k widths, page size, window, compression, sink, route),
-the rest (batch, query tokens, context, cache pages) variable axes of its workloads.
+fields (model, layout, heads, dims, top-k widths, page size, window, compression, sink, route)
+and of the call's form (a ragged batch, an indexer chunk), the rest (batch, query tokens,
+context, cache pages) variable axes of its workloads.
 
 Their data model (flashinfer_bench/data/definition.py, 0.1.2): axes {name: const value | var},
 inputs and outputs {name: shape of axis names, dtype}, a Python `reference` defining `run`.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4bench.cases.case import Case
+from dsv4bench.cases.case import SPLIT_PAGE, Case
 
 OP_TYPE = "dsv4bench_sparse_mla"  # their op_type: the folder definitions, workloads, traces sit in
 # Case fields that vary inside one definition (its workloads' axes); every other field is fixed.
@@ -72,7 +73,14 @@ _REMAP = {
     "local_indices": ("batch_size", "s_q", "topk"),
     "block_table": ("batch_size", "max_num_pages"),
 }
-_TOPK = {"logits": ("num_rows", "num_keys"), "block_table": ("batch_size", "max_num_pages")}
+_TOPK = {
+    "logits": ("num_rows", "num_keys"),
+    "lengths": ("num_rows",),
+    "row_starts": ("num_rows",),
+    "block_table": ("batch_size", "max_num_pages"),
+    "row_to_batch": ("num_rows",),
+    "offsets": ("num_rows",),
+}
 AXIS_NAMES = {
     "decode": _DECODE,
     "prefill": _PREFILL,
@@ -98,6 +106,8 @@ CONSTANT = {
     "index_head_dim": "indexer head dim",
     "page_stride_bytes": "bytes from one cache page to the next (padded for V4 pages); the int8 "
     "records here are contiguous, a kernel that reads the engine's padding needs them re-strided",
+    "split_page_size": "tokens per page of the re-paged cache (FlashInfer's sm120 kernels)",
+    "splits_per_page": "64-token pages each cache page splits into (page_size / 64)",
 }
 
 
@@ -143,6 +153,12 @@ def shapes_of(inputs: dict) -> dict[str, TensorShape]:
 def definition_key(case: Case) -> str:
     """The constant fields, as text: cases with the same key share one definition."""
     fixed = {k: v for k, v in case.params().items() if k not in VARYING}
+    # calls with other inputs: a ragged batch (V4 decode: counts; prefill: offsets) and the
+    # indexer's and top-k's chunk form (cases/indexer_case.py)
+    if case.context_lens:
+        fixed["ragged_batch"] = True
+    if case.op in ("indexer", "topk") and case.tokens:
+        fixed["chunk"] = True
     return json.dumps(fixed, sort_keys=True)
 
 
@@ -154,6 +170,8 @@ def definition_name(case: Case) -> str:
     parts += [f"qk{c.d_qk}", f"v{c.d_v}", f"topk{c.topk}"]
     parts += [f"extra{c.extra_topk}"] if c.extra_topk else []
     parts += [f"ps{c.page_size}"]
+    parts += ["ragged"] if c.context_lens else []
+    parts += ["chunk"] if c.op in ("indexer", "topk") and c.tokens else []
     parts += [f"w{c.window}"] if c.window else []
     parts += [f"c{c.compress_ratio}"] if c.compress_ratio else []
     parts += ["sink"] if c.sink else []
@@ -164,17 +182,14 @@ def definition_name(case: Case) -> str:
 
 
 def output_specs(case: Case) -> dict[str, tuple[tuple[str, ...], str, str]]:
-    """{name: (axes, dtype, description)} of what the call returns, in their form."""
+    """{name: (axes, dtype, description)} of what the call returns, in their form. Every axis
+    is an input's or a constant (output_constants): their runner sizes the outputs from the
+    inputs (Definition.get_axes_values_from_inputs)."""
     fam = family(case)
     lse = "log-sum-exp of the scaled logits in base 2 (theirs; the oracle's natural log / ln 2), "
     lse += "before the sink; +inf for a query without a valid index (FlashMLA's convention)"
-    if fam == "decode" and case.op == "prefill":
-        rows = ("num_tokens",)
-    elif fam == "decode":
-        rows = ("batch_size", "s_q")
-    else:
-        rows = ("num_tokens",)
     if fam in ("decode", "prefill"):
+        rows = ("batch_size", "s_q") if fam == "decode" else ("num_tokens",)  # q's own rows
         out = {
             "output": ((*rows, "num_qo_heads", "head_dim_v"), "bfloat16", "attention output"),
             "lse": ((*rows, "num_qo_heads"), "float32", lse),
@@ -187,23 +202,44 @@ def output_specs(case: Case) -> dict[str, tuple[tuple[str, ...], str, str]]:
             )
         return out
     if fam == "indexer":
-        return {
-            "logits": (("num_rows", "num_keys"), "float32", "the indexer's fp32 logits"),
-            "topk_indices": (("num_rows", "topk"), "int32", "top-k key indices, -1 padded"),
-        }
+        return {"logits": _indexer_logits(case), "topk_indices": _picks("top-k key indices")}
     if fam == "topk":
-        return {"topk_indices": (("num_rows", "topk"), "int32", f"picks in form {case.form}")}
+        return {"topk_indices": _picks(f"picks in form {case.form}")}
     if fam == "remap":
         return {"global_indices": (("batch_size", "s_q", "topk"), "int32", "cache slots")}
     if case.op == "dequant":
-        return {"output": (("num_slots", "head_dim_qk"), "bfloat16", "dequantized cache")}
-    return {
-        "output": (
-            ("num_split_pages", "split_page_size", "num_kv_heads", "record_bytes"),
-            "int8",
-            "the cache re-paged into 64-token pages, every token's bytes kept",
-        )
-    }
+        return {
+            "output": (
+                ("num_pages", "page_size", "head_dim_qk"),
+                "bfloat16",
+                "dequantized cache, the slots of each page in order",
+            )
+        }
+    split = ("num_pages", "splits_per_page", "split_page_size", "num_kv_heads", "record_bytes")
+    what = "the cache re-paged into 64-token pages, every token's bytes kept (page p's i-th "
+    what += "64-token page is the re-paged cache's page p * splits_per_page + i)"
+    return {"output": (split, "int8", what)}
+
+
+def _picks(what: str) -> tuple[tuple[str, ...], str, str]:
+    return ("num_rows", "topk"), "int32", f"{what}, -1 padded"
+
+
+def _indexer_logits(case: Case) -> tuple[tuple[str, ...], str, str]:
+    if case.tokens:  # the ragged form: a column per contiguous key
+        return ("num_rows", "num_keys"), "float32", "the indexer's fp32 logits"
+    what = "the indexer's fp32 logits, key position p of a row's request at "
+    what += "[row, p // page_size, p % page_size] (DeepGEMM's max_model_len columns, padded with "
+    what += "-inf to the block table's max_num_pages * page_size)"
+    return ("num_rows", "max_num_pages", "page_size"), "float32", what
+
+
+def output_constants(case: Case) -> dict[str, int]:
+    """Constant axes only the outputs have: their values from the case's fields."""
+    out = {"head_dim_v": case.d_v, "head_dim_qk": case.d_qk, "topk": case.topk}
+    if case.op == "page_split":
+        out |= {"split_page_size": SPLIT_PAGE, "splits_per_page": case.page_size // SPLIT_PAGE}
+    return out
 
 
 def definition(case: Case, shapes: dict[str, TensorShape], reference: str) -> dict:
@@ -219,14 +255,13 @@ def definition(case: Case, shapes: dict[str, TensorShape], reference: str) -> di
         if t.page_stride_bytes:
             _add_axis(axes, "page_stride_bytes", t.page_stride_bytes, name)
     outputs = {}
+    constants = output_constants(case)
     for name, (names, dtype, what) in output_specs(case).items():
         for axis in names:
-            if axis == "head_dim_v":
-                _add_axis(axes, axis, case.d_v, name)
-            elif axis == "split_page_size":
-                axes.setdefault(axis, {"type": "const", "value": 64})
-            else:
-                axes.setdefault(axis, {"type": "var"})
+            if axis in constants:
+                _add_axis(axes, axis, constants[axis], name)
+            elif axis not in axes:
+                raise ValueError(f"output {name}: axis {axis} is no input's and no constant")
         outputs[name] = {"shape": list(names), "dtype": dtype, "description": what}
     fixed = json.loads(definition_key(case))
     return {
@@ -277,13 +312,15 @@ def _what(name: str) -> str:
 
 def shrunk(case: Case) -> Case:
     """The same constant fields at the smallest variable sizes: its inputs show the definition's
-    ranks and constant dims without allocating a big case's cache."""
-    small = dataclasses.replace(
+    inputs, ranks and constant dims without allocating a big case's cache. A ragged batch stays
+    ragged (its shortest and longest requests): its call has inputs a uniform one lacks."""
+    lens = case.context_lens
+    if len(lens) > 1:
+        lens = (min(lens), max(lens))
+    return dataclasses.replace(
         case,
-        batch_size=1,
+        batch_size=len(lens) or 1,
         s_q=min(case.s_q, 2),
         tokens=min(case.tokens, 16),
-        context_lens=(),
-        ragged="",
+        context_lens=lens,
     )
-    return small
