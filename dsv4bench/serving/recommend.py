@@ -62,7 +62,10 @@ class NothingToRank(ValueError):
 
 
 def _gpus(rows: list[dict]) -> list[str]:
-    return sorted({str((r.get("env") or {}).get("gpu") or "unknown GPU") for r in rows})
+    """The GPUs the rows were measured on. A point none of whose parts ran (status `missing`)
+    is written with no env: it was measured nowhere and names no GPU."""
+    measured = [r["env"] for r in rows if r.get("env")]
+    return sorted({str(e.get("gpu") or "unknown GPU") for e in measured}) or ["unknown GPU"]
 
 
 def _arch(rows: list[dict]) -> str:

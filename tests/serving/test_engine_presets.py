@@ -221,6 +221,17 @@ def test_runs_of_two_gpus_are_refused_whatever_their_order():
         )
 
 
+def test_a_point_none_of_whose_parts_ran_names_no_gpu():
+    """aggregate writes a point whose parts never ran with no env: it is no second GPU."""
+    never_ran = srow("triton", "tpot", 0.0, x=1, status="missing")
+    never_ran.pop("env")
+    text = recommend.lines([*rows(), never_ran], "v3.2", 1)
+    assert text[0] == "v3.2, TP 1, on NVIDIA H100 80GB HBM3 (sm90): " + (
+        "sparse-attention part of TTFT/TPOT, measured"
+    )
+    assert "  not ranked: triton (fp8 KV): no ok point (missing at 1 of 2 points)" in text
+
+
 def test_recommend_command_and_its_bad_input(tmp_path, capsys):
     d = _run_dir(tmp_path)
     assert cli.main(["recommend", str(d), "--model", "v3.2", "--tp", "1"]) == 0
