@@ -73,6 +73,8 @@ def cmd_recommend(args) -> int:
     try:
         text = recommend.lines(rows, args.model, args.tp)
     except recommend.NothingToRank as e:
+        if e.detail:
+            print("\n".join(e.detail))
         raise UsageError(str(e)) from None
     print("\n".join(text))
     return 0

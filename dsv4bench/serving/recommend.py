@@ -58,7 +58,13 @@ def best_pair(advice: dict[str, PhaseAdvice]) -> tuple[str, float, float] | None
 
 
 class NothingToRank(ValueError):
-    """No serving rows for the model and TP, or rows of several GPUs or runs: one line, exit 2."""
+    """No serving rows for the model and TP, rows of several GPUs or runs, or no candidate
+    correct at every point of any phase: one line, exit 2. `detail`: the lines that say why
+    per candidate (its failed points), printed before the line; empty when there are none."""
+
+    def __init__(self, message: str, detail: list[str] | None = None):
+        super().__init__(message)
+        self.detail = detail or []
 
 
 def _gpus(rows: list[dict]) -> list[str]:
@@ -100,6 +106,13 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
     out = [f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"]
     for metric, a in advice.items():
         out += _phase_lines(metric, a, model, arch)
+    if all(a.best is None for a in advice.values()):
+        phases = " or ".join(METRICS[m] for m in advice)
+        raise NothingToRank(
+            f"nothing to rank for {model} at TP {tp}: no correct candidate in {phases} (each "
+            "was incorrect at a point or ran none ok; listed above)",
+            detail=out,
+        )
     pair = best_pair(advice)
     if pair:
         kv, ttft, tpot = pair

@@ -261,6 +261,31 @@ def test_recommend_command_and_its_bad_input(tmp_path, capsys):
         assert err.count("\n") == 1 and "from 2 runs" in err and "one run directory" in err
 
 
+def test_nothing_to_rank_when_every_candidate_of_every_phase_failed(tmp_path, capsys):
+    failed = [
+        srow(b, m, 0.0, x=x, status=s)
+        for b, s in (("flashmla", "crash"), ("fa3", "incorrect"))
+        for m in ("ttft", "tpot")
+        for x in (1, 32)
+    ]
+    d = write_run(tmp_path / "failed", failed)
+    assert cli.main(["recommend", str(d), "--model", "v3.2"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "dsv4bench: nothing to rank for v3.2 at TP 1: no correct candidate in TTFT or TPOT "
+        "(each was incorrect at a point or ran none ok; listed above)\n"
+    )
+    assert "  failed, flashmla (fp8 KV): crash at 2 of 2 points:" in out.splitlines()
+    assert "TPOT: no correct backend" in out
+    # one phase with a correct candidate is something to rank
+    tpot_ok = [r for r in failed if r["metric"] == "ttft"] + rows()[6:12]
+    assert (
+        cli.main(["recommend", str(write_run(tmp_path / "half", tpot_ok)), "--model", "v3.2"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "TTFT: no correct backend" in out and "TPOT: fastest correct fa3 (bf16 KV)" in out
+
+
 def test_the_report_pairs_preset_rows_within_one_run(tmp_path):
     from dsv4bench.report import build_report
 
