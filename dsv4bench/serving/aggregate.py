@@ -1,7 +1,7 @@
 """Serving rows (TTFT/TPOT points) from measured case rows: one per curve point and backend,
 plus, where several backends have attention rows, one per point for ENVELOPE: every attention
-part on the fastest backend that ran it ok (per layer kind and chunk shape), what an engine could
-reach by picking the best kernel per call.
+part on the fastest backend that ran it ok (per layer kind and chunk shape; never the oracle),
+what an engine could reach by picking the best kernel per call.
 
 A point sums its parts' times by one timer for the whole run (rows.timers, the winners' rule):
 the first of the profiler makespan, the graph replay and the events median that every ok case
@@ -10,7 +10,7 @@ row of the plan measured; each serving row names it (`timer`)."""
 from __future__ import annotations
 
 from dsv4bench.cases import topk_case
-from dsv4bench.rows import ServingRow, timers
+from dsv4bench.rows import ORACLE_BACKENDS, ServingRow, timers
 from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
 
@@ -51,12 +51,14 @@ def aggregate(plan: ServingPlan, rows: list[dict], *, envelope: bool = True) -> 
     if not backends:
         backends = sorted({b for (cid, b) in by_key if cid in attention})
 
-    # the envelope's attention parts come from the attention backends only
+    # the envelope's attention parts come from the attention backends only, never the oracle
+    # (a baseline: its rows are timed, but an engine cannot pick it)
+    candidates = [b for b in backends if b not in ORACLE_BACKENDS]
     fastest_of = {
-        cid: [r for r in rs if cid not in attention or r["backend"] in backends]
+        cid: [r for r in rs if cid not in attention or r["backend"] in candidates]
         for cid, rs in by_case.items()
     }
-    if envelope and len(backends) > 1:
+    if envelope and len(candidates) > 1:
         backends = [*backends, ENVELOPE]
     out = []
     for curve in plan.curves:

@@ -386,6 +386,26 @@ def test_envelope_takes_each_attention_part_from_its_fastest_backend():
     assert [r["backend"] for r in sv.aggregate(one, _rows_for(one, lambda c: 1.0))] == ["kern"]
 
 
+def test_the_envelope_never_takes_the_oracle_a_spec_lists():
+    """`backends: [a, b, torch]`: torch's serving rows are a baseline; the envelope's attention
+    parts come from a and b even where torch is the fastest."""
+    kw = dict(prompt_lens=[8 * K], chunk_sizes=[4096], routes=["sparse-prefill"])
+    p = sv.plan(_spec(backends=["a", "b", "torch"], **kw))
+    time = {"a": 2.0, "b": 3.0, "torch": 0.5}
+    rows = [
+        case_row(c.case_id, b, t)
+        for c in p.cases
+        for b, t in (time.items() if c.op == "prefill" else [("a", 1.0)])
+    ]
+    out = {r["backend"]: r for r in sv.aggregate(p, rows)}
+    assert set(out) == {"a", "b", "torch", sv.ENVELOPE}
+    used = {x["backend"] for x in out[sv.ENVELOPE]["parts"] if x["role"] == "attention"}
+    assert used == {"a"} and out[sv.ENVELOPE]["value_ms"] == out["a"]["value_ms"]
+    # one candidate beside the oracle: nothing to pick between, no envelope row
+    one = sv.plan(_spec(backends=["a", "torch"], **kw))
+    assert [r["backend"] for r in sv.aggregate(one, rows)] == ["a", "torch"]
+
+
 def test_safe_needs_limit_and_limit_from_rows():
     with pytest.raises(ValueError, match="safe"):
         sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["safe"]))
