@@ -138,6 +138,30 @@ def test_tpot_per_backend_with_c128_index_step(tmp_path):
     )
 
 
+def test_the_oracle_is_a_baseline_never_a_column_or_the_fastest(tmp_path):
+    spec = sv.spec_from_dict(
+        {
+            "model": "v4-flash",
+            "batch_sizes": [1, 8],
+            "contexts": [8192],
+            "backends": ["flashmla", "triton", "torch"],
+        }
+    )
+    p = sv.plan(spec)
+    speed = {"flashmla": 1.0, "triton": 2.0, "torch": 0.1}  # the oracle the fastest
+    rows = sv.aggregate(p, [case_row(c.case_id, b, t) for c in p.cases for b, t in speed.items()])
+    assert "torch" in {r["backend"] for r in rows}
+    md = _report(tmp_path, rows).doc.to_markdown()
+    assert "| context | batch | flashmla ms | triton ms | envelope ms | fastest |" in md
+    table = [x for x in md.splitlines() if x.startswith("| 8K |")]
+    assert len(table) == 2 and all(x.rstrip(" |").endswith("| flashmla") for x in table)
+    assert "The oracle (`torch`) is a baseline, not a candidate" in md
+    # the oracle beside one candidate: nothing to compare
+    one = [r for r in rows if r["backend"] in ("flashmla", "torch")]
+    rep = _report(tmp_path / "one", one)
+    assert rep.left_out == ["Serving per backend: no serving points from two or more backends."]
+
+
 def test_one_backend_is_left_out(tmp_path):
     spec = sv.spec_from_dict(
         {"model": "v4-flash", "batch_sizes": [1], "contexts": [8192], "backends": ["flashmla"]}

@@ -19,6 +19,7 @@ from dsv4bench.report.sections.serving import (
     route_key_order,
     route_key_title,
 )
+from dsv4bench.rows import ORACLE_BACKENDS
 from dsv4bench.serving.aggregate import ENVELOPE
 
 ENVELOPE_STYLE = {"color": "black", "linestyle": "--", "marker": "*"}
@@ -31,7 +32,10 @@ ORACLE_NOTE = (
 
 
 def serving_backends(rep) -> None:
-    rows = [r for r in rep.rows if r["kind"] == "serving"]
+    serving = [r for r in rep.rows if r["kind"] == "serving"]
+    # the oracle's points are a baseline (the Serving curves draw them), never a candidate here
+    rows = [r for r in serving if not _is_oracle(r.get("backend"))]
+    oracle = sorted({r["backend"] for r in serving if _is_oracle(r.get("backend"))})
     drawn = False
     for title, slug, mrows in _serving_figures(rows):
         if len(_backends(rep, mrows)) < 2:
@@ -45,6 +49,12 @@ def serving_backends(rep) -> None:
                 "kind and chunk shape on the fastest backend that ran it ok, what an engine "
                 "could reach by picking a kernel per call. Points a backend failed are x marks "
                 "and show their status in the tables."
+                + (
+                    f" The oracle ({', '.join(f'`{b}`' for b in oracle)}) is a baseline, not a "
+                    "candidate: its points are in the Serving curves above, not here."
+                    if oracle
+                    else ""
+                )
             )
             drawn = True
         tpot = [r for r in mrows if r.get("metric") == "tpot"]
@@ -76,6 +86,8 @@ def _style(backends: list[str]) -> dict[str, dict]:
 
 
 def _is_oracle(backend: str | None) -> bool:
+    if backend in ORACLE_BACKENDS:
+        return True
     try:
         return bool(backend) and registry.get(backend).is_oracle
     except KeyError:  # a plugin's backend not loaded here
