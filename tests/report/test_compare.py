@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 
 from dsv4bench.report import compare
@@ -169,6 +170,23 @@ def test_an_empty_new_run_is_a_regression(tmp_path, capsys):
     assert "REGRESSION: 0 matched, 5 regressed" in out and "5 missing" in out
     args = ["compare", str(base), str(empty), "--out", str(tmp_path / "p"), "--partial"]
     assert cli.main(args) == 0
+
+
+def test_an_empty_base_run_is_one_line_exit_2(tmp_path, capsys):
+    from dsv4bench import cli
+
+    new = write_run(tmp_path / "new", base_rows())
+    for name, empty in (("results.jsonl", b""), ("results.jsonl.gz", gzip.compress(b""))):
+        base = tmp_path / name
+        base.mkdir()
+        (base / name).write_bytes(empty)
+        assert cli.main(["compare", str(base), str(new), "--out", str(tmp_path / "o")]) == 2
+        out, err = capsys.readouterr()
+        assert not out and err == (
+            f"dsv4bench: {base}: holds no result rows; expected a BASE run with rows to compare "
+            "against\n"
+        )
+    assert not (tmp_path / "o").exists()
 
 
 def test_faster_is_not_a_regression(tmp_path):
