@@ -135,7 +135,7 @@ def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str) -> list[str
         f"  flags: {pz.flags_for(cand, metric, model)}",
     ]
     for c, value in a.ranking.order[1:]:
-        out.append(f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f})")
+        out.append(f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f} the fastest's time)")
     for c, why in sorted(a.ranking.left_out.items(), key=lambda t: t[0].label()):
         out.append(f"  not ranked: {c.label()}: {why}")
     for p in pz.presets_for(model):

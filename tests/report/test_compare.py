@@ -102,6 +102,8 @@ def test_slower_with_tight_samples_is_a_regression_listed_first(tmp_path, capsys
     first = [line for line in out.splitlines() if line.startswith("  ")][0]
     assert "decode-b" in first and "x1.200" in first
     table = md.split("## Time ratios, worst first", 1)[1]
+    assert "| case_id | backend | base ms | new ms | new / base |" in table
+    assert "| `decode-b` | flashmla | 0.2 | 0.24 | 1.200 |" in table
     rows_md = [line for line in table.splitlines() if line.startswith("| `")]
     assert "decode-b" in rows_md[0]
     assert "| time | `decode-b` | flashmla |" in md
@@ -256,6 +258,7 @@ def test_serving_points_are_listed_not_judged(tmp_path):
     code, _, md = run(tmp_path, [*base_rows(), point(10.0)], [*base_rows(), point(None)])
     assert code == 0
     assert "## Serving points (informational)" in md
+    assert "| point | backend | base ms | new ms | new / base | base status | new status |" in md
     assert "`ttft-v4-flash-L4096-C4096-decode-kernel`" in md
 
 

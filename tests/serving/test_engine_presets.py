@@ -108,6 +108,8 @@ def test_recommend_names_the_fastest_its_flags_and_each_default():
         "(sm100), not sm90" in text
     )
     assert "not ranked: flashinfer (bf16 KV): incorrect at 1 points" in text
+    # flashmla's bf16 sum over fa3's, named as such
+    assert "  then flashmla sparse-prefill (bf16 KV): 81.000 ms (x1.06 the fastest's time)" in text
     assert text.endswith("one KV dtype for both phases: bf16 — TTFT fa3 sparse-prefill (bf16 KV), "
                          "TPOT fa3 (bf16 KV)")  # fmt: skip
 
