@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dsv4bench.rows import timers
 from dsv4bench.serving import presets as pz
 
 METRICS = {"ttft": "TTFT", "tpot": "TPOT"}
@@ -103,7 +104,11 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
         shown = ", ".join(f"{m} TP {t}" for m, t in have) or "none"
         raise NothingToRank(f"no serving rows for {model} at TP {tp} (serving rows: {shown})")
     gpu, arch = gpus[0], _arch(mine)
-    out = [f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"]
+    timed = sorted({timers.point_timer(r) for r in mine if r.get("value_ms") is not None})
+    out = [
+        f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"
+        + (f" (kernel times by {' and '.join(timed)})" if timed else "")
+    ]
     for metric, a in advice.items():
         out += _phase_lines(metric, a, model, arch)
     if all(a.best is None for a in advice.values()):

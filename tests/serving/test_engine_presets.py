@@ -93,6 +93,8 @@ def test_ranking_leaves_out_a_backend_with_an_incorrect_point():
 def test_recommend_names_the_fastest_its_flags_and_each_default():
     text = "\n".join(recommend.lines(rows(), "v3.2", 1))
     assert "TTFT: fastest correct fa3 sparse-prefill (bf16 KV), 76.500 ms" in text
+    made = [{**r, "timer": "profiler makespan"} for r in rows()]
+    assert "measured (kernel times by profiler makespan)" in recommend.lines(made, "v3.2", 1)[0]
     assert "--attention-backend FLASH_ATTN_MLA_SPARSE" in text
     # sglang H200: flashmla_sparse prefill on a bf16 cache; vLLM's fp8 preset pays the dequant
     assert (
@@ -229,7 +231,7 @@ def test_a_point_none_of_whose_parts_ran_names_no_gpu():
     never_ran.pop("env")
     text = recommend.lines([*rows(), never_ran], "v3.2", 1)
     assert text[0] == "v3.2, TP 1, on NVIDIA H100 80GB HBM3 (sm90): " + (
-        "sparse-attention part of TTFT/TPOT, measured"
+        "sparse-attention part of TTFT/TPOT, measured (kernel times by events)"
     )
     assert "  not ranked: triton (fp8 KV): no ok point (missing at 1 of 2 points)" in text
 

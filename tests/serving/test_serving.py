@@ -504,18 +504,26 @@ def test_aggregate_hand_sum():
 
 
 def test_a_point_sums_the_timer_every_row_of_the_run_measured():
-    """Makespans when every ok row of the run has one; one row without (the oracle skips the
-    profiler) puts the whole run on the events median, never a mix within a run."""
-    p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096]))
+    """Makespans when every ok kernel row of the run has one, the events sum beside; one kernel
+    row without puts the whole run on the events median. The oracle skips the profiler: its
+    rows do not count, and its own points (no makespan) sum events and say so."""
+    p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096], backends=["kern", "torch"]))
     (case,) = p.cases
     fast = case_row(case.case_id, "kern", 0.5)
     fast["timing"]["profiler_ms"] = 0.4
-    out = sv.aggregate(p, [fast])
-    assert out[0]["value_ms"] == pytest.approx(61 * 0.4)
-    assert out[0]["timer"] == "profiler makespan" and out[0]["parts"][0]["ms"] == 0.4
-    out = sv.aggregate(p, [fast, case_row(case.case_id, "torch", 9.0)])
-    (kern,) = [r for r in out if r["backend"] == "kern"]
-    assert kern["value_ms"] == pytest.approx(61 * 0.5) and kern["timer"] == "events"
+    oracle = case_row(case.case_id, "torch", 9.0)
+    out = {r["backend"]: r for r in sv.aggregate(p, [fast, oracle])}
+    kern, torch = out["kern"], out["torch"]
+    assert kern["value_ms"] == pytest.approx(61 * 0.4) and kern["timer"] == "profiler makespan"
+    assert kern["events_ms"] == pytest.approx(61 * 0.5)
+    assert kern["parts"][0]["ms"] == 0.4 and kern["parts"][0]["events_ms"] == 0.5
+    assert torch["value_ms"] == torch["events_ms"] == pytest.approx(61 * 9.0)
+    assert torch["timer"] == "events" and torch["status"] == "ok"
+    assert "events_ms" not in torch["parts"][0]  # its ms is the events median
+    # a kernel row without a makespan: the run's points all sum events
+    other = case_row(case.case_id, "other", 0.7)
+    out = {r["backend"]: r for r in sv.aggregate(p, [fast, oracle, other])}
+    assert out["kern"]["value_ms"] == pytest.approx(61 * 0.5) and out["kern"]["timer"] == "events"
 
 
 def test_helper_parts_take_fastest_ok_row():
