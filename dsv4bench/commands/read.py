@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -73,6 +74,8 @@ def cmd_recommend(args) -> int:
     try:
         text = recommend.lines(rows, args.model, args.tp)
     except recommend.NothingToRank as e:
+        if e.detail:
+            print("\n".join(e.detail))
         raise UsageError(str(e)) from None
     print("\n".join(text))
     return 0
@@ -101,15 +104,27 @@ def cmd_report(args) -> int:
 def holds_no_rows(path: Path) -> bool:
     """A results file (or a run directory whose results files are) without a single line: a
     run killed before its first row, an emptied file. A compare takes one as a run that lost
-    its rows (a regression); a report has nothing to say."""
+    its rows (a regression), and refuses one as BASE; a report has nothing to say."""
     from dsv4bench.report.load import SERVING_FILE
     from dsv4bench.rows.results import rows_file
 
     files = [rows_file(path), path / SERVING_FILE] if path.is_dir() else [path]
     present = [f for f in files if f.is_file()]
-    if not present or any(f.name.endswith((".gz", ".json")) for f in present):
-        return False  # nothing there (load says so), or not a results file read as text
-    return not any(f.read_bytes().strip() for f in present)
+    if not present or any(f.name.endswith(".json") for f in present):
+        return False  # nothing there (load says so), or a pytest-benchmark file
+    return not any(_text(f).strip() for f in present)
+
+
+def _text(path: Path) -> bytes:
+    """A results file's bytes, a .gz one unpacked (a 0-byte .gz holds none); a damaged .gz
+    reads as holding something: the loader names what is wrong with it."""
+    if not path.name.endswith(".gz"):
+        return path.read_bytes()
+    try:
+        with gzip.open(path) as f:
+            return f.read()
+    except (OSError, EOFError):
+        return b"damaged"
 
 
 def cmd_compare(args) -> int:

@@ -61,6 +61,10 @@ def compare(
     Returns (1 if any regression else 0, written files)."""
     base, new, out_dir = Path(base), Path(new), Path(out_dir)
     base_rows, new_rows = load_rows(base, "base"), load_rows(new, "new")
+    if not base_rows:  # every NEW row would be "only in new" and the compare would pass
+        raise ReportInputError(
+            f"{base}: holds no result rows; expected a BASE run with rows to compare against"
+        )
     if backends is not None:
         label = f"{backends[0]} -> {backends[1]}"
         base_rows = instance_rows(base_rows, backends[0], label, base)

@@ -121,7 +121,7 @@ def time_ratios(doc: Doc, c: Comparison) -> None:
     doc.heading("Time ratios, worst first")
     if c.png:
         doc.image(c.png, "time ratios new/base")
-    head = ["case_id", "backend", "base ms", "new ms", "ratio"]
+    head = ["case_id", "backend", "base ms", "new ms", "new / base"]
     head += ["base p10–p90", "new p10–p90", "n base/new", "verdict"]
     table = []
     for e in timed:
@@ -215,11 +215,11 @@ def serving_points(doc: Doc, c: Comparison) -> None:
     pairs.sort(key=lambda p: (-(p[3] or 0.0), p[0]))
     doc.heading("Serving points (informational)")
     doc.para(
-        "TTFT/TPOT attention parts of both runs, worst ratio first; the kernel rows behind them "
-        "carry the regression verdicts."
+        "TTFT/TPOT attention parts of both runs, worst new / base first; the kernel rows behind "
+        "them carry the regression verdicts."
     )
     doc.table(
-        ["point", "backend", "base ms", "new ms", "ratio", "base status", "new status"],
+        ["point", "backend", "base ms", "new ms", "new / base", "base status", "new status"],
         [
             [f"`{k[0]}`", k[1], _ms(b.get("value_ms")), _ms(n.get("value_ms"))]
             + [f"{r:.3f}" if r is not None else "", b.get("status"), n.get("status")]

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import sys
+import zlib
 from pathlib import Path
 
 from dsv4bench import rows
@@ -132,14 +133,17 @@ def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
     path = Path(path)
     if path.is_dir():
         path = rows_file(path)
-    rows = Rows()
     if not path.exists():
-        return rows
-    bad, numbers = [], []
+        return Rows()
     if path.name.endswith(".gz"):
-        text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+        try:
+            text = gzip.decompress(path.read_bytes()).decode(errors="replace")
+        except (OSError, EOFError, zlib.error) as e:
+            raise rows.RowError(f"{path}: not a readable gzip file ({e})") from None
     else:
         text = path.read_text(errors="replace")
+    found = Rows()
+    bad, numbers = [], []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
@@ -149,14 +153,14 @@ def read_rows(path: str | Path, *, quiet: bool = False) -> Rows:
         except json.JSONDecodeError:
             row = None
         if isinstance(row, dict):
-            rows.append(row)
+            found.append(row)
             numbers.append(number)
         else:
             bad.append(number)
-    rows.unreadable, rows.lines = tuple(bad), tuple(numbers)
-    rows.torn_tail = bool(text) and not text.endswith("\n")
+    found.unreadable, found.lines = tuple(bad), tuple(numbers)
+    found.torn_tail = bool(text) and not text.endswith("\n")
     if bad and not quiet:
         shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
         what = f"{len(bad)} unreadable line(s) skipped (line {shown})"
         print(f"dsv4bench: {path}: {what}", file=sys.stderr)
-    return rows
+    return found

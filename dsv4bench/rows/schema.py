@@ -167,6 +167,8 @@ class ServingRow(Row):
     label: str | None = None
     env: dict | None = None
     timer: str | None = None  # what the parts' times are (rows.timers); None: events (older rows)
+    # the same parts' events medians summed, beside value_ms (older rows: None)
+    events_ms: float | None = None
 
     def __post_init__(self, validate: bool = True) -> None:
         if self.status is None:
@@ -176,6 +178,8 @@ class ServingRow(Row):
     def problems(self) -> list[str]:
         if (self.value_ms is not None) != (self.status == "ok"):
             return [f"value_ms {self.value_ms} on a {self.status} point"]
+        if self.events_ms is not None and self.status != "ok":
+            return [f"events_ms {self.events_ms} on a {self.status} point"]
         return []
 
 
@@ -210,7 +214,7 @@ def stored_problems(d: object) -> list[str]:
     timing = d.get("timing")
     times = {k: (timing or {}).get(k) for k in TIMES} if isinstance(timing, dict) else {}
     if kind == "serving":
-        times = {"value_ms": d.get("value_ms")}
+        times = {"value_ms": d.get("value_ms"), "events_ms": d.get("events_ms")}
     for key, v in times.items():
         if v is not None and not _a_time(v):
             bad.append(f"{key} {v!r} is not a finite time >= 0")

@@ -47,3 +47,16 @@ def ms(row: dict) -> float | None:
 
 def events_ms(row: dict | None) -> float | None:
     return value(row, EVENTS)
+
+
+def point_timer(point: dict) -> str:
+    """The timer a serving point sums its parts by (older rows name none: events)."""
+    return str(point.get("timer") or TIMERS[-1][1])
+
+
+def point_events_ms(point: dict) -> float | None:
+    """A serving point's parts summed by their events medians: its `events_ms`, or its value
+    where that is the events sum (older rows)."""
+    if point.get("events_ms") is not None:
+        return float(point["events_ms"])
+    return point.get("value_ms") if point_timer(point) == TIMERS[-1][1] else None

@@ -1,16 +1,19 @@
 """Serving rows (TTFT/TPOT points) from measured case rows: one per curve point and backend,
 plus, where several backends have attention rows, one per point for ENVELOPE: every attention
-part on the fastest backend that ran it ok (per layer kind and chunk shape), what an engine could
-reach by picking the best kernel per call.
+part on the fastest backend that ran it ok (per layer kind and chunk shape; never the oracle),
+what an engine could reach by picking the best kernel per call.
 
-A point sums its parts' times by one timer for the whole run (rows.timers, the winners' rule):
-the first of the profiler makespan, the graph replay and the events median that every ok case
-row of the plan measured; each serving row names it (`timer`)."""
+A point sums its parts' times by the run's timer (rows.timers, the winners' rule): the first of
+the profiler makespan, the graph replay and the events median that every ok kernel row of the
+plan measured (the oracle's rows, which skip the profiler pass, are a baseline and do not
+count). A point with a part that has no such time (one of the oracle's own points, a helper
+part only the oracle ran) sums events medians instead. Each serving row names its timer
+(`timer`) and carries its parts' events medians summed beside (`events_ms`)."""
 
 from __future__ import annotations
 
 from dsv4bench.cases import topk_case
-from dsv4bench.rows import ServingRow, timers
+from dsv4bench.rows import ORACLE_BACKENDS, ServingRow, timers
 from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
 
@@ -23,15 +26,26 @@ def _usable(row: dict | None, key: str) -> bool:
     return row is not None and row.get("status") == "ok" and timers.value(row, key) is not None
 
 
+EVENTS = (timers.EVENTS, dict(timers.TIMERS)[timers.EVENTS])
+
+
+def _oracle(row: dict) -> bool:
+    return (row.get("backend_base") or row.get("backend")) in ORACLE_BACKENDS
+
+
 def run_timer(plan: ServingPlan, rows: list[dict]) -> tuple[str, str]:
-    """(timing key, name) that every ok case row of the plan's cases measured; events if none."""
+    """(timing key, name) that every ok kernel row (the oracle's aside) of the plan's cases
+    measured; events if none."""
     cases = {c.case_id for c in plan.cases}
     ok = [
         r
         for r in rows
-        if r.get("kind", "case") == "case" and r.get("case_id") in cases and r.get("status") == "ok"
+        if r.get("kind", "case") == "case"
+        and r.get("case_id") in cases
+        and r.get("status") == "ok"
+        and not _oracle(r)
     ]
-    return timers.shared(ok) or (timers.EVENTS, dict(timers.TIMERS)[timers.EVENTS])
+    return timers.shared(ok) or EVENTS
 
 
 def aggregate(plan: ServingPlan, rows: list[dict], *, envelope: bool = True) -> list[dict]:
@@ -51,12 +65,14 @@ def aggregate(plan: ServingPlan, rows: list[dict], *, envelope: bool = True) -> 
     if not backends:
         backends = sorted({b for (cid, b) in by_key if cid in attention})
 
-    # the envelope's attention parts come from the attention backends only
+    # the envelope's attention parts come from the attention backends only, never the oracle
+    # (a baseline: its rows are timed, but an engine cannot pick it)
+    candidates = [b for b in backends if b not in ORACLE_BACKENDS]
     fastest_of = {
-        cid: [r for r in rs if cid not in attention or r["backend"] in backends]
+        cid: [r for r in rs if cid not in attention or r["backend"] in candidates]
         for cid, rs in by_case.items()
     }
-    if envelope and len(backends) > 1:
+    if envelope and len(candidates) > 1:
         backends = [*backends, ENVELOPE]
     out = []
     for curve in plan.curves:
@@ -104,9 +120,19 @@ def indexer_topk_ms(
 
 def _point_row(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]) -> dict:
     """One point's serving row (a ServingRow, checked, as the dict a results file holds), its
-    parts summed by `timer` (timing key, name)."""
+    parts summed by `timer` (timing key, name), or by events where a part has no such time
+    but every part has an events median."""
+    row = _summed(plan, curve, point, backend, by_key, by_case, timer)
+    if row["status"] != "ok" and timer != EVENTS:
+        by_events = _summed(plan, curve, point, backend, by_key, by_case, EVENTS)
+        if by_events["status"] == "ok":
+            return by_events
+    return row
+
+
+def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]) -> dict:
     key = timer[0]
-    parts, total, status, message, env = [], 0.0, "ok", "", None
+    parts, total, events, status, message, env = [], 0.0, 0.0, "ok", "", None
     breakdown = dict.fromkeys(ROLES, 0.0)
     for part in point.parts:
         used, row = _pick(part, backend, by_key, by_case, key)
@@ -120,6 +146,7 @@ def _point_row(plan, curve, point, backend, by_key, by_case, timer: tuple[str, s
         if p_status == "ok":
             total += part.multiplicity * median
             breakdown[part.role] += part.multiplicity * median
+            events = None if events is None else _add(events, part.multiplicity, row)
         elif status == "ok":
             status = p_status
             where = f"{part.case_id} on {used or backend}"
@@ -138,6 +165,8 @@ def _point_row(plan, curve, point, backend, by_key, by_case, timer: tuple[str, s
                 "status": p_status,
             }
         )
+        if key != timers.EVENTS and p_status == "ok":
+            parts[-1]["events_ms"] = timers.events_ms(row)
     ok = status == "ok"
     topk_ms = indexer_topk_ms(plan, point, by_case, key) if ok and breakdown["indexer"] else None
     if topk_ms is not None:  # beside the indexer's whole time, never added to the total
@@ -168,4 +197,11 @@ def _point_row(plan, curve, point, backend, by_key, by_case, timer: tuple[str, s
         label=LABEL_INDEXER if spec.indexer else LABEL,
         env=env,
         timer=timer[1],
+        events_ms=events if ok else None,
     ).to_dict()
+
+
+def _add(events: float, multiplicity: int, row: dict) -> float | None:
+    """The events sum with one more part; None once a part has no events median."""
+    ms = timers.events_ms(row)
+    return None if ms is None else events + multiplicity * ms

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dsv4bench.rows import timers
 from dsv4bench.serving import presets as pz
 
 METRICS = {"ttft": "TTFT", "tpot": "TPOT"}
@@ -58,11 +59,20 @@ def best_pair(advice: dict[str, PhaseAdvice]) -> tuple[str, float, float] | None
 
 
 class NothingToRank(ValueError):
-    """No serving rows for the model and TP, or rows of several GPUs or runs: one line, exit 2."""
+    """No serving rows for the model and TP, rows of several GPUs or runs, or no candidate
+    correct at every point of any phase: one line, exit 2. `detail`: the lines that say why
+    per candidate (its failed points), printed before the line; empty when there are none."""
+
+    def __init__(self, message: str, detail: list[str] | None = None):
+        super().__init__(message)
+        self.detail = detail or []
 
 
 def _gpus(rows: list[dict]) -> list[str]:
-    return sorted({str((r.get("env") or {}).get("gpu") or "unknown GPU") for r in rows})
+    """The GPUs the rows were measured on. A point none of whose parts ran (status `missing`)
+    is written with no env: it was measured nowhere and names no GPU."""
+    measured = [r["env"] for r in rows if r.get("env")]
+    return sorted({str(e.get("gpu") or "unknown GPU") for e in measured}) or ["unknown GPU"]
 
 
 def _arch(rows: list[dict]) -> str:
@@ -94,9 +104,20 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
         shown = ", ".join(f"{m} TP {t}" for m, t in have) or "none"
         raise NothingToRank(f"no serving rows for {model} at TP {tp} (serving rows: {shown})")
     gpu, arch = gpus[0], _arch(mine)
-    out = [f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"]
+    timed = sorted({timers.point_timer(r) for r in mine if r.get("value_ms") is not None})
+    out = [
+        f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"
+        + (f" (kernel times by {' and '.join(timed)})" if timed else "")
+    ]
     for metric, a in advice.items():
         out += _phase_lines(metric, a, model, arch)
+    if all(a.best is None for a in advice.values()):
+        phases = " or ".join(METRICS[m] for m in advice)
+        raise NothingToRank(
+            f"nothing to rank for {model} at TP {tp}: no correct candidate in {phases} (each "
+            "was incorrect at a point or ran none ok; listed above)",
+            detail=out,
+        )
     pair = best_pair(advice)
     if pair:
         kv, ttft, tpot = pair
@@ -119,7 +140,7 @@ def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str) -> list[str
         f"  flags: {pz.flags_for(cand, metric, model)}",
     ]
     for c, value in a.ranking.order[1:]:
-        out.append(f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f})")
+        out.append(f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f} the fastest's time)")
     for c, why in sorted(a.ranking.left_out.items(), key=lambda t: t[0].label()):
         out.append(f"  not ranked: {c.label()}: {why}")
     for p in pz.presets_for(model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 
 from dsv4bench.report import compare
@@ -101,6 +102,8 @@ def test_slower_with_tight_samples_is_a_regression_listed_first(tmp_path, capsys
     first = [line for line in out.splitlines() if line.startswith("  ")][0]
     assert "decode-b" in first and "x1.200" in first
     table = md.split("## Time ratios, worst first", 1)[1]
+    assert "| case_id | backend | base ms | new ms | new / base |" in table
+    assert "| `decode-b` | flashmla | 0.2 | 0.24 | 1.200 |" in table
     rows_md = [line for line in table.splitlines() if line.startswith("| `")]
     assert "decode-b" in rows_md[0]
     assert "| time | `decode-b` | flashmla |" in md
@@ -171,6 +174,23 @@ def test_an_empty_new_run_is_a_regression(tmp_path, capsys):
     assert cli.main(args) == 0
 
 
+def test_an_empty_base_run_is_one_line_exit_2(tmp_path, capsys):
+    from dsv4bench import cli
+
+    new = write_run(tmp_path / "new", base_rows())
+    for name, empty in (("results.jsonl", b""), ("results.jsonl.gz", gzip.compress(b""))):
+        base = tmp_path / name
+        base.mkdir()
+        (base / name).write_bytes(empty)
+        assert cli.main(["compare", str(base), str(new), "--out", str(tmp_path / "o")]) == 2
+        out, err = capsys.readouterr()
+        assert not out and err == (
+            f"dsv4bench: {base}: holds no result rows; expected a BASE run with rows to compare "
+            "against\n"
+        )
+    assert not (tmp_path / "o").exists()
+
+
 def test_faster_is_not_a_regression(tmp_path):
     new = copy.deepcopy(base_rows())
     new[1] = row("decode-b", ms=0.10)
@@ -238,6 +258,7 @@ def test_serving_points_are_listed_not_judged(tmp_path):
     code, _, md = run(tmp_path, [*base_rows(), point(10.0)], [*base_rows(), point(None)])
     assert code == 0
     assert "## Serving points (informational)" in md
+    assert "| point | backend | base ms | new ms | new / base | base status | new status |" in md
     assert "`ttft-v4-flash-L4096-C4096-decode-kernel`" in md
 
 

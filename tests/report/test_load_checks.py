@@ -3,6 +3,7 @@ one line by report, compare and merge; a torn last line (a killed writer) is ski
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -151,6 +152,30 @@ def test_report_of_an_empty_results_file_is_one_line_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err == f"dsv4bench: {path}: holds no result rows (an empty results file)\n"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "packed", [b"", gzip.compress(b""), gzip.compress(b"\n\n")], ids=["0-byte", "empty", "blank"]
+)
+def test_report_of_an_empty_packed_results_file_is_one_line_exit_2(tmp_path, capsys, packed):
+    run = tmp_path / "empty"
+    run.mkdir()
+    (run / "results.jsonl.gz").write_bytes(packed)
+    for path in (run, run / "results.jsonl.gz"):
+        assert cli.main(["report", str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err == f"dsv4bench: {path}: holds no result rows (an empty results file)\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_of_a_damaged_packed_results_file_is_one_line_exit_2(tmp_path, capsys):
+    run = tmp_path / "damaged"
+    run.mkdir()
+    (run / "results.jsonl.gz").write_bytes(gzip.compress(lines(GOOD).encode())[:-9])
+    assert cli.main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsv4bench: {run / 'results.jsonl.gz'}: not a readable gzip file (")
+    assert err.count("\n") == 1
 
 
 def test_rows_of_an_unknown_kind_are_counted_and_a_newer_schema_is_refused(tmp_path, capsys):

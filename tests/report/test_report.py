@@ -623,3 +623,6 @@ def test_head_padding_divides_by_the_timer_every_row_of_a_line_measured(tmp_path
     section = md[md.index("### Head padding") :]
     # ms/head by the makespan (0.125 / 16), the events median beside it
     assert "| 0.125 | profiler makespan | 0.4 | 0.00781" in section
+    # 0.00781 / (0.25 / 64): per-head time over the per-head time at the most heads
+    assert "| ms/head | ms/head / ms/head at most heads | useful |" in section
+    assert "| 0.007812 | 2.00 |" in section

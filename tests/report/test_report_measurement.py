@@ -59,6 +59,8 @@ def test_measurement_sections(tmp_path):
         "Against the plain sum of kernel durations (overlapping kernels counted twice): 0 of 5"
         in md
     )
+    # the disagreeing row, its ratio named by what divides what
+    assert "| sum ms | events / profiler | kernels |" in md and "| 1.200 |" in md
     assert "## Eager against CUDA graph" in md and "operation not permitted" in md
     assert (tmp_path / "rep" / "launch-overhead.png").exists()
     assert (tmp_path / "rep" / "memory-per-call.png").exists()

@@ -102,8 +102,11 @@ def test_ttft_per_backend_with_envelope_and_routes_side_by_side(tmp_path):
     assert float(pool.split("|")[4]) > float(read.split("|")[4])
     # routes side by side per backend: on flashmla the decode kernel fails past 11622 tokens,
     # so threshold:11673 fails where safe (11622) does not
-    assert "TTFT by route on flashmla (ms)" in md and "TTFT by route on envelope (ms)" in md
-    by_route = md.split("TTFT by route on flashmla (ms)")[1]
+    assert (
+        "TTFT by route on flashmla (ms by events)" in md
+        and "TTFT by route on envelope (ms by events)" in md
+    )
+    by_route = md.split("TTFT by route on flashmla (ms by events)")[1]
     header = next(x for x in by_route.splitlines() if x.startswith("| chunk |"))
     assert "threshold:11673 ms" in header and "sparse-prefill (pool) ms" in header
     assert "decode-mixed ms" in header and header.rstrip(" |").endswith("fastest route")
@@ -136,6 +139,71 @@ def test_tpot_per_backend_with_c128_index_step(tmp_path):
         "| context | batch | flashinfer ms | flashmla ms | triton ms | envelope ms | fastest |"
         in md
     )
+
+
+def test_the_oracle_is_a_baseline_never_a_column_or_the_fastest(tmp_path):
+    spec = sv.spec_from_dict(
+        {
+            "model": "v4-flash",
+            "batch_sizes": [1, 8],
+            "contexts": [8192],
+            "backends": ["flashmla", "triton", "torch"],
+        }
+    )
+    p = sv.plan(spec)
+    speed = {"flashmla": 1.0, "triton": 2.0, "torch": 0.1}  # the oracle the fastest
+    rows = sv.aggregate(p, [case_row(c.case_id, b, t) for c in p.cases for b, t in speed.items()])
+    assert "torch" in {r["backend"] for r in rows}
+    md = _report(tmp_path, rows).doc.to_markdown()
+    assert "| context | batch | flashmla ms | triton ms | envelope ms | fastest |" in md
+    table = [x for x in md.splitlines() if x.startswith("| 8K |")]
+    assert len(table) == 2 and all(x.rstrip(" |").endswith("| flashmla") for x in table)
+    assert "The oracle (`torch`) is a baseline, not a candidate" in md
+    # the oracle beside one candidate: nothing to compare
+    one = [r for r in rows if r["backend"] in ("flashmla", "torch")]
+    rep = _report(tmp_path / "one", one)
+    assert rep.left_out == ["Serving per backend: no serving points from two or more backends."]
+
+
+def test_points_sum_the_winners_timer_with_the_events_sum_beside(tmp_path):
+    """Kernel rows with a makespan: the points sum it (the oracle's point, which has none,
+    sums events and says so), the tables name the timer and give the events sum beside; the
+    fastest of a point is never picked across timers."""
+    spec = sv.spec_from_dict(
+        {
+            "model": "v3.2",
+            "batch_sizes": [1],
+            "contexts": [8192],
+            "backends": ["flashmla", "triton", "torch"],
+        }
+    )
+    p = sv.plan(spec)
+    (case,) = p.cases
+    rows = []
+    for b, events, makespan in (("flashmla", 0.5, 0.3), ("triton", 0.4, 0.35), ("torch", 9, None)):
+        r = case_row(case.case_id, b, events)
+        if makespan:
+            r["timing"]["profiler_ms"] = makespan
+        rows.append(r)
+    points = {r["backend"]: r for r in sv.aggregate(p, rows)}
+    for r in points.values():
+        r["_run"] = "run"
+    rep = Report(list(points.values()), tmp_path, [tmp_path])
+    serving.serving(rep)
+    serving_backends.serving_backends(rep)
+    md = rep.doc.to_markdown()
+    assert "kernel times by events and profiler makespan (the run's timer" in md
+    assert "| TPOT ms | timer | events TPOT ms | breakdown ms |" in md
+    # 61 layers: 61 x 0.3 by makespan, 61 x 0.5 by events
+    assert "| flashmla | 8192 | 1 | 18.3 | profiler makespan | 30.5 |" in md
+    assert "| torch | 8192 | 1 | 549 | events | 549 |" in md
+    assert "| ms | events ms | status |" in md and "| 61 | 0.3 | 0.5 | ok |" in md
+    assert "TPOT per backend (ms by profiler makespan), v3.2" in md
+    # by one timer: flashmla's makespan sum (18.3) under triton's (21.35)
+    assert serving_backends._fastest(rep, [points["flashmla"], points["triton"]]) == "flashmla"
+    # triton by events (20) against flashmla by makespan (18.3): ranked by events (30.5)
+    by_events = {**points["triton"], "timer": "events", "value_ms": 20.0, "events_ms": 20.0}
+    assert serving_backends._fastest(rep, [points["flashmla"], by_events]) == "triton"
 
 
 def test_one_backend_is_left_out(tmp_path):

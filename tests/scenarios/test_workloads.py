@@ -354,3 +354,30 @@ def test_the_ragged_ratio_is_ragged_time_over_uniform_time_within_one_run(tmp_pa
     workloads(rep)
     line = next(ln for ln in rep.doc.to_markdown().splitlines() if "| list |" in ln)
     assert line.endswith("| 0.026 |  | profiler makespan |  |  |"), line
+
+
+def test_ragged_tpot_divides_points_of_one_timer_with_the_events_ratio_beside(tmp_path):
+    """A ragged TPOT point over its uniform twin: by their shared timer, the events sums'
+    ratio beside; points of two timers get no ratio of the two (`differ`), events still."""
+    from dsv4bench.report.render import Report
+    from dsv4bench.report.sections.workloads import workloads
+
+    p = {"op": "decode", "model": "v4-flash", "batch_size": 2, "s_q": 1, "compress_ratio": 4}
+    case = dict(kind="case", case_id="r", backend="flashmla", status="ok", _run="a")
+    case["params"] = {**p, "context_lens": [1000, 3000], "ragged": "list"}
+    point = dict(kind="serving", metric="tpot", model="v4-flash", backend="flashmla", _run="a")
+    point.update(batch_size=2, status="ok", timer="profiler makespan")
+    step = {**point, "curve_id": "tpot-ragged", "value_ms": 3.0, "events_ms": 4.2}
+    step["parts"] = [{"case_id": "r"}]
+    twin = {**point, "curve_id": "tpot", "context_len": 2000, "value_ms": 2.0, "events_ms": 3.0}
+
+    def line(*rows):
+        rep = Report([case, *rows], tmp_path, [])
+        workloads(rep)
+        md = rep.doc.to_markdown()
+        assert "| timer | ragged / uniform | events ragged / uniform |" in md
+        return next(ln for ln in md.splitlines() if ln.startswith("| v4-flash | list |"))
+
+    assert line(step, twin).endswith("| 3 | 2 | profiler makespan | 1.50 | 1.40 |")
+    old = {**twin, "timer": None, "events_ms": None, "value_ms": 4.0}  # an older events row
+    assert line(step, old).endswith("| 3 | 4 | differ |  | 1.05 |")

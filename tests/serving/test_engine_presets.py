@@ -93,6 +93,8 @@ def test_ranking_leaves_out_a_backend_with_an_incorrect_point():
 def test_recommend_names_the_fastest_its_flags_and_each_default():
     text = "\n".join(recommend.lines(rows(), "v3.2", 1))
     assert "TTFT: fastest correct fa3 sparse-prefill (bf16 KV), 76.500 ms" in text
+    made = [{**r, "timer": "profiler makespan"} for r in rows()]
+    assert "measured (kernel times by profiler makespan)" in recommend.lines(made, "v3.2", 1)[0]
     assert "--attention-backend FLASH_ATTN_MLA_SPARSE" in text
     # sglang H200: flashmla_sparse prefill on a bf16 cache; vLLM's fp8 preset pays the dequant
     assert (
@@ -108,6 +110,8 @@ def test_recommend_names_the_fastest_its_flags_and_each_default():
         "(sm100), not sm90" in text
     )
     assert "not ranked: flashinfer (bf16 KV): incorrect at 1 points" in text
+    # flashmla's bf16 sum over fa3's, named as such
+    assert "  then flashmla sparse-prefill (bf16 KV): 81.000 ms (x1.06 the fastest's time)" in text
     assert text.endswith("one KV dtype for both phases: bf16 — TTFT fa3 sparse-prefill (bf16 KV), "
                          "TPOT fa3 (bf16 KV)")  # fmt: skip
 
@@ -221,6 +225,17 @@ def test_runs_of_two_gpus_are_refused_whatever_their_order():
         )
 
 
+def test_a_point_none_of_whose_parts_ran_names_no_gpu():
+    """aggregate writes a point whose parts never ran with no env: it is no second GPU."""
+    never_ran = srow("triton", "tpot", 0.0, x=1, status="missing")
+    never_ran.pop("env")
+    text = recommend.lines([*rows(), never_ran], "v3.2", 1)
+    assert text[0] == "v3.2, TP 1, on NVIDIA H100 80GB HBM3 (sm90): " + (
+        "sparse-attention part of TTFT/TPOT, measured (kernel times by events)"
+    )
+    assert "  not ranked: triton (fp8 KV): no ok point (missing at 1 of 2 points)" in text
+
+
 def test_recommend_command_and_its_bad_input(tmp_path, capsys):
     d = _run_dir(tmp_path)
     assert cli.main(["recommend", str(d), "--model", "v3.2", "--tp", "1"]) == 0
@@ -248,6 +263,31 @@ def test_recommend_command_and_its_bad_input(tmp_path, capsys):
         assert cli.main(args) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "from 2 runs" in err and "one run directory" in err
+
+
+def test_nothing_to_rank_when_every_candidate_of_every_phase_failed(tmp_path, capsys):
+    failed = [
+        srow(b, m, 0.0, x=x, status=s)
+        for b, s in (("flashmla", "crash"), ("fa3", "incorrect"))
+        for m in ("ttft", "tpot")
+        for x in (1, 32)
+    ]
+    d = write_run(tmp_path / "failed", failed)
+    assert cli.main(["recommend", str(d), "--model", "v3.2"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "dsv4bench: nothing to rank for v3.2 at TP 1: no correct candidate in TTFT or TPOT "
+        "(each was incorrect at a point or ran none ok; listed above)\n"
+    )
+    assert "  failed, flashmla (fp8 KV): crash at 2 of 2 points:" in out.splitlines()
+    assert "TPOT: no correct backend" in out
+    # one phase with a correct candidate is something to rank
+    tpot_ok = [r for r in failed if r["metric"] == "ttft"] + rows()[6:12]
+    assert (
+        cli.main(["recommend", str(write_run(tmp_path / "half", tpot_ok)), "--model", "v3.2"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "TTFT: no correct backend" in out and "TPOT: fastest correct fa3 (bf16 KV)" in out
 
 
 def test_the_report_pairs_preset_rows_within_one_run(tmp_path):

@@ -386,6 +386,26 @@ def test_envelope_takes_each_attention_part_from_its_fastest_backend():
     assert [r["backend"] for r in sv.aggregate(one, _rows_for(one, lambda c: 1.0))] == ["kern"]
 
 
+def test_the_envelope_never_takes_the_oracle_a_spec_lists():
+    """`backends: [a, b, torch]`: torch's serving rows are a baseline; the envelope's attention
+    parts come from a and b even where torch is the fastest."""
+    kw = dict(prompt_lens=[8 * K], chunk_sizes=[4096], routes=["sparse-prefill"])
+    p = sv.plan(_spec(backends=["a", "b", "torch"], **kw))
+    time = {"a": 2.0, "b": 3.0, "torch": 0.5}
+    rows = [
+        case_row(c.case_id, b, t)
+        for c in p.cases
+        for b, t in (time.items() if c.op == "prefill" else [("a", 1.0)])
+    ]
+    out = {r["backend"]: r for r in sv.aggregate(p, rows)}
+    assert set(out) == {"a", "b", "torch", sv.ENVELOPE}
+    used = {x["backend"] for x in out[sv.ENVELOPE]["parts"] if x["role"] == "attention"}
+    assert used == {"a"} and out[sv.ENVELOPE]["value_ms"] == out["a"]["value_ms"]
+    # one candidate beside the oracle: nothing to pick between, no envelope row
+    one = sv.plan(_spec(backends=["a", "torch"], **kw))
+    assert [r["backend"] for r in sv.aggregate(one, rows)] == ["a", "torch"]
+
+
 def test_safe_needs_limit_and_limit_from_rows():
     with pytest.raises(ValueError, match="safe"):
         sv.plan(_spec(prompt_lens=[4096], chunk_sizes=[4096], routes=["safe"]))
@@ -484,18 +504,26 @@ def test_aggregate_hand_sum():
 
 
 def test_a_point_sums_the_timer_every_row_of_the_run_measured():
-    """Makespans when every ok row of the run has one; one row without (the oracle skips the
-    profiler) puts the whole run on the events median, never a mix within a run."""
-    p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096]))
+    """Makespans when every ok kernel row of the run has one, the events sum beside; one kernel
+    row without puts the whole run on the events median. The oracle skips the profiler: its
+    rows do not count, and its own points (no makespan) sum events and say so."""
+    p = sv.plan(_spec(model="v3.2", batch_sizes=[1], contexts=[4096], backends=["kern", "torch"]))
     (case,) = p.cases
     fast = case_row(case.case_id, "kern", 0.5)
     fast["timing"]["profiler_ms"] = 0.4
-    out = sv.aggregate(p, [fast])
-    assert out[0]["value_ms"] == pytest.approx(61 * 0.4)
-    assert out[0]["timer"] == "profiler makespan" and out[0]["parts"][0]["ms"] == 0.4
-    out = sv.aggregate(p, [fast, case_row(case.case_id, "torch", 9.0)])
-    (kern,) = [r for r in out if r["backend"] == "kern"]
-    assert kern["value_ms"] == pytest.approx(61 * 0.5) and kern["timer"] == "events"
+    oracle = case_row(case.case_id, "torch", 9.0)
+    out = {r["backend"]: r for r in sv.aggregate(p, [fast, oracle])}
+    kern, torch = out["kern"], out["torch"]
+    assert kern["value_ms"] == pytest.approx(61 * 0.4) and kern["timer"] == "profiler makespan"
+    assert kern["events_ms"] == pytest.approx(61 * 0.5)
+    assert kern["parts"][0]["ms"] == 0.4 and kern["parts"][0]["events_ms"] == 0.5
+    assert torch["value_ms"] == torch["events_ms"] == pytest.approx(61 * 9.0)
+    assert torch["timer"] == "events" and torch["status"] == "ok"
+    assert "events_ms" not in torch["parts"][0]  # its ms is the events median
+    # a kernel row without a makespan: the run's points all sum events
+    other = case_row(case.case_id, "other", 0.7)
+    out = {r["backend"]: r for r in sv.aggregate(p, [fast, oracle, other])}
+    assert out["kern"]["value_ms"] == pytest.approx(61 * 0.5) and out["kern"]["timer"] == "events"
 
 
 def test_helper_parts_take_fastest_ok_row():

@@ -82,7 +82,16 @@ def _profiler_agreement(rep, rows: list[dict]) -> bool:
         key=lambda r: -abs(_timing(r)["events_vs_profiler"] - 1),
     )
     d.table(
-        ["case_id", "backend", "events ms", "profiler ms", "busy ms", "sum ms", "ratio", "kernels"],
+        [
+            "case_id",
+            "backend",
+            "events ms",
+            "profiler ms",
+            "busy ms",
+            "sum ms",
+            "events / profiler",
+            "kernels",
+        ],
         [
             [
                 code_span(r["case_id"]),

@@ -87,7 +87,7 @@ def head_padding(rep) -> None:
                 "timer",
                 "events ms",
                 "ms/head",
-                "relative",
+                "ms/head / ms/head at most heads",
                 "useful",
             ],
             table,

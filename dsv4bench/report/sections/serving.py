@@ -21,6 +21,7 @@ from dsv4bench.report.load import (
     param,
     short,
 )
+from dsv4bench.rows import timers
 
 
 def serving(rep) -> None:
@@ -62,13 +63,26 @@ def line_suffix(r: dict) -> str:
 
 def _label_line(rep, rows: list[dict]) -> str:
     labels = sorted({r["label"] for r in rows if r.get("label")})
-    timed = sorted({r.get("timer") or "events" for r in rows})
-    return "; ".join([*labels, f"kernel times by {' and '.join(timed)}"])
+    timed = sorted({timers.point_timer(r) for r in rows})
+    how = f"kernel times by {' and '.join(timed)}"
+    if timed != ["events"]:
+        how += (
+            " (the run's timer, the winners' rule; a point with a part that has none, such as "
+            "the oracle's, sums events; column `timer`), the events sum beside"
+        )
+    return "; ".join([*labels, how])
+
+
+def _part_events(r: dict, p: dict) -> float | None:
+    """A part's events median: beside its time, or its time where the point sums events."""
+    if "events_ms" in p:
+        return p["events_ms"]
+    return p.get("ms", p.get("median_ms")) if timers.point_timer(r) == "events" else None
 
 
 def _parts_table(rep, points: list[tuple[str, dict]], caption: str) -> None:
     rep.doc.table(
-        ["point", "case_id", "role", "row of", "multiplicity", "ms", "status"],
+        ["point", "case_id", "role", "row of", "multiplicity", "ms", "events ms", "status"],
         [
             [
                 pid,
@@ -77,6 +91,7 @@ def _parts_table(rep, points: list[tuple[str, dict]], caption: str) -> None:
                 p.get("backend") or "",
                 p.get("multiplicity"),
                 fmt_num(p.get("ms", p.get("median_ms"))),
+                fmt_num(_part_events(r, p)),
                 p.get("status"),
             ]
             for pid, r in points
@@ -260,6 +275,8 @@ def _tpot_tables(rep, title: str, mrows: list[dict], line_of: dict[int, str]) ->
             "context",
             "batch",
             "TPOT ms",
+            "timer",
+            "events TPOT ms",
             "breakdown ms",
             "status",
             "parts",
@@ -271,6 +288,8 @@ def _tpot_tables(rep, title: str, mrows: list[dict], line_of: dict[int, str]) ->
                 r.get("context_len"),
                 r.get("batch_size"),
                 fmt_num(r.get("value_ms")),
+                timers.point_timer(r),
+                fmt_num(timers.point_events_ms(r)),
                 _breakdown(r),
                 r.get("status"),
                 len(r["parts"]),
@@ -443,6 +462,8 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
             "chunk",
             "prompt",
             "TTFT ms",
+            "timer",
+            "events TTFT ms",
             "breakdown ms",
             "status",
             "parts",
@@ -456,6 +477,8 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
                 r.get("chunk_size"),
                 r.get("prompt_len"),
                 fmt_num(r.get("value_ms")),
+                timers.point_timer(r),
+                fmt_num(timers.point_events_ms(r)),
                 _breakdown(r),
                 r.get("status"),
                 len(r["parts"]),

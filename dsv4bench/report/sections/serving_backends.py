@@ -19,6 +19,7 @@ from dsv4bench.report.sections.serving import (
     route_key_order,
     route_key_title,
 )
+from dsv4bench.rows import ORACLE_BACKENDS, timers
 from dsv4bench.serving.aggregate import ENVELOPE
 
 ENVELOPE_STYLE = {"color": "black", "linestyle": "--", "marker": "*"}
@@ -31,7 +32,10 @@ ORACLE_NOTE = (
 
 
 def serving_backends(rep) -> None:
-    rows = [r for r in rep.rows if r["kind"] == "serving"]
+    serving = [r for r in rep.rows if r["kind"] == "serving"]
+    # the oracle's points are a baseline (the Serving curves draw them), never a candidate here
+    rows = [r for r in serving if not _is_oracle(r.get("backend"))]
+    oracle = sorted({r["backend"] for r in serving if _is_oracle(r.get("backend"))})
     drawn = False
     for title, slug, mrows in _serving_figures(rows):
         if len(_backends(rep, mrows)) < 2:
@@ -44,7 +48,14 @@ def serving_backends(rep) -> None:
                 f"and the `{ENVELOPE}` (black, dashed): every attention call of every layer "
                 "kind and chunk shape on the fastest backend that ran it ok, what an engine "
                 "could reach by picking a kernel per call. Points a backend failed are x marks "
-                "and show their status in the tables."
+                "and show their status in the tables. Times are sums by the timer the captions "
+                "name; the Serving tables above give each point's events sum beside."
+                + (
+                    f" The oracle ({', '.join(f'`{b}`' for b in oracle)}) is a baseline, not a "
+                    "candidate: its points are in the Serving curves above, not here."
+                    if oracle
+                    else ""
+                )
             )
             drawn = True
         tpot = [r for r in mrows if r.get("metric") == "tpot"]
@@ -76,6 +87,8 @@ def _style(backends: list[str]) -> dict[str, dict]:
 
 
 def _is_oracle(backend: str | None) -> bool:
+    if backend in ORACLE_BACKENDS:
+        return True
     try:
         return bool(backend) and registry.get(backend).is_oracle
     except KeyError:  # a plugin's backend not loaded here
@@ -99,9 +112,19 @@ def _cell(r: dict | None) -> str:
 
 
 def _fastest(rep, rows: list[dict]) -> str:
-    """The backend (not the envelope) with the smallest value among `rows`."""
+    """The backend (not the envelope) with the smallest value among `rows`: by their timer
+    where they share one, else by their events sums (a time of one timer is never ranked
+    against another's)."""
     ok = [r for r in rows if r.get("value_ms") is not None and rep.who(r) != ENVELOPE]
+    if len({timers.point_timer(r) for r in ok}) > 1:
+        ok = [r for r in ok if timers.point_events_ms(r) is not None]
+        return rep.who(min(ok, key=timers.point_events_ms)) if ok else ""
     return rep.who(min(ok, key=lambda r: r["value_ms"])) if ok else ""
+
+
+def _timed(rows: list[dict]) -> str:
+    """What a table's times are: the timers its points sum by."""
+    return "ms by " + " and ".join(sorted({timers.point_timer(r) for r in rows}))
 
 
 # ---- TPOT -----------------------------------------------------------------------------------
@@ -166,7 +189,7 @@ def _tpot(rep, title: str, slug: str, rows: list[dict]) -> None:
     rep.doc.table(
         ["context", "batch", *[f"{b} ms" for b in backends], "fastest"],
         table,
-        caption=f"TPOT per backend (ms), {title}",
+        caption=f"TPOT per backend ({_timed(rows)}), {title}",
     )
     if any(oracle_helper(r) for r in rows):
         rep.doc.para(ORACLE_NOTE)
@@ -261,7 +284,7 @@ def _ttft_by_backend(rep, title, rows, backends, routes, chunks) -> None:
     rep.doc.table(
         ["route", "chunk", "prompt", *[f"{b} ms" for b in backends], "fastest"],
         table,
-        caption=f"TTFT per backend (ms), {title}",
+        caption=f"TTFT per backend ({_timed(rows)}), {title}",
     )
 
 
@@ -289,5 +312,5 @@ def _ttft_by_route(rep, title, rows, backends, routes, chunks) -> None:
         rep.doc.table(
             ["chunk", "prompt", *[f"{lab} ms" for lab in labels], "fastest route"],
             table,
-            caption=f"TTFT by route on {b} (ms), {title}",
+            caption=f"TTFT by route on {b} ({_timed(rows)}), {title}",
         )

@@ -264,6 +264,8 @@ def _ragged_tpot(rep, steps: list[dict]) -> None:
             None,
         )
         mine, theirs = r.get("value_ms"), (twin or {}).get("value_ms")
+        same = twin is not None and timers.point_timer(twin) == timers.point_timer(r)
+        ev_mine, ev_theirs = timers.point_events_ms(r), timers.point_events_ms(twin or {})
         table.append(
             [
                 r["model"],
@@ -272,7 +274,9 @@ def _ragged_tpot(rep, steps: list[dict]) -> None:
                 r["backend"],
                 fmt_num(mine) if mine is not None else r.get("status"),
                 fmt_num(theirs) if theirs is not None else "",
-                f"{mine / theirs:.2f}" if mine and theirs else "",
+                timers.point_timer(r) if same or twin is None else "differ",
+                f"{mine / theirs:.2f}" if mine and theirs and same else "",
+                f"{ev_mine / ev_theirs:.2f}" if ev_mine and ev_theirs else "",
             ]
         )
     if not table:
@@ -283,7 +287,10 @@ def _ragged_tpot(rep, steps: list[dict]) -> None:
         "One decode step of every layer (serving model: per-layer-kind attention medians times "
         "the layer counts) over a ragged batch, beside the uniform batch of the same requests "
         "and total tokens, of the same run: ragged / uniform is ragged TPOT / uniform TPOT "
-        "(above 1: the ragged batch is slower). Serving rows sum events medians."
+        "(above 1: the ragged batch is slower). A TPOT sums its parts by the timer named "
+        "(the run's, by the winners' rule; events where a part has no other), the ratio only "
+        "where both points share it (`differ`: they do not); the events sums' ratio beside."
     )
-    head = ["model", "lengths", "min..max", "backend", "TPOT ms", "uniform TPOT ms"]
-    d.table([*head, "ragged / uniform"], table, caption="TPOT: ragged against uniform batches")
+    head = ["model", "lengths", "min..max", "backend", "TPOT ms", "uniform TPOT ms", "timer"]
+    head += ["ragged / uniform", "events ragged / uniform"]
+    d.table(head, table, caption="TPOT: ragged against uniform batches")
