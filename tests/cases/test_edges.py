@@ -122,6 +122,22 @@ def test_the_shapes_run_through_the_oracle_on_the_cpu(tmp_path):
     assert notes["empty-chunk"]["issue"].startswith("vLLM issue 51486")
     assert notes["empty-chunk"]["build_has_fix"].startswith("no: the fix is in the engine")
     assert notes["graph-pad-vllm"]["build_has_fix"].startswith("unknown")
+    # the oracle prints nothing and answers right: no symptom
+    assert notes["empty-request"]["symptom_seen"].startswith("no: ")
+    assert all("stderr" not in r["info"] for r in rows)
+
+
+def test_a_symptom_is_seen_in_the_message_or_in_what_the_job_printed():
+    chunk, request = (engine_issues.ISSUES[t] for t in ("vllm-51486", "vllm-56563"))
+    flashmla = "RuntimeError: Assertion error (phase1.cuh:615): Assertion `res == CUresult::CUDA_SUCCESS` failed"  # noqa: E501
+    assert engine_issues.symptom_seen(chunk, flashmla, "").startswith("yes: ")
+    assert "the row's message" in engine_issues.symptom_seen(chunk, flashmla, "")
+    fa3 = "TMA Desc Addr: 0x1\nError: Failed to initialize the TMA descriptor 1\n"
+    assert "the job's stderr" in engine_issues.symptom_seen(request, "", fa3)
+    assert engine_issues.symptom_seen(request, "", "a warning").startswith("no: ")
+    assert "printed nothing" in engine_issues.symptom_seen(request, "", "")
+    mute = engine_issues.EngineIssue("t", "issue", "symptom")
+    assert engine_issues.symptom_seen(mute, fa3, fa3).startswith("unknown")
 
 
 def test_a_kernel_fix_is_read_against_the_build_version():

@@ -8,6 +8,8 @@ otherwise it is the oracle.
 slowed: the oracle plus a sleep (a deliberately slowed backend).
 wrong: the oracle with its output scaled (a deliberately wrong backend).
 isolated: the oracle, recording its worker's pid; instances with a `build` get their own worker.
+chatty: the oracle, printing at the C level (fd 2) what CUTLASS prints on every call when it
+cannot build a TMA descriptor, as FA3 sparse does on a zero-extent segment (vLLM issue 56563).
 """
 
 from __future__ import annotations
@@ -93,7 +95,21 @@ class Isolated(_Oracle):
         return Prepared(run=oracle_call(case, inputs), info={"pid": os.getpid()})
 
 
-for _b in (Crashy(), Slowed(), Wrong(), Isolated()):
+class Chatty(_Oracle):
+    name = "chatty"
+    PRINTED = b"TMA Desc Addr:   0x7ffd\nError: Failed to initialize the TMA descriptor 1\n"
+
+    def prepare(self, case, inputs, device):
+        call = oracle_call(case, inputs)
+
+        def run():
+            os.write(2, self.PRINTED)  # as std::cerr: unbuffered, past Python's sys.stderr
+            return call()
+
+        return Prepared(run=run)
+
+
+for _b in (Crashy(), Slowed(), Wrong(), Isolated(), Chatty()):
     register(_b, replace=True)
 
 
