@@ -156,10 +156,11 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     from pathlib import Path
 
     from dsv4bench import backends, scenarios
+    from dsv4bench.backends.sglang_triton.backend import SglangTriton
 
     path = Path(__file__).parents[2] / "scenarios/failures/prefill_context_limit_sm90.yaml"
     sc = scenarios.load(path, known_backends=backends.catalog())
-    assert [s.backend for s in sc.limits] == [
+    assert [s.backend for s in sc.limits[:9]] == [
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
         "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
@@ -170,7 +171,25 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {
         (262144, 1048576, 8192), (131072, 1048576, 8192)
     }  # fmt: skip
-    assert [s.base.model for s in sc.limits[7:]] == ["v3.2", "v3.2"]
+    assert [s.base.model for s in sc.limits[7:9]] == ["v3.2", "v3.2"]
+    # every sm90 build that takes a prefill chunk has a search on each model it reads, on the
+    # route it takes the chunk (sglang's V4 Triton decode: decode-kernel)
+    searched = {(s.backend, s.base.model, s.base.route) for s in sc.limits}
+    for build in (
+        "fa3-vllm-0.26.0", "flashinfer-0.7.2.post1", "flashinfer-0.6.18", "triton",
+        "q8kv8-sglang-0.5.23",
+    ):  # fmt: skip
+        assert {(build, m, "sparse-prefill") for m in ("v4-flash", "v3.2")} <= searched
+    assert ("sglang-triton-0.5.23", "v4-flash", "decode-kernel") in searched
+    assert ("sglang-triton-dsa-prefill-0.5.23", "v3.2", "sparse-prefill") in searched
+    assert len(searched) == len(sc.limits) - 3  # FlashMLA/FA3 0.33.0 twice on V4-Flash
+    (instance,) = sc.instances
+    assert instance["name"] == "sglang-triton-dsa-prefill-0.5.23"
+    dsa = SglangTriton(**instance["options"])
+    v4 = SglangTriton()
+    for s in sc.limits[-2:]:  # the builds' own rules take both ends of the range
+        b = v4 if s.base.route == "decode-kernel" else dsa
+        assert b.case_reason(s.at(s.lo)) is None and b.case_reason(s.at(s.hi)) is None
     for s in sc.limits:
         assert s.base.op == "prefill" and "vllm-52339" in s.base.tags
         probe = s.at(163840)  # near the issue's 161K
