@@ -203,7 +203,7 @@ class Parser:
         if n.kind == "scalar" and isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if n.kind != "scalar" or not isinstance(v, str) or v not in HEAD_PADDINGS:
-            raise self.fail(n, f"expected one of engine, none, 64, 128, got {show_value(n)}")
+            raise self.fail(n, f"expected one of {', '.join(HEAD_PADDINGS)}, got {show_value(n)}")
         return v
 
     def compress_ratio(self, n: Node) -> int:
