@@ -44,6 +44,11 @@ class Prepared:
     # read, e.g. reference/fp8_attention.py for an FP8 kernel): the worker records the answer's
     # distance to it as accuracy `exact_*`, the kernel's own exactness beside the oracle's.
     exact: Callable[[], Output] | None = None
+    # The tensors `run` reads, in an order fixed by the adapter (None where an optional one is
+    # absent): a graph-refill case (run/padded.py) copies the next batch's, prepared the same
+    # way, into them in place before replaying, as engines fill their static buffers. None:
+    # not declared (such a case is unsupported).
+    buffers: tuple | None = None
 
 
 class Unsupported(Exception):

@@ -30,8 +30,16 @@ ARCHS = ("cpu", "sm90", "sm100", "sm120")
 HEAD_PADDINGS = ("engine", "none", "raw", "64", "128")
 # The engines' failure shapes (Case.edge; dsv4bench/cases/edges.py): a prefill call of 0 query
 # tokens, a batch with one request of no context, a decode batch padded to a captured CUDA
-# graph's size the way vLLM or sglang pad it.
-EDGES = ("empty-chunk", "empty-request", "graph-pad-vllm", "graph-pad-sglang")
+# graph's size the way vLLM or sglang pad it, that graph replayed on the next batch copied into
+# its buffers in place.
+EDGES = (
+    "empty-chunk",
+    "empty-request",
+    "graph-pad-vllm",
+    "graph-pad-sglang",
+    "graph-refill-vllm",
+    "graph-refill-sglang",
+)
 
 
 def padding_count(head_padding: str) -> int | None:
@@ -142,7 +150,8 @@ class Case:
     index_pattern: str = "uniform"
     form: str = ""  # topk only: plain | page_table | ragged; in params() only when set
     # A failure shape engines produce (EDGES; cases/edges.py), "" = none; graph_batch: the
-    # captured batch a graph-pad case is padded to (> batch_size). In params() only when set.
+    # captured batch a graph-pad or graph-refill case is padded to (> batch_size). In params()
+    # only when set.
     edge: str = ""
     graph_batch: int = 0
     timing: Timing = field(default_factory=Timing)

@@ -67,6 +67,8 @@ EDGE_ISSUES = {
     "empty-request": "vllm-56563",
     "graph-pad-vllm": "vllm-56771",
     "graph-pad-sglang": "vllm-56771",
+    "graph-refill-vllm": "vllm-56771",
+    "graph-refill-sglang": "vllm-56771",
 }
 
 

@@ -55,7 +55,8 @@ def test_the_shapes_expand_with_ids_of_their_own():
         ("{op: decode, model: v3.2, edge: empty-request}", "decode batch of 2 or more"),
         ("{op: decode, model: v3.2, batch_size: 4, graph_batch: 4, edge: graph-pad-vllm}",
          "graph_batch > batch_size"),
-        ("{op: decode, model: v3.2, graph_batch: 4}", "captured batch of a graph-pad edge"),
+        ("{op: decode, model: v3.2, graph_batch: 4}",
+         "captured batch of a graph-pad or graph-refill edge"),
         ("{op: decode, model: v3.2, edge: empty}", "failure shape"),
         ("{op: prefill, model: v3.2, route: decode-mixed, edge: empty-chunk}", "decode-mixed"),
     ],
@@ -138,6 +139,73 @@ def test_a_symptom_is_seen_in_the_message_or_in_what_the_job_printed():
     assert "printed nothing" in engine_issues.symptom_seen(request, "", "")
     mute = engine_issues.EngineIssue("t", "issue", "symptom")
     assert engine_issues.symptom_seen(mute, fa3, fa3).startswith("unknown")
+
+
+REFILL = """name: refill-test
+arch: [cpu]
+backends: [torch, copying, stale, reference-f64]
+timing: {warmup: 0, iters: 1}
+cases:
+  - {op: decode, model: v4-flash, context_len: 1024, num_heads: 16, batch_size: 3,
+     graph_batch: 5, edge: [graph-refill-vllm, graph-refill-sglang]}
+  - {op: decode, model: v3.2, context_len: 512, num_heads: 16, topk: 64, batch_size: 2,
+     s_q: 2, graph_batch: 4, edge: graph-refill-vllm}
+"""
+
+
+def test_the_other_batch_has_the_same_shapes_and_other_lengths_and_indices():
+    case = _v4(batch_size=3, graph_batch=5, edge="graph-refill-vllm")
+    x = inputs.make_inputs(case, "cpu")
+    before_case, before = edges.other_batch(case, x)
+    for k, v in x.items():
+        if hasattr(v, "shape"):
+            assert before[k].shape == v.shape and before[k].dtype == v.dtype, k
+    assert torch.equal(before["q"][1], x["q"][0]) and not torch.equal(before["q"], x["q"])
+    assert torch.equal(before["indices"][1:], x["indices"][:2])
+    assert before["topk_length"].tolist() == [64, 128, 128]  # the first request's halved
+    assert before["extra_topk_length"].tolist() == [32, 64, 64]
+    assert before_case.context_lens == (512, 1024, 1024)
+    # its answer differs from this batch's in every request: a stale buffer shows
+    a, b = oracle_call(case, before)(), oracle_call(case, x)()
+    assert all(not torch.allclose(a.out[r], b.out[r]) for r in range(3))
+
+
+def test_refill_copies_in_place_and_refuses_buffers_that_follow_the_batch():
+    from dsv4bench.backends.base import Unsupported
+    from dsv4bench.run import padded
+
+    static = (torch.zeros(2, 3), None, torch.zeros(4, dtype=torch.int32))
+    where = [t.data_ptr() for t in static if t is not None]
+    new = (torch.ones(2, 3), None, torch.arange(4, dtype=torch.int32))
+    padded.refill(static, new)
+    assert [t.data_ptr() for t in static if t is not None] == where
+    assert (static[0] == 1).all() and static[2].tolist() == [0, 1, 2, 3]
+    with pytest.raises(Unsupported, match=r"buffer 2 of the captured call is \(4,\) torch.int32, "
+                       r"the next batch's \(5,\)"):  # fmt: skip
+        padded.refill(static, (new[0], None, torch.arange(5, dtype=torch.int32)))
+    with pytest.raises(Unsupported, match="has 2 buffers, the captured one 3"):
+        padded.refill(static, new[:2])
+
+
+def test_a_graph_refill_is_judged_on_the_batch_copied_in(tmp_path):
+    scenario = tmp_path / "refill.yaml"
+    scenario.write_text(REFILL)
+    out = tmp_path / "run"
+    main(["run", str(scenario), "--out", str(out), "--plugin", "tests.plugins.misbehaving"])
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    by = {}
+    for r in rows:
+        by.setdefault(r["backend"], []).append(r)
+    assert [r["status"] for r in by["torch"]] == ["ok"] * 3
+    assert [r["status"] for r in by["copying"]] == ["ok"] * 3
+    # the indices of the captured batch left in place: the replay answers the other batch
+    assert [r["status"] for r in by["stale"]] == ["incorrect"] * 3
+    assert all("Prepared.buffers" in r["message"] for r in by["reference-f64"])
+    assert {r["status"] for r in by["reference-f64"]} == {"unsupported"}
+    info = by["copying"][0]["info"]
+    assert info["graph_refill"]["refilled"].endswith("buffers copied in place (Prepared.buffers)")
+    assert info["graph_padding"]["replay"].startswith("eager")
+    assert by["copying"][0]["info"]["engine_issue"][0]["issue"].startswith("vLLM issues 56771")
 
 
 def test_a_kernel_fix_is_read_against_the_build_version():
