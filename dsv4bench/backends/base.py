@@ -46,6 +46,11 @@ class Prepared:
     # read, e.g. reference/fp8_attention.py for an FP8 kernel): the worker records the answer's
     # distance to it as accuracy `exact_*`, the kernel's own exactness beside the oracle's.
     exact: Callable[[], Output] | None = None
+    # The tensors `run` reads, in an order fixed by the adapter (None where an optional one is
+    # absent): a graph-refill case (run/padded.py) copies the next batch's, prepared the same
+    # way, into them in place before replaying, as engines fill their static buffers. None:
+    # not declared (such a case is unsupported).
+    buffers: tuple | None = None
 
 
 class Unsupported(Exception):
@@ -185,18 +190,23 @@ class Backend:
 
 @dataclass(frozen=True)
 class HeadRule:
-    """How a kernel takes query heads for one case: the counts it accepts (None: any), the
-    count an engine pads to (head_padding "engine"), and the kernel's name for reasons."""
+    """How a kernel takes query heads for one case: the counts it accepts (None: any) and the
+    multiple they must be of (1: any), the count an engine pads to (head_padding "engine"), and
+    the kernel's name for reasons."""
 
     kernel: str
     counts: tuple[int, ...] | None
     engine: int
+    multiple: int = 1
 
 
 def resolve_heads(case: Case, rule: HeadRule) -> tuple[int, str | None]:
-    """The one reading of Case.head_padding ("engine" | "none" | N): the query heads handed to
-    the kernel, or 0 and the reason none fits."""
+    """The one reading of Case.head_padding ("engine" | "none" | "raw" | N): the query heads
+    handed to the kernel, or 0 and the reason none fits. "raw" hands the kernel the case's
+    heads whatever its rule says: the kernel's own checks (or its crash) answer."""
     h, mode = case.num_heads, case.head_padding
+    if mode == "raw":
+        return h, None
     if mode == "engine":
         target = rule.engine
     elif mode == "none":
@@ -204,10 +214,15 @@ def resolve_heads(case: Case, rule: HeadRule) -> tuple[int, str | None]:
     elif padding_count(mode) is not None:
         target = padding_count(mode)
     else:
-        return 0, f"unknown head_padding {mode!r} (engine, none or a head count)"
+        return 0, f"unknown head_padding {mode!r} (engine, none, raw or a head count)"
     if rule.counts is not None and target not in rule.counts:
         allowed = "/".join(map(str, rule.counts))
         return 0, f"{rule.kernel} takes {allowed} query heads; head_padding {mode} gives {target}"
+    if target % rule.multiple:
+        return 0, (
+            f"{rule.kernel} takes query heads in multiples of {rule.multiple}, not {target} "
+            f"(head_padding {mode})"
+        )
     if h > target:
         most = max(rule.counts) if rule.counts else None
         tail = f"; {rule.kernel} kernels take at most {most}" if most and h > most else ""

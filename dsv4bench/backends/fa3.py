@@ -363,4 +363,7 @@ def prepare_call(case: Case, x: dict, device: str, ops: FA3Ops) -> Prepared:
         o4, lse3 = o.reshape(b, s_q, h, o.shape[-1]), lse.reshape(b, s_q, h).transpose(1, 2)
         return prefill_output(o4, lse3) if case.op == "prefill" else Output(o4, lse3)
 
-    return Prepared(run, finish, lambda: out.fill_(math.nan), info)
+    # a refill (run/padded.py) takes the next batch only if its pool and page table keep these
+    # shapes: max_seqlen_k is a number fixed at capture
+    buffers = (*(v for v in call.values() if hasattr(v, "data_ptr")), sink)
+    return Prepared(run, finish, lambda: out.fill_(math.nan), info, buffers=buffers)

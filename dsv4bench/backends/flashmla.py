@@ -382,7 +382,8 @@ class FlashMLA(LibraryBackend):
                 return prefill_output(o, lse)
             return Output(o, lse)
 
-        return Prepared(lambda: decode(*timed), finish, _poison(out), info)
+        buffers = _tensors(timed)  # the schedule (args 5, 6) included: it follows the batch
+        return Prepared(lambda: decode(*timed), finish, _poison(out), info, buffers=buffers)
 
     def _prepare_prefill(self, case: Case, x: dict, ops: KernelOps, heads: int):
         q, indices = x["q"], x["indices"]
@@ -399,7 +400,14 @@ class FlashMLA(LibraryBackend):
         info = _info(heads, "sparse_prefill_fwd", out)
         # (out, max_logits, lse)
         finish = lambda raw: Output(raw[0][:, :h], raw[2][:, :h], max_logits=raw[1][:, :h])
-        return Prepared(lambda: ops.prefill(*args), finish, _poison(out), info)
+        return Prepared(
+            lambda: ops.prefill(*args), finish, _poison(out), info, buffers=_tensors(args)
+        )
+
+
+def _tensors(args) -> tuple:
+    """The tensor arguments of a kernel call in order, None kept in its place."""
+    return tuple(a for a in args if a is None or hasattr(a, "data_ptr"))
 
 
 def _pad_extra(x: dict, b: int) -> tuple[list, dict | None]:

@@ -34,4 +34,6 @@ class TorchReference(Backend):
             info["logits_bytes"] = indexer_case.logits_bytes(case)
         if case.op == "topk":
             info["kernel"] = "torch.topk"
-        return Prepared(run=oracle_call(case, inputs), info=info)
+        # the oracle reads the inputs as they are: they are the buffers a refill fills
+        buffers = tuple(inputs[k] for k in sorted(inputs) if hasattr(inputs[k], "data_ptr"))
+        return Prepared(run=oracle_call(case, inputs), info=info, buffers=buffers)

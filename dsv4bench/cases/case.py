@@ -24,16 +24,27 @@ LAYOUTS = tuple(LAYOUT_TABLE)  # as shipped; the live set is reference.layout_ta
 ROUTES = ("sparse-prefill", "decode-kernel", "decode-mixed")
 SCALE_CONVENTIONS = tuple(c for lay in LAYOUT_TABLE.values() for c in lay.conventions)
 ARCHS = ("cpu", "sm90", "sm100", "sm120")
-HEAD_PADDINGS = ("engine", "none", "64", "128")  # Case.head_padding
+# Case.head_padding: engine (as the engine pads), none (unpadded; a count the kernel's declared
+# rule excludes is refused), raw (unpadded and unchecked: the kernel meets the heads as they
+# are and its own checks, or its crash, answer), or an explicit count
+HEAD_PADDINGS = ("engine", "none", "raw", "64", "128")
 # The engines' failure shapes (Case.edge; dsv4bench/cases/edges.py): a prefill call of 0 query
 # tokens, a batch with one request of no context, a decode batch padded to a captured CUDA
-# graph's size the way vLLM or sglang pad it.
-EDGES = ("empty-chunk", "empty-request", "graph-pad-vllm", "graph-pad-sglang")
+# graph's size the way vLLM or sglang pad it, that graph replayed on the next batch copied into
+# its buffers in place.
+EDGES = (
+    "empty-chunk",
+    "empty-request",
+    "graph-pad-vllm",
+    "graph-pad-sglang",
+    "graph-refill-vllm",
+    "graph-refill-sglang",
+)
 
 
 def padding_count(head_padding: str) -> int | None:
-    """An explicit head_padding's head count ("64" -> 64); None for "engine" and "none", which
-    each backend resolves (backends.base.resolve_heads)."""
+    """An explicit head_padding's head count ("64" -> 64); None for "engine", "none" and "raw",
+    which each backend resolves (backends.base.resolve_heads)."""
     return int(head_padding) if head_padding.isdigit() else None
 
 
@@ -114,7 +125,7 @@ class Case:
     d_qk: int
     d_v: int
     num_heads: int
-    head_padding: str = "engine"  # engine | none | an explicit count such as "64"
+    head_padding: str = "engine"  # engine | none | raw | an explicit count such as "64"
     batch_size: int = 1
     s_q: int = 1
     tokens: int = 0
@@ -139,7 +150,8 @@ class Case:
     index_pattern: str = "uniform"
     form: str = ""  # topk only: plain | page_table | ragged; in params() only when set
     # A failure shape engines produce (EDGES; cases/edges.py), "" = none; graph_batch: the
-    # captured batch a graph-pad case is padded to (> batch_size). In params() only when set.
+    # captured batch a graph-pad or graph-refill case is padded to (> batch_size). In params()
+    # only when set.
     edge: str = ""
     graph_batch: int = 0
     timing: Timing = field(default_factory=Timing)

@@ -13,6 +13,10 @@ empty-request     a decode batch where one request (the middle one, so it sits i
 graph-pad-vllm    a decode batch of batch_size real requests replayed in a graph captured at
 graph-pad-sglang  graph_batch, the rows past the real ones padded as the engine pads them
                   (PADDING); judged on the real rows only (vLLM issues 56771, 57388).
+graph-refill-vllm    as the engines run a captured graph step after step: captured on another
+graph-refill-sglang  batch (other_batch: other lengths and indices, padded the same way), then
+                  this batch and its padding copied into the captured call's buffers in place
+                  and replayed (run/padded.py); judged on this batch's real rows.
 
 Padded rows get zero queries in both engines' forms (the model computes them from padded
 token ids; their output is dropped). The padded call reads the real rows' caches: padding
@@ -41,7 +45,7 @@ class Padding:
     source: str  # where the engine does it
 
 
-PADDING = {
+PADDING: dict[str, Padding] = {
     "graph-pad-vllm": Padding(
         "vllm",
         0,
@@ -61,6 +65,11 @@ PADDING = {
         "`req_pool_indices[:raw_bs]` is rewritten (padded rows keep the previous batch's)",
     ),
 }
+
+
+PADDING["graph-refill-vllm"] = PADDING["graph-pad-vllm"]
+PADDING["graph-refill-sglang"] = PADDING["graph-pad-sglang"]
+REFILL = ("graph-refill-vllm", "graph-refill-sglang")
 
 
 def apply(case: Case, x: dict) -> dict:
@@ -117,6 +126,28 @@ def padded(case: Case, x: dict) -> tuple[Case, dict]:
     lens = case.request_lens + (pad.seq_len,) * n
     wide = replace(case, batch_size=case.graph_batch, context_lens=lens, graph_batch=0, edge="")
     return wide, with_counts(wide, y)
+
+
+def other_batch(case: Case, x: dict) -> tuple[Case, dict]:
+    """The batch a graph-refill case's graph is captured with, before this one: the same shapes,
+    each request's query and indices from the next request (rolled by one), and the first
+    request's valid entries halved (its count and length change). Whatever of it a refill
+    leaves behind in the captured call makes the replay's answer differ from this batch's."""
+    y = dict(x)
+    y["q"] = x["q"].roll(1, dims=0)
+    for key in ("indices", "extra_indices"):
+        idx = x.get(key)
+        if idx is None:
+            continue
+        idx = idx.roll(1, dims=0).clone()
+        first = idx[0]
+        valid = first >= 0
+        keep = valid.sum(-1, keepdim=True) // 2  # per query row of the first request
+        first[valid & (valid.cumsum(-1) > keep)] = -1
+        y[key] = idx
+    lens = list(case.request_lens)
+    lens = [max(1, lens[-1] // 2), *lens[:-1]]
+    return replace(case, context_lens=tuple(lens)), with_counts(case, y)
 
 
 def real_rows(out: Output, batch_size: int) -> Output:

@@ -1,6 +1,8 @@
 """The engine issues the failure shapes reproduce, and what is known of their fixes: every row
 of a failure-shape case (Case.edge, or a case tagged with an issue's tag) says which issue it
-reproduces and whether the build it ran has the fix.
+reproduces, whether the build it ran has the fix, and whether the symptom showed: the row's
+message or what the job printed to stderr (info.stderr, run/runner.py) holds one of the
+issue's known messages (a symptom can be a line printed beside a correct answer: 56563).
 
 A fix made in the engine (the engine stops making the call) leaves every kernel build as it
 was: the row says so. A kernel fix names the first release of each library that has it; a
@@ -20,6 +22,7 @@ class EngineIssue:
     fix: str = ""  # the change that fixes it, "" if none is known
     side: str = ""  # "engine": the engine avoids the call; "kernel": the kernel was changed
     fixed_in: dict[str, str] = field(default_factory=dict)  # library -> first release with it
+    signs: tuple[str, ...] = ()  # text the build prints or raises when the symptom is there
 
 
 ISSUES = {
@@ -32,6 +35,7 @@ ISSUES = {
             "prefill chunk has 0 query tokens: assertion at sm90 prefill phase1.cuh:614",
             "vLLM PR 51489 (open): get_prefill_chunk_plan skips zero-query-len requests",
             "engine",
+            signs=("res == CUresult::CUDA_SUCCESS",),
         ),
         EngineIssue(
             "vllm-56563",
@@ -40,17 +44,21 @@ ISSUES = {
             "initialize the TMA descriptor 1' every step, output correct",
             "vLLM PR 56591 (open): FlashAttnMLASparseImpl returns early on 0 tokens",
             "engine",
+            # CUTLASS's make_tma_copy_desc prints it to std::cerr and goes on
+            signs=("Failed to initialize the TMA descriptor",),
         ),
         EngineIssue(
             "vllm-56771",
             "vLLM issues 56771, 57388",
             "illegal memory access only under CUDA graphs, with padded rows in the batch",
+            signs=("illegal memory access",),
         ),
         EngineIssue(
             "vllm-52339",
             "vLLM issue 52339 (vLLM 0.26.0, H20-3e)",
             "FlashMLA sm90 sparse prefill fails a TMA descriptor assertion (phase1.cuh:614) "
             "near 161K context",
+            signs=("res == CUresult::CUDA_SUCCESS",),
         ),
     )
 }
@@ -59,6 +67,8 @@ EDGE_ISSUES = {
     "empty-request": "vllm-56563",
     "graph-pad-vllm": "vllm-56771",
     "graph-pad-sglang": "vllm-56771",
+    "graph-refill-vllm": "vllm-56771",
+    "graph-refill-sglang": "vllm-56771",
 }
 
 
@@ -86,27 +96,47 @@ def has_fix(issue: EngineIssue, library: str, version: str) -> str:
     return ("yes" if have >= need else "no") + f": {issue.fix}, in {library} {first}+"
 
 
-def note(case, library: str, version: str) -> list[dict]:
-    """The row's `engine_issue` entries: the issue, its symptom, and whether this build has
-    its fix."""
+def symptom_seen(issue: EngineIssue, message: str, stderr: str) -> str:
+    """yes / no / unknown, with why: whether the row's message or the job's stderr holds one of
+    the issue's known messages."""
+    if not issue.signs:
+        return "unknown: no message of the symptom known"
+    for sign in issue.signs:
+        for where, text in (("the row's message", message), ("the job's stderr", stderr)):
+            if sign.lower() in (text or "").lower():
+                return f"yes: {sign!r} in {where}"
+    said = " or ".join(repr(s) for s in issue.signs)
+    printed = "the job printed nothing to stderr" if not stderr else "nor in the job's stderr"
+    return f"no: {said} not in the row's message, {printed}"
+
+
+def note(case, library: str, version: str, message: str = "", stderr: str = "") -> list[dict]:
+    """The row's `engine_issue` entries: the issue, its symptom, whether this build has its
+    fix, and whether the symptom showed in the row's message or the job's stderr."""
     return [
         {
             "issue": i.issue,
             "symptom": i.symptom,
             "fix": i.fix or "none known",
             "build_has_fix": has_fix(i, library, version),
+            "symptom_seen": symptom_seen(i, message, stderr),
         }
         for i in issues_of(case)
     ]
 
 
-def with_note(info: dict, case, backend, provider: dict | None) -> dict:
+def with_note(
+    info: dict, case, backend, provider: dict | None, message: str = "", stderr: str = ""
+) -> dict:
     """A row's info with its `engine_issue` entries (rows of cases that reproduce none keep
     theirs). The build is the provider the worker found, else the instance's pinned `lib`
-    (a row of a worker that died before answering has no provider)."""
+    (a row of a worker that died before answering has no provider); the symptom is looked
+    for in the row's `message` and the job's `stderr` (all of it: info.stderr is its end)."""
     if not issues_of(case):
         return info
     provider = provider or {}
     library = provider.get("name") or backend.base
     version = provider.get("version") or str(backend.option_values().get("lib") or "")
-    return {**(info or {}), "engine_issue": note(case, library, version)}
+    stderr = stderr or (info or {}).get("stderr", "")
+    notes = note(case, library, version, message, stderr)
+    return {**(info or {}), "engine_issue": notes}

@@ -1,5 +1,7 @@
-"""The support envelope: one cell per (backend, phase, layout, heads, top-k, s_q), each ok,
-unsupported (with the kernel's or adapter's reason), crash or incorrect.
+"""The support envelope: one cell per (backend, head padding, phase, layout, heads, top-k, s_q),
+each ok, unsupported (with the kernel's or adapter's reason), crash or incorrect. A backend's
+cells with heads padded as the engine pads and with heads raw (the kernel meets them
+unpadded, Case.head_padding) are two grids of their own (`grid`).
 
 Plan time decides most cells (`Backend.supports`, CPU only); rows of a run of the same
 scenario fill in the rest. The top-k axis is the width the kernel sees from the indexer: a
@@ -27,6 +29,14 @@ class Cell:
     status: str  # one of ENVELOPE_STATUSES; "planned": supported, not run yet
     reason: str = ""  # why unsupported, or the crash / mismatch message
     case_id: str = ""
+    head_padding: str = "engine"  # Case.head_padding (cells written before it: engine)
+
+
+def grid(cell: Cell) -> str:
+    """The grid a cell belongs to: its backend, and its head padding unless the engine's."""
+    if cell.head_padding == "engine":
+        return cell.backend
+    return f"{cell.backend} (heads {cell.head_padding})"
 
 
 def indexer_width(case) -> int:
@@ -60,7 +70,7 @@ def cells(jobs, arch: str, supports, rows: list[dict] = ()) -> list[Cell]:
         out.append(
             Cell(
                 job.backend, arch, c.op, c.layout, c.num_heads, indexer_width(c), c.s_q,
-                status, reason or "", c.case_id,
+                status, reason or "", c.case_id, c.head_padding,
             )
         )  # fmt: skip
     return out
@@ -78,9 +88,9 @@ def read_cells(path: Path) -> list[Cell]:
 
 
 def counts(cells_: list[Cell]) -> dict[str, dict[str, int]]:
-    """backend -> status -> number of cells."""
+    """grid (backend, and head padding unless the engine's) -> status -> number of cells."""
     out: dict[str, dict[str, int]] = {}
     for cell in cells_:
-        by_status = out.setdefault(cell.backend, dict.fromkeys(ENVELOPE_STATUSES, 0))
+        by_status = out.setdefault(grid(cell), dict.fromkeys(ENVELOPE_STATUSES, 0))
         by_status[cell.status] += 1
     return out

@@ -2,7 +2,9 @@
 
 A worker that dies (exit code, signal, CUDA error) or hangs past the case's timeout becomes a
 `crash`/`timeout`/`oom` row with the end of its stderr; the worker is replaced and the sweep
-goes on. Rows are appended as soon as they exist, so a killed run loses nothing.
+goes on. A job the worker answers keeps the end of what it printed to stderr in `info.stderr`
+(a kernel may print an error and still answer right: vLLM issue 56563). Rows are appended as
+soon as they exist, so a killed run loses nothing.
 """
 
 from __future__ import annotations
@@ -49,14 +51,28 @@ class Job:
     backend: str
 
 
-def _tail(log, start: int = 0, lines: int = 15, chars: int = 2000) -> str:
-    """The last lines of the open log file from byte `start` on (the current job's output)."""
+def _text(log, start: int = 0, most: int = 1 << 20) -> str:
+    """The open log file from byte `start` on (the current job's output), its last `most`
+    bytes."""
     try:
         size = os.fstat(log.fileno()).st_size
-        text = os.pread(log.fileno(), max(0, size - start), start).decode(errors="replace")
+        start = max(start, size - most)
+        return os.pread(log.fileno(), max(0, size - start), start).decode(errors="replace")
     except (OSError, ValueError):  # ValueError: the log is closed
         return ""
+
+
+def tail(text: str, lines: int = 15, chars: int = 2000) -> str:
+    """The last lines of a job's output, at most `chars` characters."""
     return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
+
+
+def with_stderr(answer: dict, printed: str) -> dict:
+    """A worker's answer (a whole row, or an outcome) with the end of what its job printed to
+    stderr as `info.stderr`; nothing printed, nothing added."""
+    if not printed.strip():
+        return answer
+    return {**answer, "info": {**(answer.get("info") or {}), "stderr": tail(printed)}}
 
 
 def _exit_text(rc: int | None) -> str:
@@ -144,11 +160,15 @@ class Worker:
             rc = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             rc = None
-        tail = self.stderr_tail()
-        return f"worker {_exit_text(rc)}" + (f": {tail}" if tail else "")
+        end = self.stderr_tail()
+        return f"worker {_exit_text(rc)}" + (f": {end}" if end else "")
 
     def stderr_tail(self) -> str:
-        return _tail(self._stderr, self.job_start)
+        return tail(self.job_stderr())
+
+    def job_stderr(self) -> str:
+        """What the current job printed to stderr so far (its last MiB)."""
+        return _text(self._stderr, self.job_start)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -233,16 +253,21 @@ class Runner:
             self._env = env.collect()
         return self._env
 
-    def _row(self, job: Job, answer: dict, slot: Slot) -> CaseRow:
+    def _row(self, job: Job, answer: dict, slot: Slot, printed: str = "") -> CaseRow:
         """The job's row: the worker's (a whole row), or built here from an outcome (status and
-        message of a job that never got a worker's answer); with this slot's environment."""
+        message of a job that never got a worker's answer); with this slot's environment and
+        the engine issue it reproduces, looked for in its message and `printed` (the job's
+        stderr)."""
         if "case_id" in answer:
             row = CaseRow.from_dict(answer)
         else:
             row = CaseRow.of(job.case, backends.get(job.backend), **answer)
         extra = {**row.extra, "shard": self.shard} if self.shard else row.extra
         env = {**(row.env or self._env_info()), **slot.device.row_env()}
-        info = engine_issues.with_note(row.info, job.case, backends.get(job.backend), row.provider)
+        backend = backends.get(job.backend)
+        info = engine_issues.with_note(
+            row.info, job.case, backend, row.provider, row.message, printed
+        )
         return dataclasses.replace(row, env=env, extra=extra, info=info)
 
     def _write(self, row: CaseRow) -> None:
@@ -259,10 +284,10 @@ class Runner:
         try:
             answer = worker.receive(job.case.timing.timeout_s)
         except TimeoutError:
-            tail = worker.stderr_tail()
+            end = worker.stderr_tail()
             worker.stop()
             msg = f"no answer after {job.case.timing.timeout_s:g} s"
-            return {"status": "timeout", "message": msg + (f"; stderr: {tail}" if tail else "")}
+            return {"status": "timeout", "message": msg + (f"; stderr: {end}" if end else "")}
         if answer is None:
             msg = worker.failure()
             status = "oom" if "out of memory" in msg.lower() else "crash"
@@ -284,6 +309,7 @@ class Runner:
         its row."""
         slot = slot or self.slots[0]
         reason = backends.get(job.backend).supports(job.case, self.arch)
+        printed = ""
         if reason:
             answer = {"status": "unsupported", "message": reason}
         else:
@@ -296,10 +322,14 @@ class Runner:
             except RuntimeError as e:  # the worker would not even start
                 answer = {"status": "error", "message": str(e)}
                 worker = None
+            if worker is not None:
+                printed = worker.job_stderr()  # "" once stopped (a timeout: its message has it)
+                if "case_id" in answer or answer.get("status") in ("ok", "error"):
+                    answer = with_stderr(answer, printed)  # a crash's message quotes it already
             if worker is not None and (fresh or not worker.alive()):
                 worker.stop()
                 slot.drop(worker)
-        row = self._row(job, answer, slot)
+        row = self._row(job, answer, slot, printed)
         self._write(row)
         return row.to_dict()
 

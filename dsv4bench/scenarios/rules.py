@@ -203,7 +203,7 @@ class Parser:
         if n.kind == "scalar" and isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if n.kind != "scalar" or not isinstance(v, str) or v not in HEAD_PADDINGS:
-            raise self.fail(n, f"expected one of engine, none, 64, 128, got {show_value(n)}")
+            raise self.fail(n, f"expected one of {', '.join(HEAD_PADDINGS)}, got {show_value(n)}")
         return v
 
     def compress_ratio(self, n: Node) -> int:
@@ -557,13 +557,15 @@ def pair_rule(a: str, rel: str, b: str, v: dict, why: str = "") -> list[tuple[st
 def edge_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     """A failure shape (cases/edges.py) fits its op: a 0-token prefill call through the kernel
     that takes the chunk's rows first; a decode batch with a request inside it to empty; a
-    decode batch padded to a larger captured one."""
+    decode batch padded to a larger captured one (and refilled with the next batch)."""
     edge, graph_batch = v.get("edge", ""), v.get("graph_batch", 0)
     if edge and edge not in EDGES:
         return [("edge", f"expected one of {', '.join(EDGES)}, got {edge!r}")]
-    padding = edge.startswith("graph-pad")
+    padding = edge.startswith(("graph-pad", "graph-refill"))
     if graph_batch and not padding:
-        return [("graph_batch", "graph_batch is the captured batch of a graph-pad edge")]
+        return [
+            ("graph_batch", "graph_batch is the captured batch of a graph-pad or graph-refill edge")
+        ]
     if edge == "empty-chunk":
         if v["op"] != "prefill" or v.get("context_lens"):
             return [("edge", "empty-chunk is a prefill call of one chunk (no context_lens)")]

@@ -76,7 +76,7 @@ KEYS: dict[str, str] = {
     ),
     "tp": "tensor parallel size: heads per rank = model heads / tp (default 1)",
     "num_heads": "heads per rank, overriding model heads / tp",
-    "head_padding": 'Case.head_padding: "engine" (default), "none", "64" or "128"',
+    "head_padding": 'Case.head_padding: "engine" (default), "none", "raw", "64" or "128"',
     "backends": "backends whose curves are reported (empty: every backend with attention rows)",
     "helper_backends": (
         'backends that run the dequant and remap parts (default ["torch"]); '

@@ -337,3 +337,22 @@ def test_every_page_table_entry_is_a_page_of_the_pool():
     assert bool((table >= 0).all()) and bool((table < slots).all()), table.min()
     for i, n in enumerate(call["seqused_k"].tolist()):
         assert (table[i, n:] == 0).all()
+
+
+@pytest.mark.parametrize("base", [V32, V4], ids=["v32", "v4"])
+def test_a_graph_refill_copies_the_next_batch_into_the_captured_call(base):
+    # run/padded.py: prepared on another batch, this batch's pool, page table and lengths
+    # copied into that call's buffers in place; the call (eager on a CPU) answers this batch
+    from dsv4bench.run import padded
+
+    case = make_case(
+        **base, batch_size=3, graph_batch=5, context_len=1024, edge="graph-refill-vllm"
+    )
+    x = make_inputs(case, "cpu")
+    b, fwd = fake_backend()
+    p = padded.prepare(b, case, x, "cpu", "sm90")
+    assert len(fwd.calls) == 0  # prepare() does not run the kernel
+    got = p.finish(p.run())
+    (call,) = fwd.calls
+    assert call["q"].shape[0] == 5 * case.s_q  # the captured batch's rows
+    assert metrics.accuracy(oracle_call(case, x)(), got)["cos_diff"] < 5e-6

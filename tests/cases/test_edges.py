@@ -55,7 +55,8 @@ def test_the_shapes_expand_with_ids_of_their_own():
         ("{op: decode, model: v3.2, edge: empty-request}", "decode batch of 2 or more"),
         ("{op: decode, model: v3.2, batch_size: 4, graph_batch: 4, edge: graph-pad-vllm}",
          "graph_batch > batch_size"),
-        ("{op: decode, model: v3.2, graph_batch: 4}", "captured batch of a graph-pad edge"),
+        ("{op: decode, model: v3.2, graph_batch: 4}",
+         "captured batch of a graph-pad or graph-refill edge"),
         ("{op: decode, model: v3.2, edge: empty}", "failure shape"),
         ("{op: prefill, model: v3.2, route: decode-mixed, edge: empty-chunk}", "decode-mixed"),
     ],
@@ -122,6 +123,89 @@ def test_the_shapes_run_through_the_oracle_on_the_cpu(tmp_path):
     assert notes["empty-chunk"]["issue"].startswith("vLLM issue 51486")
     assert notes["empty-chunk"]["build_has_fix"].startswith("no: the fix is in the engine")
     assert notes["graph-pad-vllm"]["build_has_fix"].startswith("unknown")
+    # the oracle prints nothing and answers right: no symptom
+    assert notes["empty-request"]["symptom_seen"].startswith("no: ")
+    assert all("stderr" not in r["info"] for r in rows)
+
+
+def test_a_symptom_is_seen_in_the_message_or_in_what_the_job_printed():
+    chunk, request = (engine_issues.ISSUES[t] for t in ("vllm-51486", "vllm-56563"))
+    flashmla = "RuntimeError: Assertion error (phase1.cuh:615): Assertion `res == CUresult::CUDA_SUCCESS` failed"  # noqa: E501
+    assert engine_issues.symptom_seen(chunk, flashmla, "").startswith("yes: ")
+    assert "the row's message" in engine_issues.symptom_seen(chunk, flashmla, "")
+    fa3 = "TMA Desc Addr: 0x1\nError: Failed to initialize the TMA descriptor 1\n"
+    assert "the job's stderr" in engine_issues.symptom_seen(request, "", fa3)
+    assert engine_issues.symptom_seen(request, "", "a warning").startswith("no: ")
+    assert "printed nothing" in engine_issues.symptom_seen(request, "", "")
+    mute = engine_issues.EngineIssue("t", "issue", "symptom")
+    assert engine_issues.symptom_seen(mute, fa3, fa3).startswith("unknown")
+
+
+REFILL = """name: refill-test
+arch: [cpu]
+backends: [torch, copying, stale, reference-f64]
+timing: {warmup: 0, iters: 1}
+cases:
+  - {op: decode, model: v4-flash, context_len: 1024, num_heads: 16, batch_size: 3,
+     graph_batch: 5, edge: [graph-refill-vllm, graph-refill-sglang]}
+  - {op: decode, model: v3.2, context_len: 512, num_heads: 16, topk: 64, batch_size: 2,
+     s_q: 2, graph_batch: 4, edge: graph-refill-vllm}
+"""
+
+
+def test_the_other_batch_has_the_same_shapes_and_other_lengths_and_indices():
+    case = _v4(batch_size=3, graph_batch=5, edge="graph-refill-vllm")
+    x = inputs.make_inputs(case, "cpu")
+    before_case, before = edges.other_batch(case, x)
+    for k, v in x.items():
+        if hasattr(v, "shape"):
+            assert before[k].shape == v.shape and before[k].dtype == v.dtype, k
+    assert torch.equal(before["q"][1], x["q"][0]) and not torch.equal(before["q"], x["q"])
+    assert torch.equal(before["indices"][1:], x["indices"][:2])
+    assert before["topk_length"].tolist() == [64, 128, 128]  # the first request's halved
+    assert before["extra_topk_length"].tolist() == [32, 64, 64]
+    assert before_case.context_lens == (512, 1024, 1024)
+    # its answer differs from this batch's in every request: a stale buffer shows
+    a, b = oracle_call(case, before)(), oracle_call(case, x)()
+    assert all(not torch.allclose(a.out[r], b.out[r]) for r in range(3))
+
+
+def test_refill_copies_in_place_and_refuses_buffers_that_follow_the_batch():
+    from dsv4bench.backends.base import Unsupported
+    from dsv4bench.run import padded
+
+    static = (torch.zeros(2, 3), None, torch.zeros(4, dtype=torch.int32))
+    where = [t.data_ptr() for t in static if t is not None]
+    new = (torch.ones(2, 3), None, torch.arange(4, dtype=torch.int32))
+    padded.refill(static, new)
+    assert [t.data_ptr() for t in static if t is not None] == where
+    assert (static[0] == 1).all() and static[2].tolist() == [0, 1, 2, 3]
+    with pytest.raises(Unsupported, match=r"buffer 2 of the captured call is \(4,\) torch.int32, "
+                       r"the next batch's \(5,\)"):  # fmt: skip
+        padded.refill(static, (new[0], None, torch.arange(5, dtype=torch.int32)))
+    with pytest.raises(Unsupported, match="has 2 buffers, the captured one 3"):
+        padded.refill(static, new[:2])
+
+
+def test_a_graph_refill_is_judged_on_the_batch_copied_in(tmp_path):
+    scenario = tmp_path / "refill.yaml"
+    scenario.write_text(REFILL)
+    out = tmp_path / "run"
+    main(["run", str(scenario), "--out", str(out), "--plugin", "tests.plugins.misbehaving"])
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    by = {}
+    for r in rows:
+        by.setdefault(r["backend"], []).append(r)
+    assert [r["status"] for r in by["torch"]] == ["ok"] * 3
+    assert [r["status"] for r in by["copying"]] == ["ok"] * 3
+    # the indices of the captured batch left in place: the replay answers the other batch
+    assert [r["status"] for r in by["stale"]] == ["incorrect"] * 3
+    assert all("Prepared.buffers" in r["message"] for r in by["reference-f64"])
+    assert {r["status"] for r in by["reference-f64"]} == {"unsupported"}
+    info = by["copying"][0]["info"]
+    assert info["graph_refill"]["refilled"].endswith("buffers copied in place (Prepared.buffers)")
+    assert info["graph_padding"]["replay"].startswith("eager")
+    assert by["copying"][0]["info"]["engine_issue"][0]["issue"].startswith("vLLM issues 56771")
 
 
 def test_a_kernel_fix_is_read_against_the_build_version():
@@ -140,10 +224,11 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     from pathlib import Path
 
     from dsv4bench import backends, scenarios
+    from dsv4bench.backends.sglang_triton.backend import SglangTriton
 
     path = Path(__file__).parents[2] / "scenarios/failures/prefill_context_limit_sm90.yaml"
     sc = scenarios.load(path, known_backends=backends.catalog())
-    assert [s.backend for s in sc.limits] == [
+    assert [s.backend for s in sc.limits[:9]] == [
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
         "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
@@ -154,7 +239,25 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {
         (262144, 1048576, 8192), (131072, 1048576, 8192)
     }  # fmt: skip
-    assert [s.base.model for s in sc.limits[7:]] == ["v3.2", "v3.2"]
+    assert [s.base.model for s in sc.limits[7:9]] == ["v3.2", "v3.2"]
+    # every sm90 build that takes a prefill chunk has a search on each model it reads, on the
+    # route it takes the chunk (sglang's V4 Triton decode: decode-kernel)
+    searched = {(s.backend, s.base.model, s.base.route) for s in sc.limits}
+    for build in (
+        "fa3-vllm-0.26.0", "flashinfer-0.7.2.post1", "flashinfer-0.6.18", "triton",
+        "q8kv8-sglang-0.5.23",
+    ):  # fmt: skip
+        assert {(build, m, "sparse-prefill") for m in ("v4-flash", "v3.2")} <= searched
+    assert ("sglang-triton-0.5.23", "v4-flash", "decode-kernel") in searched
+    assert ("sglang-triton-dsa-prefill-0.5.23", "v3.2", "sparse-prefill") in searched
+    assert len(searched) == len(sc.limits) - 3  # FlashMLA/FA3 0.33.0 twice on V4-Flash
+    (instance,) = sc.instances
+    assert instance["name"] == "sglang-triton-dsa-prefill-0.5.23"
+    dsa = SglangTriton(**instance["options"])
+    v4 = SglangTriton()
+    for s in sc.limits[-2:]:  # the builds' own rules take both ends of the range
+        b = v4 if s.base.route == "decode-kernel" else dsa
+        assert b.case_reason(s.at(s.lo)) is None and b.case_reason(s.at(s.hi)) is None
     for s in sc.limits:
         assert s.base.op == "prefill" and "vllm-52339" in s.base.tags
         probe = s.at(163840)  # near the issue's 161K

@@ -8,6 +8,11 @@ otherwise it is the oracle.
 slowed: the oracle plus a sleep (a deliberately slowed backend).
 wrong: the oracle with its output scaled (a deliberately wrong backend).
 isolated: the oracle, recording its worker's pid; instances with a `build` get their own worker.
+copying: the oracle over its own copies of the inputs (as adapters convert them), which it
+declares as Prepared.buffers; stale: the same, but its indices copy is left out of the buffers
+(a refill leaves the captured batch's indices behind).
+chatty: the oracle, printing at the C level (fd 2) what CUTLASS prints on every call when it
+cannot build a TMA descriptor, as FA3 sparse does on a zero-extent segment (vLLM issue 56563).
 """
 
 from __future__ import annotations
@@ -93,7 +98,36 @@ class Isolated(_Oracle):
         return Prepared(run=oracle_call(case, inputs), info={"pid": os.getpid()})
 
 
-for _b in (Crashy(), Slowed(), Wrong(), Isolated()):
+class Chatty(_Oracle):
+    name = "chatty"
+    PRINTED = b"TMA Desc Addr:   0x7ffd\nError: Failed to initialize the TMA descriptor 1\n"
+
+    def prepare(self, case, inputs, device):
+        call = oracle_call(case, inputs)
+
+        def run():
+            os.write(2, self.PRINTED)  # as std::cerr: unbuffered, past Python's sys.stderr
+            return call()
+
+        return Prepared(run=run)
+
+
+class Copying(_Oracle):
+    name = "copying"
+    forgets = ()  # input keys whose copies are left out of Prepared.buffers
+
+    def prepare(self, case, inputs, device):
+        own = {k: v.clone() if hasattr(v, "clone") else v for k, v in inputs.items()}
+        keys = [k for k in sorted(own) if hasattr(own[k], "data_ptr") and k not in self.forgets]
+        return Prepared(run=oracle_call(case, own), buffers=tuple(own[k] for k in keys))
+
+
+class Stale(Copying):
+    name = "stale"
+    forgets = ("indices",)
+
+
+for _b in (Crashy(), Slowed(), Wrong(), Isolated(), Chatty(), Copying(), Stale()):
     register(_b, replace=True)
 
 

@@ -43,6 +43,8 @@ def _row(backend, **fields):
 def test_measured_rows_win_over_declarations_and_say_so():
     rows = [
         _row("flashmla", timing={"graph_ms": 0.1}),
+        # a graph-refill case its adapter refused: nothing was captured
+        _row("flashmla", params={"graph_batch": 8}, status="unsupported"),
         _row("flashmla", accuracy={"batch_invariance": {"max_ulps": 0}, "lse_max_abs": 1e-6}),
         _row("fa3", params={"graph_batch": 8}, status="crash", message="CUDA error: illegal"),
         _row("fa3", accuracy={"batch_invariance": {"max_ulps": 3}, "lse_max_abs": None}),

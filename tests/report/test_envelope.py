@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -66,6 +67,57 @@ def test_the_topk_axis_is_the_compressed_cache_width_where_there_is_one():
     )
     assert envelope.indexer_width(v4) == 1152
     assert envelope.indexer_width(_case(topk=2048)) == 2048
+
+
+def test_raw_heads_are_a_grid_of_their_own(tmp_path):
+    jobs = [
+        SimpleNamespace(case=_case(num_heads=8, head_padding=pad), backend="a")
+        for pad in ("engine", "raw")
+    ]
+    assert jobs[0].case.case_id != jobs[1].case.case_id
+    rows = [{"case_id": jobs[1].case.case_id, "backend": "a", "status": "error", "message": "h"}]
+    cells = envelope.cells(jobs, "sm90", lambda job: None, rows)
+    assert [(c.head_padding, c.status) for c in cells] == [("engine", "planned"), ("raw", "crash")]
+    assert [envelope.grid(c) for c in cells] == ["a", "a (heads raw)"]
+    assert envelope.counts(cells) == {
+        "a": {**dict.fromkeys(envelope.ENVELOPE_STATUSES, 0), "planned": 1},
+        "a (heads raw)": {**dict.fromkeys(envelope.ENVELOPE_STATUSES, 0), "crash": 1},
+    }
+    envelope.write_cells(cells, tmp_path / "e.jsonl")
+    assert envelope.read_cells(tmp_path / "e.jsonl") == cells
+    # a file written before the axis: every cell the engine's padding
+    old = json.dumps({k: v for k, v in vars(cells[0]).items() if k != "head_padding"})
+    (tmp_path / "old.jsonl").write_text(old + "\n")
+    assert envelope.read_cells(tmp_path / "old.jsonl")[0].head_padding == "engine"
+    seen = []
+    monkey = plot._panel
+    try:
+        plot._panel = lambda ax, mine, title: seen.append(title) or monkey(ax, mine, title)
+        plot.draw(cells, tmp_path / "grid.png")
+    finally:
+        plot._panel = monkey
+    assert seen == ["a: decode, v32", "a (heads raw): decode, v32"]
+
+
+def test_the_shipped_envelope_lets_kernels_meet_the_heads_engines_pad():
+    from pathlib import Path
+
+    from dsv4bench import backends, scenarios
+
+    path = Path(__file__).parents[2] / "scenarios/envelope/sm90.yaml"
+    sc = scenarios.load(path, known_backends=backends.catalog())
+    raw = [(c, b) for c, b in sc.jobs() if c.head_padding == "raw"]
+    assert len(sc.jobs()) == 3960 and len(raw) == 810  # 3150 cells, and 1.26x with raw heads
+    assert {b for _, b in raw} == {"flashmla", "q8kv8", "sglang-triton"}
+    assert {c.num_heads for c, _ in raw} == {8, 16, 32}  # 64, 128: what every engine pads to
+    # FlashMLA takes 64/128 heads: padded by the engine, refused unpadded, met raw
+    case = next(c for c, b in raw if b == "flashmla" and c.num_heads == 8)
+    fm = backends.get("flashmla")
+    assert fm.supports(dataclasses.replace(case, head_padding="engine"), "sm90") is None
+    assert "head_padding none" in fm.supports(
+        dataclasses.replace(case, head_padding="none"), "sm90"
+    )
+    assert fm.supports(case, "sm90") is None
 
 
 def test_plot_file_is_written(tmp_path):

@@ -53,3 +53,20 @@ def test_a_padded_batch_replays_from_a_graph_and_its_real_rows_are_right(name, m
     assert padding["replay"] == "cuda graph" and padding["graph_batch"] == 8
     out = prepared.finish(prepared.run())  # a second replay gives the same answer
     assert out.out.shape[0] == case.batch_size
+
+
+@pytest.mark.parametrize("edge", ["graph-refill-vllm", "graph-refill-sglang"])
+@pytest.mark.parametrize("model", ["v4", "v32"])
+def test_a_graph_captured_on_one_batch_replays_the_next_copied_in_place(model, edge):
+    # FlashMLA's schedule, indices and counts of the next batch copied into the captured
+    # call's buffers (Prepared.buffers), as engines step a captured graph
+    backend = backends.get("flashmla")
+    case = _case(model, edge)
+    try:
+        backend.provider()
+    except backends.Unsupported as e:
+        pytest.skip(f"flashmla: {e}")
+    row, prepared = check(case, backend, "sm90", Cache())
+    assert row["status"] == "ok", row["message"]
+    assert row["info"]["graph_padding"]["replay"] == "cuda graph"
+    assert "copied in place" in row["info"]["graph_refill"]["refilled"]

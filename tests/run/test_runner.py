@@ -79,6 +79,25 @@ def test_the_job_after_an_in_process_cuda_error_gets_a_fresh_worker(tmp_path):
     assert "illegal memory access" in rows[0]["message"]
 
 
+def test_what_a_job_printed_to_stderr_is_kept_on_a_correct_row_and_shows_the_symptom(tmp_path):
+    # vLLM 56563: FA3 prints "Failed to initialize the TMA descriptor" and answers right
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    case = tiny(3, edge="empty-request")
+    rows = runner.run([Job(case, "chatty"), Job(case, "torch"), Job(tiny(1, seed=4), "chatty")])
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
+    chatty, quiet, plain = rows
+    assert chatty["info"]["stderr"].endswith("Failed to initialize the TMA descriptor 1")
+    assert len(chatty["info"]["stderr"]) <= 2000
+    (note,) = chatty["info"]["engine_issue"]
+    assert note["issue"].startswith("vLLM issue 56563")
+    assert note["symptom_seen"].startswith("yes: 'Failed to initialize the TMA descriptor'")
+    assert "stderr" in note["symptom_seen"]
+    # the next job in the same worker printed nothing: none of the last job's output is its
+    assert "stderr" not in quiet["info"]
+    assert quiet["info"]["engine_issue"][0]["symptom_seen"].startswith("no: ")
+    assert "engine_issue" not in plain["info"] and "TMA" in plain["info"]["stderr"]
+
+
 def test_unsupported_is_recorded_with_its_reason(tmp_path):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
     (row,) = runner.run([Job(replace(tiny(1), op="remap"), "crashy")])

@@ -73,10 +73,10 @@ SHIPPED = {
     "workloads/locality_sm90.yaml": (18, 72, 0),
     "workloads/long_context_sm90.yaml": (24, 96, 0),
     # opt-in (issue 33): the support envelope, one small call per cell
-    "envelope/sm90.yaml": (450, 3150, 0),
+    "envelope/sm90.yaml": (720, 3960, 0),  # 3150 cells, 810 more with heads raw
     # opt-in (issue 33): the engines' failure shapes, the prefill context limit per build
-    "failures/sm90.yaml": (11, 99, 0),
-    "failures/prefill_context_limit_sm90.yaml": (0, 0, 9),
+    "failures/sm90.yaml": (15, 180, 0),  # 12 instances: every sm90 build that takes them
+    "failures/prefill_context_limit_sm90.yaml": (0, 0, 21),  # every sm90 prefill build
     # opt-in (issue 35): vLLM's mla_sparse_decode.yaml through `import vllm-bench`
     "compare/vllm_mla_sparse_decode_sm90.yaml": (72, 144, 0),
     # opt-in (issue 35): the two flashinfer-bench DSA definitions through `import flashinfer-bench`
@@ -240,7 +240,7 @@ BAD = [
     ("scale per layout", HEAD + "defaults: {scale_convention: vllm}\n", 5, "defaults.scale_convention", "layout v32 takes pow2 or raw"),  # noqa: E501
     ("scale on bf16", HEAD + "defaults: {layout: bf16, scale_convention: raw}\n", 5, "defaults.scale_convention", "bf16 rows have no scales"),  # noqa: E501
     ("head padding too small", HEAD + "defaults: {head_padding: 64}\n", 5, "defaults.head_padding", "pads to 64 heads, fewer than num_heads (128)"),  # noqa: E501
-    ("bad head padding", HEAD + "defaults: {head_padding: 96}\n", 5, "defaults.head_padding", "expected one of engine, none, 64, 128, got 96"),  # noqa: E501
+    ("bad head padding", HEAD + "defaults: {head_padding: 96}\n", 5, "defaults.head_padding", "expected one of engine, none, raw, 64, 128, got 96"),  # noqa: E501
     ("bad sink", HEAD + "defaults: {sink: 1}\n", 5, "defaults.sink", "expected true or false, got 1"),  # noqa: E501
     ("missing name", "op: decode\nmodel: v3.2\nbackends: [torch]\n", 1, "name", "required key missing"),  # noqa: E501
     ("missing backends", "name: t\nop: decode\nmodel: v3.2\n", 1, "backends", "required key missing"),  # noqa: E501

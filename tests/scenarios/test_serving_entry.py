@@ -32,7 +32,7 @@ def test_one_loader_reads_both_kinds(tmp_path):
     [
         ("timing: {iters: lots}\n", 5, "timing.iters", "positive integer"),
         ("tolerance: {cos: 1}\n", 5, "tolerance.cos", "expected one of: cos_diff"),
-        ("head_padding: 96\n", 5, "head_padding", "engine, none, 64, 128"),
+        ("head_padding: 96\n", 5, "head_padding", "engine, none, raw, 64, 128"),
         ("contexts: [1]\n", 5, "contexts", "duplicate key (first given at line 4)"),
         ("bach_sizes: [1]\n", 5, "bach_sizes", "did you mean batch_sizes"),
         ("tp: 3\n", 5, "tp", "divisor"),

@@ -71,7 +71,7 @@ def head_rule(case: Case) -> HeadRule:
     """sglang pads to the next multiple of 64 (64 or 128 in V4)."""
     engine = -(-case.num_heads // HEAD_BLOCK) * HEAD_BLOCK
     counts = None if case.d_qk == 576 else (64, 128)
-    return HeadRule("the Q8KV8 kernel", counts, engine)
+    return HeadRule("the Q8KV8 kernel", counts, engine, multiple=HEAD_BLOCK)
 
 
 def entry(case: Case) -> str:
@@ -187,12 +187,7 @@ class Q8KV8(Backend):
             return "the Q8KV8 kernel needs topk + extra_topk > 0"
         if case.d_qk == 512 and case.num_heads > V4_MAX_HEADS:
             return f"sglang's V4 Q8KV8 path takes at most {V4_MAX_HEADS} local heads"
-        heads, reason = resolve_heads(case, head_rule(case))
-        if reason:
-            return reason
-        if heads % HEAD_BLOCK:
-            return f"the Q8KV8 kernel takes query heads in multiples of {HEAD_BLOCK}, not {heads}"
-        return None
+        return resolve_heads(case, head_rule(case))[1]
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         import torch

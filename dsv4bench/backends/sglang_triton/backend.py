@@ -273,8 +273,10 @@ class SglangTriton(LibraryBackend):
             run = lambda: fn(*args)  # noqa: E731 - positional, as the sm120 dispatcher calls it
         else:
             run = lambda: fn(**kwargs)  # noqa: E731
+            args = list(kwargs.values())
         run()  # Triton compiles (and autotunes) on the first call, outside the timed one
-        return Prepared(run, call.v4_finish(case, lse), None, info)
+        buffers = tuple(a for a in args if a is None or hasattr(a, "data_ptr"))
+        return Prepared(run, call.v4_finish(case, lse), None, info, buffers=buffers)
 
     def _prepare_dsa(self, case: Case, x: dict, fn, heads: int) -> Prepared:
         rows = call.dsa_rows(case, x, heads)

@@ -1,5 +1,6 @@
-"""The support-envelope grid: a row of panels per backend, one panel per (phase, layout);
-x the top-k, y the heads (and s_q for decode), each square colored by the cell's status."""
+"""The support-envelope grid: a row of panels per grid (a backend, and its raw-heads cells
+apart: report/envelope.grid), one panel per (phase, layout); x the top-k, y the heads (and s_q
+for decode), each square colored by the cell's status."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from matplotlib.lines import Line2D
 
-from dsv4bench.report.envelope import Cell
+from dsv4bench.report.envelope import Cell, grid
 from dsv4bench.report.plots import canvas
 from dsv4bench.report.plots.style import STATUS_COLORS, STATUS_MARKERS
 
@@ -38,22 +39,20 @@ def _panel(ax, cells: list[Cell], title: str) -> set[str]:
 
 def draw(cells: list[Cell], path: Path, title: str = "Support envelope") -> Path:
     """One PNG of every backend's grid; returns its path."""
-    backends = list(dict.fromkeys(c.backend for c in cells))
+    grids = list(dict.fromkeys(grid(c) for c in cells))
     panels = list(dict.fromkeys((c.phase, c.layout) for c in cells))
-    if not backends:
+    if not grids:
         raise ValueError("no envelope cells to draw")
     fig, axes = canvas.figure(
-        len(backends), len(panels), title, panel_w=3.2, panel_h=4.2
+        len(grids), len(panels), title, panel_w=3.2, panel_h=4.2
     )  # fmt: skip
     seen: set[str] = set()
-    for i, backend in enumerate(backends):
+    for i, name in enumerate(grids):
         for j, (phase, layout) in enumerate(panels):
             ax = axes[i * len(panels) + j]
-            mine = [
-                c for c in cells if c.backend == backend and (c.phase, c.layout) == (phase, layout)
-            ]
+            mine = [c for c in cells if grid(c) == name and (c.phase, c.layout) == (phase, layout)]
             if mine:
-                seen |= _panel(ax, mine, f"{backend}: {phase}, {layout}")
+                seen |= _panel(ax, mine, f"{name}: {phase}, {layout}")
             else:
                 ax.set_visible(False)
     handles = {
