@@ -31,7 +31,7 @@ from dsv4bench.cases.case import Case
 from dsv4bench.rows import CaseRow, LimitRow
 from dsv4bench.rows.results import ResultWriter
 from dsv4bench.run.devices import Device
-from dsv4bench.run.slot import MAX_POOLED, Slot  # noqa: F401 (Slot: tests, callers)
+from dsv4bench.run.slot import MAX_POOLED, Slot, grouped_for_pool  # noqa: F401 (Slot: tests, callers)
 from dsv4bench.run.worker import MARK, PARENT_ENV
 from dsv4bench.scenarios import LimitSearch
 
@@ -304,6 +304,13 @@ class Runner:
                 answer["message"] = f"{answer.get('message', '')} ({worker.failure()})".strip()
         return answer
 
+    def _worker_key(self, job: Job) -> str | None:
+        """The worker a job runs in (None: a job its backend refuses runs in none)."""
+        backend = backends.get(job.backend)
+        if backend.supports(job.case, self.arch):
+            return None
+        return backend.process_key()
+
     def run_job(self, job: Job, *, fresh: bool = False, slot: Slot | None = None) -> dict:
         """Run one job on `slot` (default: the first; in a new worker when `fresh`) and write
         its row."""
@@ -348,7 +355,9 @@ class Runner:
         retry_failed: bool = False,
     ):
         done = self.writer.finished(retry_failed=retry_failed) if resume else set()
-        todo = [j for j in jobs if (j.case.case_id, j.backend) not in done]
+        todo = grouped_for_pool(
+            [j for j in jobs if (j.case.case_id, j.backend) not in done], self._worker_key
+        )
         searches = [s for s in limits if (s.limit_id, s.backend) not in done]
         skipped = len(jobs) - len(todo) + len(limits) - len(searches)
         progress = Progress(len(todo) + sum(_probes_estimate(s) for s in searches))

@@ -15,6 +15,22 @@ Worker = Any  # run/runner.py's Worker: a process with alive(), stop(), wait_rea
 MAX_POOLED = 3
 
 
+def grouped_for_pool(units: list, key: Callable[[Any], str | None]) -> list:
+    """`units` with the jobs of one worker key side by side (in the order each key first
+    appears), where the run needs more workers than a slot keeps: in case order, jobs of
+    MAX_POOLED + 1 builds would stop and start a worker for every job. Units whose key is None
+    (limit searches, jobs no worker runs) keep their places relative to each other, first."""
+    keys = [key(u) for u in units]
+    if len({k for k in keys if k is not None}) <= MAX_POOLED:
+        return list(units)
+    order: dict[str, int] = {}
+    for k in keys:
+        if k is not None:
+            order.setdefault(k, len(order))
+    ranked = sorted(range(len(units)), key=lambda i: -1 if keys[i] is None else order[keys[i]])
+    return [units[i] for i in ranked]
+
+
 class Slot:
     """One device and its long-lived workers, one per Backend.process_key (two builds of one
     kernel library cannot share a process); a worker that dies is replaced on the same device."""

@@ -214,3 +214,29 @@ def test_an_idle_worker_drops_large_inputs_and_keeps_small_ones():
     cache.inputs["q"] = torch.zeros(512)  # 3072 bytes
     release(cache, limit=2048)
     assert cache.key is None and not cache.inputs and not cache.expected
+
+
+def test_jobs_of_more_builds_than_a_slot_keeps_run_build_by_build():
+    """Five builds in case order would stop and start a worker for every job (the H100 failure
+    run: 21 of 75 jobs in 120 s); grouped, each build's worker starts once."""
+    from dsv4bench.run import runner
+    from dsv4bench.run.slot import grouped_for_pool
+
+    builds = [f"build-{i}" for i in range(runner.MAX_POOLED + 2)]
+    units = [(case, b) for case in range(4) for b in builds] + [("search", None)]
+
+    def starts(order):
+        made = []
+        slot = runner.Slot(None, lambda device: made.append(_FakeWorker()) or made[-1])
+        for _, key in order:
+            if key is not None:
+                slot.ensure_worker(key)
+        return len(made)
+
+    grouped = grouped_for_pool(units, key=lambda u: u[1])
+    assert sorted(grouped, key=str) == sorted(units, key=str)
+    assert starts(units) == len(units) - 1 and starts(grouped) == len(builds)
+    assert grouped[0] == ("search", None)  # keyless units first, in their order
+    assert [c for c, b in grouped if b == "build-0"] == [0, 1, 2, 3]  # case order kept
+    few = [(case, b) for case in range(3) for b in builds[: runner.MAX_POOLED]]
+    assert grouped_for_pool(few, key=lambda u: u[1]) == few  # within the pool: case order
