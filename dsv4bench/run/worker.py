@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 MARK = "@@dsv4bench@@ "
 PARENT_ENV = "DSV4BENCH_RUNNER_PID"  # the runner's pid: a worker never outlives it
@@ -179,13 +179,13 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
         )
     if prepared.exact is not None:  # the kernel against what it claims to compute
         own = metrics.accuracy(prepared.exact(), actual)
-        acc.update({f"exact_{k}": own[k] for k in EXACT_KEYS})
+        acc.update({f"exact_{k}": own[k] for k in EXACT_KEYS if k in own})
     tolerance = row_tolerance(case, backend)
     declared = backend.declared_tolerance(case)
     if declared:
         info["tolerance_from"] = declared[1]
     status, why = judge.verdict(acc, tolerance)
-    tol = asdict(tolerance)
+    tol = tolerance.to_row()
     return replace(row, accuracy=acc, tolerance=tol, status=status, message=why, info=info)
 
 
@@ -201,7 +201,17 @@ def _figures(acc: dict) -> dict:
     return {k: acc[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")}
 
 
-EXACT_KEYS = ("cos_diff", "max_abs", "max_rel", "lse_max_abs", "nonfinite")
+# the distance to the kernel's own model a row keeps (metrics.beyond_exact judges them)
+EXACT_KEYS = (
+    "cos_diff",
+    "max_abs",
+    "max_rel",
+    "lse_max_abs",
+    "nonfinite",
+    "lse_mismatch",
+    "max_logits_max_abs",
+    "max_logits_mismatch",
+)
 
 
 def row_tolerance(case, backend):
@@ -227,7 +237,7 @@ def _checks(row, case, backend, prepared, actual, cache: Cache, device: str):
             inv = {"error": f"a request alone is unsupported: {e}"}
         acc["batch_invariance"] = inv
     if case.timing.determinism or case.timing.batch_invariance:
-        row = replace(row, accuracy=acc, tolerance=asdict(row_tolerance(case, backend)))
+        row = replace(row, accuracy=acc, tolerance=row_tolerance(case, backend).to_row())
     reading = row.scale_reading
     if reading and not backend.is_oracle:  # how far the reading alone moves the answer
         if None not in cache.expected:

@@ -238,3 +238,47 @@ def test_v32_takes_any_multiple_of_64_heads():
     assert backend.supports(make_case(V32_PREFILL, num_heads=192), "sm90") is None
     reason = backend.supports(make_case(V32_PREFILL, num_heads=96, head_padding="none"), "sm90")
     assert "multiples of 64, not 96" in reason
+
+
+# ---- the row's verdict: both judgements, through the worker ----------------------------------
+
+
+class OnCpu(Q8KV8):
+    """The adapter as the worker runs it, on a CPU (the fake module answers there)."""
+
+    archs = ("cpu", "sm90")
+
+
+def _row(case, module):
+    from dsv4bench.run.worker import Cache, check_row
+
+    return check_row(case, OnCpu(module=module), "cpu", Cache())[0]
+
+
+def test_the_row_is_judged_by_the_kernels_own_model_too():
+    case = make_case(V32_PREFILL)
+    row = _row(case, FakeModule())
+    assert row.status == "ok", row.message
+    assert row.tolerance["exact_cos_diff"] == DECLARED.exact_cos_diff
+    assert row.tolerance["exact_lse_abs"] == DECLARED.exact_lse_abs
+    assert "results/sm90/studies/q8kv8" in row.info["tolerance_from"]
+    # off its own model by ~1e-4 (past the 3e-5 bound), still within the FP8 tolerance
+    row = _row(case, FakeModule(noise=0.014))
+    assert row.accuracy["cos_diff"] < DECLARED.cos_diff
+    assert row.accuracy["exact_cos_diff"] > DECLARED.exact_cos_diff
+    assert row.status == "incorrect" and row.message.startswith("exact_cos_diff ")
+    assert "kernel's own model" in row.message
+
+
+def test_max_logits_is_returned_and_judged_against_both():
+    case = make_case(V4_PREFILL)
+    row = _row(case, FakeModule())
+    acc = row.accuracy
+    # one FP8-rounded logit: past the lse's bound, within the declared max_logits_abs
+    assert DECLARED.lse_abs < acc["max_logits_max_abs"] < DECLARED.max_logits_abs
+    assert acc["max_logits_mismatch"] == 0 and row.status == "ok"
+    assert acc["exact_max_logits_max_abs"] == 0.0  # the fake writes the model's own
+    _, _, _, prepared = _run(case, module=FakeModule(answer=False))
+    prepared.poison()
+    actual = prepared.finish(prepared.run())  # never written: NaN in all three
+    assert actual.max_logits.isnan().all() and actual.lse.isnan().all()
