@@ -44,6 +44,9 @@ class Prepared:
     # read, e.g. reference/fp8_attention.py for an FP8 kernel): the worker records the answer's
     # distance to it as accuracy `exact_*`, the kernel's own exactness beside the oracle's.
     exact: Callable[[], Output] | None = None
+    # The indexer's FP8 logits alone (`run` without its top-k): the worker times it as it
+    # times `run` and splits the row's time into logits and top-k (measure/split.py).
+    logits: Callable[[], Any] | None = None
 
 
 class Unsupported(Exception):

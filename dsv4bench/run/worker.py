@@ -280,7 +280,7 @@ def run_job(job: dict, cache: Cache) -> dict:
     """One job's row, as the dict the runner reads."""
     from dsv4bench import backends
     from dsv4bench.cases.case import Case
-    from dsv4bench.measure import hardware, metrics, timing
+    from dsv4bench.measure import hardware, metrics, split, timing
 
     case = Case.from_dict(job["case"])
     arch = job["arch"]
@@ -299,8 +299,7 @@ def run_job(job: dict, cache: Cache) -> dict:
         # of a sweep's oracle time; events alone are its baseline figure
         timer = "events"
         row = replace(row, info={**row.info, "timer": "events only: the oracle ranks nothing"})
-    measured = timing.measure(
-        prepared.run,
+    how = dict(
         device=device,
         warmup=t.warmup,
         iters=t.iters,
@@ -308,6 +307,9 @@ def run_job(job: dict, cache: Cache) -> dict:
         timer=timer,
         graph=t.graph and not case.graph_batch,  # a graph-pad call is a replay already
     )
+    measured = timing.measure(prepared.run, **how)
+    if prepared.logits is not None:  # the indexer: its logits alone, so the row splits
+        measured["split"] = split.split(measured, timing.measure(prepared.logits, **how))
     padded = row.info.get("padded_heads")
     precision = row.info.get("compute_precision", "bf16")
     derived = metrics.derived(case, measured, hardware.detect(device), padded, precision)
