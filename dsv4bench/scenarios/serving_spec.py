@@ -77,7 +77,10 @@ KEYS: dict[str, str] = {
     "tp": "tensor parallel size: heads per rank = model heads / tp (default 1)",
     "num_heads": "heads per rank, overriding model heads / tp",
     "head_padding": 'Case.head_padding: "engine" (default), "none", "64" or "128"',
-    "backends": "backends whose curves are reported (empty: every backend with attention rows)",
+    "backends": (
+        "backends whose curves are reported (empty: every backend with attention rows); an "
+        "entry {name: BASE, as: NAME, OPTION: VALUE} defines an instance, as in kernel scenarios"
+    ),
     "helper_backends": (
         'backends that run the dequant and remap parts (default ["torch"]); '
         "the fastest ok row counts"
@@ -140,6 +143,8 @@ class ServingSpec:
     seed: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
+    # backend instances the file defines ({name, base, options, origin}; rules.Parser.instance)
+    instances: list[dict] = field(default_factory=list)
 
     @property
     def config(self) -> ModelConfig:
