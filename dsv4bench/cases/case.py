@@ -29,6 +29,8 @@ HEAD_PADDINGS = ("engine", "none", "64", "128")  # Case.head_padding
 # tokens, a batch with one request of no context, a decode batch padded to a captured CUDA
 # graph's size the way vLLM or sglang pad it.
 EDGES = ("empty-chunk", "empty-request", "graph-pad-vllm", "graph-pad-sglang")
+# How an attention case's q and cache values are drawn (Case.values; cases/values.py)
+VALUES = ("normal", "outliers")
 
 
 def padding_count(head_padding: str) -> int | None:
@@ -99,6 +101,7 @@ WORKLOAD_DEFAULTS = {
     "form": "",
     "edge": "",
     "graph_batch": 0,
+    "values": "normal",
 }
 
 
@@ -157,6 +160,9 @@ class Case:
     # captured batch a graph-pad case is padded to (> batch_size). In params() only when set.
     edge: str = ""
     graph_batch: int = 0
+    # How q and the cache's latent are drawn (VALUES; cases/values.py): "normal" (as always)
+    # or "outliers" (heavy-tailed channels, a larger RoPE part). In params() only when set.
+    values: str = "normal"
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
     tags: tuple[str, ...] = ()  # free labels a scenario gives its cases (family names for reports)

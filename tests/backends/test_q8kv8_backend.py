@@ -282,3 +282,20 @@ def test_max_logits_is_returned_and_judged_against_both():
     prepared.poison()
     actual = prepared.finish(prepared.run())  # never written: NaN in all three
     assert actual.max_logits.isnan().all() and actual.lse.isnan().all()
+
+
+def test_activation_like_values_saturate_the_identity_scale_casts():
+    """values: outliers puts some q and kv values past 448: sglang's scale-1 casts clamp them,
+    the error against the bf16 oracle grows far past the normal case's, and the kernel's own
+    model (the same clamped operands) still holds."""
+    case = make_case(V32_PREFILL, values="outliers", tokens=16)
+    _, module, x, prepared = _run(case)
+    prepared.run()
+    q8, kv8 = module.calls[-1][1][:2]
+    assert (x["q"].float().abs() > 448).any() and q8.float().abs().max() == 448
+    assert (x["kv"].float().abs() > 448).any() and kv8.float().nan_to_num().abs().max() == 448
+    normal = _row(make_case(V32_PREFILL, tokens=16), FakeModule())
+    row = _row(case, FakeModule())
+    assert row.accuracy["cos_diff"] > 10 * normal.accuracy["cos_diff"]
+    assert row.accuracy["exact_cos_diff"] <= DECLARED.exact_cos_diff
+    assert row.status == "incorrect" and not row.message.startswith("exact")
