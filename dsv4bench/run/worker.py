@@ -165,6 +165,8 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
         acc = topk.compare_forms(case, cache.inputs, expected, actual)
     else:
         acc = metrics.accuracy(expected, actual)  # against the original cache
+    if _has_max_logits(expected) and not _has_max_logits(actual):
+        info["max_logits"] = NO_MAX_LOGITS  # accuracy compares what both sides have
     if prepared.reads is not None:  # the adapter converted the cache: both errors kept
         on_reads = oracle_call(case, prepared.reads, reading)()
         info["conversion"] = _figures(metrics.accuracy(expected, on_reads))
@@ -195,6 +197,13 @@ JUDGED_ON_CACHE = (
     "the original cache (what an engine serving it gets); info.kernel_own: against the values "
     "the adapter converted it to, info.conversion: the conversion alone"
 )
+
+
+NO_MAX_LOGITS = "not judged: the backend returns no max_logits (the oracle has one)"
+
+
+def _has_max_logits(output) -> bool:
+    return getattr(output, "max_logits", None) is not None
 
 
 def _figures(acc: dict) -> dict:

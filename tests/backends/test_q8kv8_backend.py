@@ -299,3 +299,8 @@ def test_activation_like_values_saturate_the_identity_scale_casts():
     assert row.accuracy["cos_diff"] > 10 * normal.accuracy["cos_diff"]
     assert row.accuracy["exact_cos_diff"] <= DECLARED.exact_cos_diff
     assert row.status == "incorrect" and not row.message.startswith("exact")
+
+
+def test_a_q8kv8_row_judges_its_max_logits():
+    row = _row(make_case(V32_PREFILL), FakeModule())
+    assert "max_logits" not in row.info and "max_logits_max_abs" in row.accuracy

@@ -72,3 +72,9 @@ def test_a_declared_exact_bound_fails_a_kernel_off_its_own_model():
     assert row.status == "incorrect" and row.message.startswith("exact_cos_diff ")
     row, _ = check_row(CASE, Lossy(drift=1.0), "cpu", Cache())
     assert row.status == "ok"  # the same answer with no exact bound declared: recorded only
+
+
+def test_a_row_says_when_the_oracles_max_logits_went_unjudged():
+    row, _ = check_row(CASE, Lossy(), "cpu", Cache())
+    assert "max_logits_max_abs" not in row.accuracy  # the answer has none to compare
+    assert row.info["max_logits"].startswith("not judged")
