@@ -51,6 +51,9 @@ class Prepared:
     # way, into them in place before replaying, as engines fill their static buffers. None:
     # not declared (such a case is unsupported).
     buffers: tuple | None = None
+    # The indexer's FP8 logits alone (`run` without its top-k): the worker times it as it
+    # times `run` and splits the row's time into logits and top-k (measure/split.py).
+    logits: Callable[[], Any] | None = None
 
 
 class Unsupported(Exception):

@@ -272,7 +272,8 @@ class DeepGEMM(Backend):
             return out, topk_indices(out, case.topk)
 
         info["topk"] = "torch.topk"
-        return Prepared(run=run, finish=lambda raw: Output(raw[0], None, raw[1]), info=info)
+        finish = lambda raw: Output(raw[0], None, raw[1])  # noqa: E731
+        return Prepared(run=run, finish=finish, info=info, logits=logits)
 
 
 def _device_arch(device: str) -> str | None:
@@ -310,11 +311,14 @@ def _ragged_v28(dg, case: Case, x: dict) -> Prepared:
     past = cols[None, :] >= (ke - ks)[:, None]
     n = x["kv"].shape[0]
 
-    def run():
+    def logits():
         out = dg.fp8_fp4_mqa_logits(
             (x["q"], None), (x["kv"], x["kv_scales"]), x["weights"], ks, ke, width
         )
-        out.masked_fill_(past, float("-inf"))
+        return out.masked_fill_(past, float("-inf"))
+
+    def run():
+        out = logits()
         top = topk_indices(out, case.topk)
         return out, torch.where(top >= 0, top + ks[:, None].to(top.dtype), top)
 
@@ -330,7 +334,7 @@ def _ragged_v28(dg, case: Case, x: dict) -> Prepared:
         "logits": "compressed rows from ks",
         "topk": "torch.topk",
     }
-    return Prepared(run=run, finish=finish, info=info)
+    return Prepared(run=run, finish=finish, info=info, logits=logits)
 
 
 def _ragged(dg, x: dict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dsv4bench.backends.base import Backend, Prepared, Provider
 from dsv4bench.cases.case import ARCHS, Case
-from dsv4bench.cases.oracle import oracle_call
+from dsv4bench.cases.oracle import indexer_logits, oracle_call
 
 
 class TorchReference(Backend):
@@ -34,6 +34,10 @@ class TorchReference(Backend):
             info["logits_bytes"] = indexer_case.logits_bytes(case)
         if case.op == "topk":
             info["kernel"] = "torch.topk"
+        logits = None
+        if case.op == "indexer":
+            info["topk"] = "torch.topk"
+            logits = lambda: indexer_logits(case, inputs)  # noqa: E731
         # the oracle reads the inputs as they are: they are the buffers a refill fills
         buffers = tuple(inputs[k] for k in sorted(inputs) if hasattr(inputs[k], "data_ptr"))
-        return Prepared(run=oracle_call(case, inputs), info=info, buffers=buffers)
+        return Prepared(run=oracle_call(case, inputs), info=info, logits=logits, buffers=buffers)

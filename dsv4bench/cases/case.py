@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
@@ -40,6 +40,8 @@ EDGES = (
     "graph-refill-vllm",
     "graph-refill-sglang",
 )
+# How an attention case's q and cache values are drawn (Case.values; cases/values.py)
+VALUES = ("normal", "outliers")
 
 
 def padding_count(head_padding: str) -> int | None:
@@ -69,6 +71,7 @@ class Timing:
 # sparse attention contract).
 DEFAULT_COS_DIFF = {"prefill": 7e-6, "page_split": 0.0}  # a re-paging copies bytes: exact
 DEFAULT_COS_DIFF_OTHER = 5e-6
+NEVER_DROPPED = ("cos_diff", "lse_abs")  # Tolerance.to_row: the two every row carries
 
 
 @dataclass(frozen=True)
@@ -76,15 +79,29 @@ class Tolerance:
     """Largest accepted differences against the oracle; past either, the row is `incorrect`.
 
     cos_diff None: the op's default (DEFAULT_COS_DIFF); a Case always holds a resolved one,
-    and its rows carry it, so whoever reads a row judges it with the numbers the run used."""
+    and its rows carry it, so whoever reads a row judges it with the numbers the run used.
+    max_logits_abs: the bound on sparse prefill's max_logits; None: lse_abs (a logit on the
+    lse's scale). An FP8 kernel declares its own: one rounded logit, where the lse averages.
+    exact_cos_diff, exact_lse_abs: bounds on the answer's distance to what the kernel claims
+    to compute (Prepared.exact, accuracy `exact_*`; exact_lse_abs bounds its max_logits too),
+    declared by a lossy backend beside its bounds against the oracle; None: that distance is
+    recorded, not judged."""
 
     cos_diff: float | None = None
     lse_abs: float = 1e-3
+    max_logits_abs: float | None = None
+    exact_cos_diff: float | None = None
+    exact_lse_abs: float | None = None
 
     def resolved(self, op: str | None) -> Tolerance:
         if self.cos_diff is not None:
             return self
-        return Tolerance(DEFAULT_COS_DIFF.get(op, DEFAULT_COS_DIFF_OTHER), self.lse_abs)
+        return replace(self, cos_diff=DEFAULT_COS_DIFF.get(op, DEFAULT_COS_DIFF_OTHER))
+
+    def to_row(self) -> dict:
+        """The numbers a row carries: the optional bounds only where declared (older rows and
+        every backend without them keep their two numbers)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k in NEVER_DROPPED}
 
 
 # Case fields left out of params() at these values: cases made before them keep their ids.
@@ -95,6 +112,7 @@ WORKLOAD_DEFAULTS = {
     "form": "",
     "edge": "",
     "graph_batch": 0,
+    "values": "normal",
 }
 
 
@@ -154,6 +172,9 @@ class Case:
     # only when set.
     edge: str = ""
     graph_batch: int = 0
+    # How q and the cache's latent are drawn (VALUES; cases/values.py): "normal" (as always)
+    # or "outliers" (heavy-tailed channels, a larger RoPE part). In params() only when set.
+    values: str = "normal"
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
     tags: tuple[str, ...] = ()  # free labels a scenario gives its cases (family names for reports)

@@ -20,6 +20,9 @@ A ragged batch (Case.context_lens) gives each request its own context: dsv4bench
 (V4 decode then passes topk_length / extra_topk_length (b,); a ragged prefill also carries
 cu_seqlens_k and ragged_indices). Drawn top-k sets follow Case.index_pattern (cases/patterns.py).
 
+q and the cache's latent rows are drawn as Case.values says (cases/values.py: normal, or
+outliers shaped like real activations).
+
 A prefill chunk is the last `tokens` positions of a `context_len` sequence; decode queries are
 the last `s_q` positions of each request. V3.2 cases index the whole sequence (top-k of all
 visible tokens); V4 cases index a sliding-window cache (the last `window` tokens) as the main
@@ -57,6 +60,9 @@ from dsv4bench.cases.tensors import (
 )
 from dsv4bench.cases.tensors import (
     poison_unused as _poison_unused,
+)
+from dsv4bench.cases.tensors import (
+    query as _query,
 )
 from dsv4bench.cases.tensors import (
     sink as _sink,
@@ -158,7 +164,7 @@ def _decode(case: Case, device, g) -> dict:
     pos = (case.context_len - s_q + torch.arange(s_q, device=device)).repeat(b)
     x = _query_sets(case, pos, req, b, device, g)
     x = {k: v.view(b, s_q, -1) if k.endswith("indices") else v for k, v in x.items()}
-    x["q"] = torch.randn(b, s_q, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
+    x["q"] = _query(case, (b, s_q, h, case.d_qk), device, g)
     x["attn_sink"] = _sink(case, device, g)
     return _to_int32(x)
 
@@ -172,7 +178,7 @@ def _prefill(case: Case, device, g) -> dict:
     pos = case.context_len - t + torch.arange(t, device=device)
     req = torch.zeros(t, dtype=torch.int64, device=device)
     x = _query_sets(case, pos, req, 1, device, g)
-    q = torch.randn(t, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
+    q = _query(case, (t, h, case.d_qk), device, g)
     sink = _sink(case, device, g)
     if case.decode_shape:  # the same chunk as T requests of 1 token or 1 request of T
         b, s_q = case.decode_shape

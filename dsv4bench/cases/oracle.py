@@ -77,23 +77,27 @@ def oracle_call(
 
 def indexer_call(case: Case, x: dict) -> Output:
     """The indexer oracle: logits in DeepGEMM's paged or ragged form, then top-k."""
+    from reference import indexer
+
+    logits = indexer_logits(case, x)
+    return Output(logits, None, indexer.topk_indices(logits, case.topk))
+
+
+def indexer_logits(case: Case, x: dict):
+    """The indexer oracle's logits alone (rows, keys) fp32, -inf where a row sees no key."""
     from dsv4bench.cases import indexer_case
     from reference import indexer
 
     if "kv" in x:
-        logits = indexer.mqa_logits(
-            x["q"], (x["kv"], x["kv_scales"]), x["weights"], x["ks"], x["ke"]
-        )
-    else:
-        logits = indexer.paged_mqa_logits(
-            x["q"],
-            x["kv_cache"],
-            x["weights"],
-            x["context_lens"],
-            x["block_table"],
-            indexer_case.keys(case),
-        )
-    return Output(logits, None, indexer.topk_indices(logits, case.topk))
+        return indexer.mqa_logits(x["q"], (x["kv"], x["kv_scales"]), x["weights"], x["ks"], x["ke"])
+    return indexer.paged_mqa_logits(
+        x["q"],
+        x["kv_cache"],
+        x["weights"],
+        x["context_lens"],
+        x["block_table"],
+        indexer_case.keys(case),
+    )
 
 
 def ragged_prefill(case: Case, x: dict) -> Output:

@@ -51,7 +51,7 @@ def decode(case: Case, device, g) -> dict:
         x["topk_length"] = (x["indices"][:, -1] >= 0).sum(-1).to(torch.int32)
         if case.extra_topk:
             x["extra_topk_length"] = (x["extra_indices"][:, -1] >= 0).sum(-1).to(torch.int32)
-    x["q"] = torch.randn(b, s_q, h, case.d_qk, generator=g, device=device).to(torch.bfloat16)
+    x["q"] = tensors.query(case, (b, s_q, h, case.d_qk), device, g)
     x["attn_sink"] = tensors.sink(case, device, g)
     return {k: (v.to(torch.int32) if k.endswith("indices") else v) for k, v in x.items()}
 

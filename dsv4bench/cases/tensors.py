@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4bench.cases import patterns
+from dsv4bench.cases import patterns, values
 from dsv4bench.cases.case import Case
 from reference import layout_table, layouts
 
@@ -16,10 +16,11 @@ def pages(n: int, page_size: int) -> int:
 
 
 def cache(case: Case, n_tokens: int, device, g) -> tuple[torch.Tensor, int]:
-    """A random FP8 cache of at least n_tokens tokens; returns (cache, number of slots)."""
+    """A random FP8 cache of at least n_tokens tokens, its latent drawn as case.values says
+    (cases/values.py); returns (cache, number of slots)."""
     d = case.d_qk
     num_pages = max(1, pages(n_tokens, case.page_size))
-    kv = torch.randn(num_pages * case.page_size, d, generator=g, device=device)
+    kv = values.draw(case.values, (num_pages * case.page_size, d), g, device, "kv", case.seed)
     kv = kv.to(torch.bfloat16)
     layout = layout_table.layout(case.layout)
     if not layout.fp8:
@@ -68,3 +69,8 @@ def sink(case: Case, device, g) -> torch.Tensor | None:
     if not case.sink:
         return None
     return torch.randn(case.num_heads, generator=g, device=device, dtype=torch.float32)
+
+
+def query(case: Case, shape: tuple[int, ...], device, g) -> torch.Tensor:
+    """q (..., d_qk) bf16, drawn as case.values says (cases/values.py)."""
+    return values.draw(case.values, shape, g, device, "q", case.seed).to(torch.bfloat16)

@@ -47,8 +47,7 @@ def load(
         _check_scenario_path(Path(path))
         try:
             entry = scenarios.load_any(path, known_backends=backends.catalog())
-            if isinstance(entry, scenarios.Scenario):
-                backends.configure_all(entry.instances)
+            backends.configure_all(entry.instances)
         except (scenarios.ScenarioError, backends.PluginError) as e:
             raise UsageError(str(e)) from None
         if isinstance(entry, serving.ServingSpec):

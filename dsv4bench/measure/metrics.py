@@ -139,7 +139,7 @@ def beyond_tolerance(acc: dict, tolerance: Tolerance | dict) -> list[tuple[str, 
 
     The one tolerance check: the worker judges rows with it, the report and compare re-read
     them with it (and the row's own tolerance). what: nonfinite, lse_mismatch, cos_diff, lse,
-    max_logits_mismatch, max_logits (sparse prefill)."""
+    max_logits_mismatch, max_logits (sparse prefill), then the exact_* ones (beyond_exact)."""
     tol = tolerance if isinstance(tolerance, dict) else asdict(tolerance)
     cos_tol = tol.get("cos_diff")
     cos_tol = DEFAULT_COS_DIFF_OTHER if cos_tol is None else cos_tol
@@ -159,11 +159,43 @@ def beyond_tolerance(acc: dict, tolerance: Tolerance | dict) -> list[tuple[str, 
     if acc.get("max_logits_mismatch"):
         why = f"{acc['max_logits_mismatch']} max_logits differ in finiteness (-inf: no key)"
         found.append(("max_logits_mismatch", why))
-    # a logit on the lse's scale (lse = max_logits + log of a sum in [1, keys]): lse_abs bounds it
+    # a logit on the lse's scale (lse = max_logits + log of a sum in [1, keys]): lse_abs bounds
+    # it unless the row declares its own (Tolerance.max_logits_abs)
     maxl = acc.get("max_logits_max_abs")
-    if isinstance(maxl, (int, float)) and not maxl <= tol["lse_abs"]:
-        found.append(("max_logits", f"max_logits_max_abs {maxl:.3g} > {tol['lse_abs']:.3g}"))
+    maxl_tol = tol.get("max_logits_abs")
+    maxl_tol = tol["lse_abs"] if maxl_tol is None else maxl_tol
+    if isinstance(maxl, (int, float)) and not maxl <= maxl_tol:
+        found.append(("max_logits", f"max_logits_max_abs {maxl:.3g} > {maxl_tol:.3g}"))
+    return found + beyond_exact(acc, tol)
+
+
+def beyond_exact(acc: dict, tol: dict) -> list[tuple[str, str]]:
+    """(what, why) for the answer's distance to the kernel's own model (accuracy `exact_*`)
+    past the bounds its backend declared (tolerance `exact_cos_diff`, `exact_lse_abs`); none
+    where nothing is declared. A declared bound without its number fails: it went unchecked."""
+    cos_bound, lse_bound = tol.get("exact_cos_diff"), tol.get("exact_lse_abs")
+    if cos_bound is None and lse_bound is None:
+        return []
+    found = []
+    differ = sum(acc.get(k) or 0 for k in EXACT_FINITENESS)
+    if differ:
+        found.append(("exact_nonfinite", f"{differ} values differ in finiteness from the "
+                      "kernel's own model"))  # fmt: skip
+    checks = [("exact_cos_diff", cos_bound)]
+    checks += [(k, lse_bound) for k in ("exact_lse_max_abs", "exact_max_logits_max_abs")]
+    for key, bound in checks:
+        value = acc.get(key)
+        if bound is None or (value is None and key != "exact_cos_diff"):
+            continue  # an lse or max_logits neither side has
+        if value is None:
+            found.append((key, f"{key} not measured: the bound {bound:.3g} went unchecked"))
+        elif not value <= bound:
+            found.append((key, f"{key} {value:.3g} > {bound:.3g} (the kernel's own model)"))
     return found
+
+
+# accuracy keys counting values whose finiteness differs from the kernel's own model
+EXACT_FINITENESS = ("exact_nonfinite", "exact_lse_mismatch", "exact_max_logits_mismatch")
 
 
 def within_tolerance(acc: dict, tolerance: Tolerance | dict) -> tuple[bool, str]:

@@ -64,7 +64,7 @@ SHORT_ORDER = (
 )
 DERIVED_PARAMS = ("extra_topk", "topk", "ragged")  # follow from context (lengths), ratio
 # workload params a row leaves out at their default (Case.params): how a label shows that
-ABSENT_PARAMS = {"context_lens": "", "ragged": "", "index_pattern": "uniform"}
+ABSENT_PARAMS = {"context_lens": "", "ragged": "", "index_pattern": "uniform", "values": "normal"}
 
 
 def short_param(name: str, v, params: dict) -> str:
@@ -85,7 +85,7 @@ def short_param(name: str, v, params: dict) -> str:
         return f"{name.replace('_', ' ')} {v}"
     if name == "context_lens" and isinstance(v, list) and v:
         return f"ragged {kilo(min(v))}..{kilo(max(v))}"
-    if name in ("index_pattern", "ragged"):
+    if name in ("index_pattern", "ragged", "values"):
         return str(v)
     return f"{name}={v}"
 

@@ -1,7 +1,9 @@
 """The indexer's share of TTFT/TPOT: serving rows whose points include indexer parts
 (`indexer: true` specs) carry breakdown_ms["indexer"]; this section plots indexer / total.
-Where the run also has `topk` rows of the same shapes, breakdown_ms["indexer_topk"] holds the
-top-k alone (serving.aggregate.indexer_topk_ms) and the table adds top-k / indexer."""
+Where the indexer rows split their time (measure/split.py), breakdown_ms holds
+"indexer_logits" and "indexer_topk", adding up to "indexer", and the table shows both; where
+the run also has `topk` rows of the same shapes, "topk_alone" is the fastest top-k kernel on its
+own (serving.aggregate.topk_alone_ms; rows before the split called it "indexer_topk")."""
 
 from __future__ import annotations
 
@@ -18,14 +20,33 @@ def share(row: dict) -> float | None:
     return ix / total
 
 
-def topk_share(row: dict) -> float | None:
-    """top-k ms (the topk rows) / indexer ms (the indexer rows: logits + their own top-k), or
-    None when the row has no top-k part."""
+def stages(row: dict) -> tuple[float, float] | None:
+    """(logits ms, top-k ms) of the indexer's own time, or None when its rows had no split."""
     b = row.get("breakdown_ms") or {}
-    ix, top = b.get("indexer"), b.get("indexer_topk")
-    if not ix or top is None:
+    if b.get("indexer_logits") is None or b.get("indexer_topk") is None:
         return None
-    return top / ix
+    return b["indexer_logits"], b["indexer_topk"]
+
+
+def topk_alone(row: dict) -> float | None:
+    """The fastest top-k kernel alone (ms) for the row's indexer parts, or None. Rows written
+    before the split held it as "indexer_topk" (with no "indexer_logits")."""
+    b = row.get("breakdown_ms") or {}
+    if b.get("topk_alone") is not None:
+        return b["topk_alone"]
+    return b.get("indexer_topk") if b.get("indexer_logits") is None else None
+
+
+def topk_share(row: dict) -> float | None:
+    """The indexer's own top-k / its whole time where it is split, else None."""
+    found, ix = stages(row), (row.get("breakdown_ms") or {}).get("indexer")
+    return found[1] / ix if found and ix else None
+
+
+def alone_share(row: dict) -> float | None:
+    """top-k alone / the indexer's whole time (nothing subtracted), or None."""
+    alone, ix = topk_alone(row), (row.get("breakdown_ms") or {}).get("indexer")
+    return alone / ix if alone is not None and ix else None
 
 
 def rows_with_indexer(serving: list[dict]) -> list[dict]:
@@ -54,13 +75,19 @@ def section(report, serving: list[dict]) -> None:
     ]
     fig = plots.line_figure("Lightning indexer share of TTFT and TPOT", panels, max_cols=2)
     d.image(report.save(fig, "indexer-share"), "indexer share of TTFT and TPOT")
-    split = any(topk_share(r) is not None for r in rows)
+    split = any(stages(r) is not None for r in rows)
+    alone = any(topk_alone(r) is not None for r in rows)
     if split:
         d.para(
-            "top-k ms: the indexer's top-k alone, the fastest `topk` row (plain form) of each "
-            "indexer part's shape; top-k / indexer = that time divided by the indexer rows' "
-            "whole time (FP8 logits + their own top-k), nothing subtracted: the logits' share "
-            "is at most 1 - top-k / indexer when the indexer rows' top-k is the same kernel."
+            "logits ms, top-k ms: the indexer rows' own time split, their FP8 logits timed "
+            "alone and the top-k the rest of the call (the same timer): the two add up to "
+            "indexer ms; top-k / indexer = top-k ms / indexer ms."
+        )
+    if alone:
+        d.para(
+            "top-k alone ms: the fastest `topk` row (plain form) of each indexer part's "
+            "shape, a top-k kernel timed on its own; alone / indexer = that time divided by "
+            "the indexer's whole time, nothing subtracted."
         )
     table = [
         [
@@ -75,7 +102,8 @@ def section(report, serving: list[dict]) -> None:
             f"{r['breakdown_ms']['indexer']:.3f}",
             f"{r['value_ms']:.3f}",
             f"{100 * share(r):.1f}%",
-            *(_topk_cells(r) if split else ()),
+            *(_split_cells(r) if split else ()),
+            *(_alone_cells(r) if alone else ()),
         ]
         for r in rows
     ]
@@ -92,18 +120,26 @@ def section(report, serving: list[dict]) -> None:
             "indexer ms",
             "total ms",
             "share",
-            *(("top-k ms", "top-k / indexer") if split else ()),
+            *(("logits ms", "top-k ms", "top-k / indexer") if split else ()),
+            *(("top-k alone ms", "alone / indexer") if alone else ()),
         ],
         table,
         folded=True,
     )
 
 
-def _topk_cells(row: dict) -> tuple[str, str]:
-    top = topk_share(row)
+def _split_cells(row: dict) -> tuple[str, str, str]:
+    found = stages(row)
+    if found is None:
+        return "", "", ""
+    return f"{found[0]:.3f}", f"{found[1]:.3f}", f"{100 * topk_share(row):.1f}%"
+
+
+def _alone_cells(row: dict) -> tuple[str, str]:
+    top = alone_share(row)
     if top is None:
         return "", ""
-    return f"{row['breakdown_ms']['indexer_topk']:.3f}", f"{100 * top:.1f}%"
+    return f"{topk_alone(row):.3f}", f"{100 * top:.1f}%"
 
 
 def _panel(report, rows: list[dict], metric: str, x_key: str, xlabel: str):

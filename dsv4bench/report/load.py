@@ -239,17 +239,24 @@ def family(row: dict) -> str:
 
 def tolerance(row: dict) -> dict:
     """{cos_diff, lse_abs} the row was judged with: its own (rows carry it since the typed
-    rows; older ones may hold it in params or info), else the Case default for its op."""
+    rows; older ones may hold it in params or info), else the Case default for its op; and
+    the optional bounds where its backend declared them."""
     found: dict = {}
     for holder in (row.get("params") or {}, row.get("info") or {}, row):
         tol = holder.get("tolerance")
         if isinstance(tol, dict):
             found = {**tol, **found}
     default = Tolerance().resolved(row.get("op"))
+    declared = {k: found[k] for k in OPTIONAL_BOUNDS if found.get(k) is not None}
     return {
         "cos_diff": found.get("cos_diff", default.cos_diff),
         "lse_abs": found.get("lse_abs", default.lse_abs),
+        **declared,
     }
+
+
+# the optional bounds (Tolerance), declared by a lossy backend: a row carries them where it did
+OPTIONAL_BOUNDS = ("max_logits_abs", "exact_cos_diff", "exact_lse_abs")
 
 
 def accuracy_failure(row: dict) -> str | None:

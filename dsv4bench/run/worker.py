@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 MARK = "@@dsv4bench@@ "
 PARENT_ENV = "DSV4BENCH_RUNNER_PID"  # the runner's pid: a worker never outlives it
@@ -165,6 +165,8 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
         acc = topk.compare_forms(case, cache.inputs, expected, actual)
     else:
         acc = metrics.accuracy(expected, actual)  # against the original cache
+    if _has_max_logits(expected) and not _has_max_logits(actual):
+        info["max_logits"] = NO_MAX_LOGITS  # accuracy compares what both sides have
     if prepared.reads is not None:  # the adapter converted the cache: both errors kept
         on_reads = oracle_call(case, prepared.reads, reading)()
         info["conversion"] = _figures(metrics.accuracy(expected, on_reads))
@@ -179,13 +181,13 @@ def _judged(row, case, backend, prepared, actual, cache: Cache, reading):
         )
     if prepared.exact is not None:  # the kernel against what it claims to compute
         own = metrics.accuracy(prepared.exact(), actual)
-        acc.update({f"exact_{k}": own[k] for k in EXACT_KEYS})
+        acc.update({f"exact_{k}": own[k] for k in EXACT_KEYS if k in own})
     tolerance = row_tolerance(case, backend)
     declared = backend.declared_tolerance(case)
     if declared:
         info["tolerance_from"] = declared[1]
     status, why = judge.verdict(acc, tolerance)
-    tol = asdict(tolerance)
+    tol = tolerance.to_row()
     return replace(row, accuracy=acc, tolerance=tol, status=status, message=why, info=info)
 
 
@@ -197,11 +199,28 @@ JUDGED_ON_CACHE = (
 )
 
 
+NO_MAX_LOGITS = "not judged: the backend returns no max_logits (the oracle has one)"
+
+
+def _has_max_logits(output) -> bool:
+    return getattr(output, "max_logits", None) is not None
+
+
 def _figures(acc: dict) -> dict:
     return {k: acc[k] for k in ("cos_diff", "max_abs", "max_rel", "lse_max_abs")}
 
 
-EXACT_KEYS = ("cos_diff", "max_abs", "max_rel", "lse_max_abs", "nonfinite")
+# the distance to the kernel's own model a row keeps (metrics.beyond_exact judges them)
+EXACT_KEYS = (
+    "cos_diff",
+    "max_abs",
+    "max_rel",
+    "lse_max_abs",
+    "nonfinite",
+    "lse_mismatch",
+    "max_logits_max_abs",
+    "max_logits_mismatch",
+)
 
 
 def row_tolerance(case, backend):
@@ -227,7 +246,7 @@ def _checks(row, case, backend, prepared, actual, cache: Cache, device: str):
             inv = {"error": f"a request alone is unsupported: {e}"}
         acc["batch_invariance"] = inv
     if case.timing.determinism or case.timing.batch_invariance:
-        row = replace(row, accuracy=acc, tolerance=asdict(row_tolerance(case, backend)))
+        row = replace(row, accuracy=acc, tolerance=row_tolerance(case, backend).to_row())
     reading = row.scale_reading
     if reading and not backend.is_oracle:  # how far the reading alone moves the answer
         if None not in cache.expected:
@@ -270,7 +289,7 @@ def run_job(job: dict, cache: Cache) -> dict:
     """One job's row, as the dict the runner reads."""
     from dsv4bench import backends
     from dsv4bench.cases.case import Case
-    from dsv4bench.measure import hardware, metrics, timing
+    from dsv4bench.measure import hardware, metrics, split, timing
 
     case = Case.from_dict(job["case"])
     arch = job["arch"]
@@ -289,8 +308,7 @@ def run_job(job: dict, cache: Cache) -> dict:
         # of a sweep's oracle time; events alone are its baseline figure
         timer = "events"
         row = replace(row, info={**row.info, "timer": "events only: the oracle ranks nothing"})
-    measured = timing.measure(
-        prepared.run,
+    how = dict(
         device=device,
         warmup=t.warmup,
         iters=t.iters,
@@ -298,6 +316,9 @@ def run_job(job: dict, cache: Cache) -> dict:
         timer=timer,
         graph=t.graph and not case.graph_batch,  # a graph-pad call is a replay already
     )
+    measured = timing.measure(prepared.run, **how)
+    if prepared.logits is not None:  # the indexer: its logits alone, so the row splits
+        measured["split"] = split.split(measured, timing.measure(prepared.logits, **how))
     padded = row.info.get("padded_heads")
     precision = row.info.get("compute_precision", "bf16")
     derived = metrics.derived(case, measured, hardware.detect(device), padded, precision)

@@ -20,6 +20,7 @@ from dsv4bench.cases.case import (
     SPLIT_PAGE,
     TIMERS,
     TOPK_FORMS,
+    VALUES,
     Case,
     Timing,
     Tolerance,
@@ -344,6 +345,7 @@ AXES: dict[str, Axis] = {
     "form": enum_axis(TOPK_FORMS, "top-k form"),
     "edge": enum_axis(EDGES, "failure shape"),
     "graph_batch": int_axis(1),
+    "values": enum_axis(VALUES, "value distribution"),
     "batch_spec": Axis(batch_entry.parse_value),  # vLLM's grammar: expands to several cases
 }
 

@@ -9,6 +9,7 @@ error is one line, `FILE:LINE: key: what was expected`.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 from dsv4bench.scenarios.read import Node, ScenarioError
@@ -54,18 +55,23 @@ class ServingLoader(Parser):
                 if n.kind != "seq" or not n.value:
                     raise self.fail(n, "expected a non-empty list of context_lens mappings")
                 data["ragged"] = [context_lens(self, item) for item in n.value]
+            elif key in ("backends", "helper_backends") and n.kind == "seq":
+                # names, or instance entries {name: BASE, as: NAME, OPTION: VALUE} as in kernel
+                # scenarios (rules.Parser.backends)
+                data[key] = self.backends(n) if n.value else []
             else:
                 data["scenario" if key == "name" else key] = plain(n)
         try:
             spec = spec_from_dict(data)
             for b in (*spec.backends, *spec.helper_backends):
-                if b not in self.known_backends:
+                if b not in self.known_backends and b not in self.instances:
                     raise ValueError(f"backends: unknown backend {b!r}")
         except ValueError as e:
             key, _, message = str(e).partition(": ")
             key = "name" if key == "scenario" else key
             raise ScenarioError(self.file, root.key_lines.get(key, 1), key, message) from None
-        return spec
+        defined = [e for e in self.instances.values() if e["name"] != e["base"]]
+        return replace(spec, instances=defined)
 
 
 def serving_spec(root: Node, filename: str, known_backends: Collection[str]) -> ServingSpec:

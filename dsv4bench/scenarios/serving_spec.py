@@ -77,7 +77,10 @@ KEYS: dict[str, str] = {
     "tp": "tensor parallel size: heads per rank = model heads / tp (default 1)",
     "num_heads": "heads per rank, overriding model heads / tp",
     "head_padding": 'Case.head_padding: "engine" (default), "none", "raw", "64" or "128"',
-    "backends": "backends whose curves are reported (empty: every backend with attention rows)",
+    "backends": (
+        "backends whose curves are reported (empty: every backend with attention rows); an "
+        "entry {name: BASE, as: NAME, OPTION: VALUE} defines an instance, as in kernel scenarios"
+    ),
     "helper_backends": (
         'backends that run the dequant and remap parts (default ["torch"]); '
         "the fastest ok row counts"
@@ -95,13 +98,13 @@ KEYS: dict[str, str] = {
     ),
     "indexer": (
         "true: add the lightning indexer (FP8 logits + top-k) of the layers that have one "
-        "(V3.2 every layer, V4 the C4 layers), timed on the fastest helper backend (default "
-        "false)"
+        "(V3.2 every layer, V4 the C4 layers), timed on the fastest helper backend, its time "
+        "split as its rows split it (breakdown_ms.indexer_logits + indexer_topk; default false)"
     ),
     "indexer_topk": (
         "true (with indexer): also time each indexer part's top-k alone (op topk, plain form, "
-        "on the helper backends that take it), so serving rows split the indexer into logits "
-        "and top-k (breakdown_ms.indexer_topk; default false)"
+        "on the helper backends that take it): the fastest top-k kernel on its own beside the "
+        "indexer's own (breakdown_ms.topk_alone; default false)"
     ),
     "seed": "Case.seed (default 0)",
     "timing": "Case.timing fields: warmup, iters, flush_l2, timer, timeout_s",
@@ -140,6 +143,8 @@ class ServingSpec:
     seed: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
+    # backend instances the file defines ({name, base, options, origin}; rules.Parser.instance)
+    instances: list[dict] = field(default_factory=list)
 
     @property
     def config(self) -> ModelConfig:
@@ -324,7 +329,7 @@ def spec_from_dict(d: dict) -> ServingSpec:
                 raise ValueError(f"{key}: expected true or false, got {d[key]!r}")
             kw[key] = d[key]
     if kw.get("indexer_topk") and not kw.get("indexer"):
-        raise ValueError("indexer_topk: true needs indexer: true (it splits the indexer's time)")
+        raise ValueError("indexer_topk: true needs indexer: true (it times the indexer's top-k)")
     if "ragged" in d:
         kw["ragged"] = _ragged(d["ragged"])
     if "timing" in d:

@@ -1,13 +1,14 @@
 """Scenario files: the workload axes (issue 23). `context_lens` (a ragged batch: an explicit
-list of per-request lengths or a named distribution, cases/lengths.py) and `index_pattern`
-(how drawn top-k sets are picked, cases/patterns.py): their parser and their rules."""
+list of per-request lengths or a named distribution, cases/lengths.py), `index_pattern`
+(how drawn top-k sets are picked, cases/patterns.py) and `values` (how q and the cache's
+latent are drawn, cases/values.py): their parser and their rules."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from dsv4bench.cases import lengths
-from dsv4bench.cases.case import ROUTES
+from dsv4bench.cases.case import CACHE_OPS, ROUTES, VALUES
 from dsv4bench.cases.patterns import PATTERNS
 from dsv4bench.scenarios.read import Node, key_path, show_value
 
@@ -102,4 +103,11 @@ def workload_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     if pattern != "uniform" and (v["op"] not in ("decode", "prefill") or not drawn):
         why = "a drawn top-k set: no window (V3.2's top-k) or a C4 extra cache with extra_topk"
         return [("index_pattern", f"pattern {pattern} needs {why}")]
+    values = v.get("values", "normal")
+    if values not in VALUES:
+        return [("values", f"unknown value distribution {values!r}; expected one of "
+                 f"{', '.join(VALUES)}")]  # fmt: skip
+    if values != "normal" and v["op"] not in CACHE_OPS:
+        why = f"an op with q or a KV cache ({', '.join(CACHE_OPS)})"
+        return [("values", f"values {values} needs {why}, this is {v['op']}")]
     return None

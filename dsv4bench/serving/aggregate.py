@@ -13,6 +13,7 @@ part only the oracle ran) sums events medians instead. Each serving row names it
 from __future__ import annotations
 
 from dsv4bench.cases import topk_case
+from dsv4bench.measure import split
 from dsv4bench.rows import ORACLE_BACKENDS, ServingRow, timers
 from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
@@ -100,13 +101,30 @@ def _pick(
     return (failed["backend"] if failed else None), failed
 
 
-def indexer_topk_ms(
+def indexer_stages_ms(parts: list[dict], by_key: dict, key: str = timers.EVENTS) -> dict | None:
+    """{"indexer_logits": ms, "indexer_topk": ms} of a point: per indexer part the split of the
+    very row its indexer time came from (measure/split.py: the logits alone, and the call
+    minus them), times the part's multiplicity, summed; they add up to breakdown_ms.indexer.
+    None unless every indexer part's row has a split by `key`."""
+    found = {"indexer_logits": 0.0, "indexer_topk": 0.0}
+    ix = [p for p in parts if p["role"] == "indexer"]
+    for p in ix:
+        row = by_key.get((p["case_id"], p["backend"]))
+        for name, stage in (("indexer_logits", "logits_ms"), ("indexer_topk", "topk_ms")):
+            ms = split.stage_ms(row, stage, key)
+            if ms is None:
+                return None
+            found[name] += p["multiplicity"] * ms
+    return found if ix else None
+
+
+def topk_alone_ms(
     plan: ServingPlan, point, by_case: dict, key: str = timers.EVENTS
 ) -> float | None:
-    """The top-k share of a point's indexer parts, from `topk` rows: per indexer part the
-    fastest ok row of its top-k alone (topk_case.of_indexer: the same shape, plain form), times
-    the part's multiplicity, summed; None unless every indexer part has such a row. The
-    indexer rows keep the whole (logits + their own top-k): the report divides the two."""
+    """What the fastest top-k kernel alone costs for a point's indexer parts, from `topk` rows:
+    per indexer part the fastest ok row of its top-k alone (topk_case.of_indexer: the same
+    shape, plain form), times the part's multiplicity, summed; None unless every indexer part
+    has such a row. Beside the indexer's own top-k (indexer_topk), never added to the total."""
     total, found = 0.0, False
     for part in (p for p in point.parts if p.role == "indexer"):
         twin = topk_case.of_indexer(plan.case(part.case_id)).case_id
@@ -168,9 +186,11 @@ def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]
         if key != timers.EVENTS and p_status == "ok":
             parts[-1]["events_ms"] = timers.events_ms(row)
     ok = status == "ok"
-    topk_ms = indexer_topk_ms(plan, point, by_case, key) if ok and breakdown["indexer"] else None
-    if topk_ms is not None:  # beside the indexer's whole time, never added to the total
-        breakdown["indexer_topk"] = topk_ms
+    if ok and breakdown["indexer"]:  # parts of the indexer's time, never added to the total
+        breakdown.update(indexer_stages_ms(parts, by_key, key) or {})
+        alone = topk_alone_ms(plan, point, by_case, key)
+        if alone is not None:
+            breakdown["topk_alone"] = alone
     spec = plan.spec
     return ServingRow(
         scenario=spec.scenario,

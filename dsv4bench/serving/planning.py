@@ -273,7 +273,7 @@ class _Builder:
         )
         case = Case(**{**fields, "tags": (TAG, f"{TAG}-indexer")})
         self.cases.setdefault(case.case_id, case)
-        if self.spec.indexer_topk:  # its top-k alone: no part, the rows split the indexer
+        if self.spec.indexer_topk:  # its top-k alone: no part, beside the indexer
             from dsv4bench.cases import topk_case
 
             twin = topk_case.of_indexer(case)

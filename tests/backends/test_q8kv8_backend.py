@@ -238,3 +238,69 @@ def test_v32_takes_any_multiple_of_64_heads():
     assert backend.supports(make_case(V32_PREFILL, num_heads=192), "sm90") is None
     reason = backend.supports(make_case(V32_PREFILL, num_heads=96, head_padding="none"), "sm90")
     assert "multiples of 64, not 96" in reason
+
+
+# ---- the row's verdict: both judgements, through the worker ----------------------------------
+
+
+class OnCpu(Q8KV8):
+    """The adapter as the worker runs it, on a CPU (the fake module answers there)."""
+
+    archs = ("cpu", "sm90")
+
+
+def _row(case, module):
+    from dsv4bench.run.worker import Cache, check_row
+
+    return check_row(case, OnCpu(module=module), "cpu", Cache())[0]
+
+
+def test_the_row_is_judged_by_the_kernels_own_model_too():
+    case = make_case(V32_PREFILL)
+    row = _row(case, FakeModule())
+    assert row.status == "ok", row.message
+    assert row.tolerance["exact_cos_diff"] == DECLARED.exact_cos_diff
+    assert row.tolerance["exact_lse_abs"] == DECLARED.exact_lse_abs
+    assert "results/sm90/studies/q8kv8" in row.info["tolerance_from"]
+    # off its own model by ~1e-4 (past the 3e-5 bound), still within the FP8 tolerance
+    row = _row(case, FakeModule(noise=0.014))
+    assert row.accuracy["cos_diff"] < DECLARED.cos_diff
+    assert row.accuracy["exact_cos_diff"] > DECLARED.exact_cos_diff
+    assert row.status == "incorrect" and row.message.startswith("exact_cos_diff ")
+    assert "kernel's own model" in row.message
+
+
+def test_max_logits_is_returned_and_judged_against_both():
+    case = make_case(V4_PREFILL)
+    row = _row(case, FakeModule())
+    acc = row.accuracy
+    # one FP8-rounded logit: past the lse's bound, within the declared max_logits_abs
+    assert DECLARED.lse_abs < acc["max_logits_max_abs"] < DECLARED.max_logits_abs
+    assert acc["max_logits_mismatch"] == 0 and row.status == "ok"
+    assert acc["exact_max_logits_max_abs"] == 0.0  # the fake writes the model's own
+    _, _, _, prepared = _run(case, module=FakeModule(answer=False))
+    prepared.poison()
+    actual = prepared.finish(prepared.run())  # never written: NaN in all three
+    assert actual.max_logits.isnan().all() and actual.lse.isnan().all()
+
+
+def test_activation_like_values_saturate_the_identity_scale_casts():
+    """values: outliers puts some q and kv values past 448: sglang's scale-1 casts clamp them,
+    the error against the bf16 oracle grows far past the normal case's, and the kernel's own
+    model (the same clamped operands) still holds."""
+    case = make_case(V32_PREFILL, values="outliers", tokens=16)
+    _, module, x, prepared = _run(case)
+    prepared.run()
+    q8, kv8 = module.calls[-1][1][:2]
+    assert (x["q"].float().abs() > 448).any() and q8.float().abs().max() == 448
+    assert (x["kv"].float().abs() > 448).any() and kv8.float().nan_to_num().abs().max() == 448
+    normal = _row(make_case(V32_PREFILL, tokens=16), FakeModule())
+    row = _row(case, FakeModule())
+    assert row.accuracy["cos_diff"] > 10 * normal.accuracy["cos_diff"]
+    assert row.accuracy["exact_cos_diff"] <= DECLARED.exact_cos_diff
+    assert row.status == "incorrect" and not row.message.startswith("exact")
+
+
+def test_a_q8kv8_row_judges_its_max_logits():
+    row = _row(make_case(V32_PREFILL), FakeModule())
+    assert "max_logits" not in row.info and "max_logits_max_abs" in row.accuracy

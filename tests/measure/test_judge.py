@@ -38,3 +38,36 @@ def test_an_answer_wrong_only_in_its_lse_is_incorrect():
     stored = normalize({"kind": "case", "op": "decode", "status": "ok", "tolerance": TOL,
                         "accuracy": {**GOOD, "lse_max_abs": 0.02}}, "r")  # fmt: skip
     assert accuracy_failure(stored) == "lse_max_abs 0.02 > 0.001"
+
+
+EXACT = {**TOL, "exact_cos_diff": 3e-5, "exact_lse_abs": 3e-3}
+CLOSE = {**GOOD, "exact_cos_diff": 2e-5, "exact_lse_max_abs": 1e-3, "exact_nonfinite": 0}
+
+
+def test_a_declared_exact_bound_judges_the_distance_to_the_kernels_own_model():
+    assert judge.verdict(CLOSE, EXACT) == ("ok", "")
+    status, why = judge.verdict({**CLOSE, "exact_cos_diff": 4e-5}, EXACT)
+    assert status == "incorrect" and why == "exact_cos_diff 4e-05 > 3e-05 (the kernel's own model)"
+    status, why = judge.verdict({**CLOSE, "exact_max_logits_max_abs": 0.01}, EXACT)
+    assert status == "incorrect" and why.startswith("exact_max_logits_max_abs 0.01 > 0.003")
+    assert judge.verdict({**CLOSE, "exact_nonfinite": 2}, EXACT)[0] == "incorrect"
+    # a bound with nothing measured against it is not a pass
+    assert "went unchecked" in judge.problem(GOOD, EXACT)
+    # without a declared bound the distance is recorded, not judged (the rows before it)
+    assert judge.verdict({**CLOSE, "exact_cos_diff": 1.0}, TOL) == ("ok", "")
+
+
+def test_stored_rows_are_judged_with_their_own_exact_bound():
+    row = {"kind": "case", "op": "prefill", "status": "ok", "tolerance": EXACT}
+    bad = normalize({**row, "accuracy": {**CLOSE, "exact_cos_diff": 4e-5}}, "r")
+    assert accuracy_failure(bad).startswith("exact_cos_diff 4e-05")
+    assert accuracy_bad(bad) == accuracy_failure(bad)
+    old = normalize({**row, "tolerance": TOL, "accuracy": {**CLOSE, "exact_cos_diff": 4e-5}}, "r")
+    assert accuracy_failure(old) is None
+
+
+def test_max_logits_takes_its_declared_bound_else_the_lse_one():
+    acc = {**GOOD, "max_logits_max_abs": 0.12, "max_logits_mismatch": 0}
+    lossy = {"cos_diff": 3e-3, "lse_abs": 0.1}
+    assert judge.problem(acc, lossy) == "max_logits_max_abs 0.12 > 0.1"
+    assert judge.verdict(acc, {**lossy, "max_logits_abs": 0.3}) == ("ok", "")

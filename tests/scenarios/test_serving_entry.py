@@ -58,3 +58,39 @@ def test_the_command_line_reads_each_scenario_file_once(monkeypatch):
     jobs, _, specs = cli._load([str(f) for f in files], None)
     assert jobs and len(specs) == 1
     assert sorted(reads) == sorted(f.name for f in files)
+
+
+def test_a_serving_file_defines_backend_instances_as_kernel_scenarios_do(tmp_path):
+    known = {"torch": {}, "q8kv8": {"lib": None, "time_q_cast": False}}
+    entry = "backends: [{name: q8kv8, as: q8kv8-qcast, time_q_cast: true}]\n"
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + entry)
+    spec = scenarios.load_any(path, known_backends=known)
+    assert spec.backends == ["q8kv8-qcast"]
+    (inst,) = spec.instances
+    assert (inst["name"], inst["base"], inst["options"]) == ("q8kv8-qcast", "q8kv8",
+                                                             {"time_q_cast": True})  # fmt: skip
+    path.write_text(BASE + entry.replace("time_q_cast", "time_the_cast"))
+    with pytest.raises(ScenarioError, match=r"s.yaml:5: backends\[0\].time_the_cast"):
+        scenarios.load_any(path, known_backends=known)
+
+
+def test_the_v4_q8kv8_preset_times_the_q_cast_on_chunks_sglang_sends_to_it():
+    """sglang's DSv4 backend casts q per call and sends only chunks of more than 11673 tokens
+    to sparse prefill (SGLANG_DSV4_THRESHOLD): the preset's rows must be of that call."""
+    from dsv4bench import backends, serving
+    from dsv4bench.commands.common import load
+    from dsv4bench.measure.hardware import SGLANG_DSV4_THRESHOLD
+    from dsv4bench.serving import presets
+
+    root = Path(__file__).resolve().parents[2]
+    path = root / "scenarios/serving/presets_q8kv8_v4_flash_sm90.yaml"
+    jobs, _, (spec,) = load([str(path)], None)
+    (preset,) = [p for p in presets.PRESETS if p.name == "sglang-hopper-v4-q8"]
+    assert preset.prefill in spec.backends
+    assert backends.get(preset.prefill).time_q_cast is True  # configured by the file
+    assert max(spec.chunk_sizes) > SGLANG_DSV4_THRESHOLD
+    q8 = [j.case for j in jobs if j.backend == preset.prefill]
+    assert max(c.tokens for c in q8) > SGLANG_DSV4_THRESHOLD
+    assert {c.op for c in q8} == {"prefill"}
+    assert serving.jobs_for(spec)  # planned

@@ -162,13 +162,17 @@ def test_flags_select_the_very_candidate_named():
 def test_switching_sglang_to_q8kv8_is_an_fp8_prefill_preset():
     q8 = pz.Candidate("q8kv8", "sparse-prefill", "fp8")
     assert pz.flags_for(q8, "ttft") == "sglang 0.5.23: --dsa-prefill-backend flashmla_sparse_q8"
-    assert "flashmla_sparse_q8" in pz.flags_for(q8, "ttft", "v4-flash")
+    # V4: sglang casts q per call (cast_q_fp8_for_q8kv8_prefill): the instance that times it
+    q8_v4 = pz.Candidate("q8kv8-qcast", "sparse-prefill", "fp8")
+    assert "flashmla_sparse_q8" in pz.flags_for(q8_v4, "ttft", "v4-flash")
+    assert "no engine flag selects" in pz.flags_for(q8, "ttft", "v4-flash")  # the kernel alone
     assert "no engine flag selects" in pz.flags_for(q8, "tpot")  # a prefill kernel only
     bf16 = pz.Candidate("q8kv8", "sparse-prefill", "bf16")
     assert "no engine flag selects" in pz.flags_for(bf16, "ttft")
     # its per-call gather and e4m3 cast is the dequant part whatever the cache dtype
     assert pz.kv_options("q8kv8", "sparse-prefill", "ttft") == ("fp8",)
-    (v4,) = [p for p in pz.presets_for("v4-flash", "sm90") if p.prefill == "q8kv8"]
+    assert pz.kv_options("q8kv8-qcast", "sparse-prefill", "ttft") == ("fp8",)
+    (v4,) = [p for p in pz.presets_for("v4-flash", "sm90") if p.prefill == "q8kv8-qcast"]
     assert (v4.name, v4.prefill_route, v4.decode) == ("sglang-hopper-v4-q8", "sparse-prefill",
                                                       "flashmla")  # fmt: skip
     ph = pz.phase([srow("q8kv8", "ttft", 8.0, dequant=1.0)], "v3.2", 1, "ttft")

@@ -602,7 +602,8 @@ def test_spec_from_dict_parses_sizes_and_nested():
     assert spec.contexts == [65536] and spec.timing.iters == 5
     assert spec.tolerance.cos_diff == 1e-5
     assert dataclasses.replace(spec).heads == 128
-    assert set(sv.KEYS) >= {f.name for f in dataclasses.fields(sv.ServingSpec)}
+    # every field is a file key, but the instances its backend entries define
+    assert set(sv.KEYS) >= {f.name for f in dataclasses.fields(sv.ServingSpec)} - {"instances"}
 
 
 @pytest.mark.parametrize(
@@ -672,7 +673,7 @@ def test_shipped_serving_scenarios_load_and_plan(path):
     assert scenarios.is_serving_text(path.read_text())
     from dsv4bench import backends
 
-    spec = scenarios.load_serving(path, known_backends=backends.names())
+    spec = scenarios.load_serving(path, known_backends=backends.catalog())
     jobs = sv.jobs_for(spec)
     assert jobs and {c.model for c, _ in jobs} == {spec.model}
 
@@ -688,7 +689,7 @@ def test_bad_serving_file_names_file_line_and_key(tmp_path):
     )
     with pytest.raises(ScenarioError) as e:
         scenarios.load_serving(bad, known_backends={"torch"})
-    assert str(e.value).startswith(f"{bad}:5: backends:") and "nope" in str(e.value)
+    assert str(e.value).startswith(f"{bad}:5: backends[0]:") and "nope" in str(e.value)
 
 
 def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
@@ -696,7 +697,7 @@ def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
     from dsv4bench.measure import hardware
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / "serving" / "v4_flash_sm90.yaml"
-    spec = scenarios.load_serving(path, known_backends=backends.names())
+    spec = scenarios.load_serving(path, known_backends=backends.catalog())
     limit = 11622  # the decode-route limit measured on sm90 (H100 and H200)
     between = [c for c in spec.chunk_sizes if limit < c <= hardware.SGLANG_DSV4_THRESHOLD]
     assert len(between) >= 2 and {"threshold:11673", "safe"} <= set(spec.routes)

@@ -233,4 +233,5 @@ def prepare(case, inputs: dict, device: str):
         finish=lambda raw: Output(raw[0], None, raw[1]),
         poison=lambda: out.fill_(float("nan")),
         info=info,
+        logits=launch,
     )
