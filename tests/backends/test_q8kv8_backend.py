@@ -262,7 +262,7 @@ def test_the_row_is_judged_by_the_kernels_own_model_too():
     assert row.tolerance["exact_cos_diff"] == DECLARED.exact_cos_diff
     assert row.tolerance["exact_lse_abs"] == DECLARED.exact_lse_abs
     assert "results/sm90/studies/q8kv8" in row.info["tolerance_from"]
-    # off its own model by ~1e-4 (past the 3e-5 bound), still within the FP8 tolerance
+    # off its own model by ~1e-4 (past the 5e-5 bound), still within the FP8 tolerance
     row = _row(case, FakeModule(noise=0.014))
     assert row.accuracy["cos_diff"] < DECLARED.cos_diff
     assert row.accuracy["exact_cos_diff"] > DECLARED.exact_cos_diff

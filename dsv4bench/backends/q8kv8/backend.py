@@ -70,22 +70,25 @@ V4_MAX_HEADS = 128  # q8kv8_padded_num_heads raises past it
 # H100 measured 8e-4..1.1e-3 on random normal operands (docs/kernel-facts.md, Q8KV8). Declared
 # with room for more queries (lse_max_abs is a max over all of them); a wrong kernel is 1e-2+.
 # Against its own model (exact_*, the same e4m3 operands, P rounded as kernel.cuh rounds it):
-# on an H100 all 27 q8kv8 rows of results/sm90/studies/q8kv8/prefill measured cos_diff
-# 1.98e-5..2.23e-5 (V3.2 and V4, 64/128 heads, 256-8192 tokens; bf16 output rounding explains
-# ~1.4e-6 of it) and lse_max_abs 2.6e-4..1.09e-3: bounds 3e-5 (1.35x the largest; the spread
-# over 27 shapes is 12 %) and 3e-3 (2.8x), 100x and 33x tighter than those against the oracle.
+# on an H100 the 27 q8kv8 rows of results/sm90/studies/q8kv8/prefill measured cos_diff
+# 1.98e-5..2.23e-5 and lse_max_abs 2.6e-4..1.09e-3; the serving presets' chunks (to 16384
+# tokens, V4 with its q cast) and the activation-like `outliers` values reached cos_diff
+# 2.77e-5, lse 0.0106 and max_logits 0.0176 (the max over more queries, and larger logits;
+# bf16 output rounding explains ~1.4e-6 of the cos_diff): bounds 5e-5 (1.8x the largest)
+# and 0.03 (lse and max_logits, 1.7x), still 60x and 3x tighter than those against the
+# oracle; a kernel off its own model by a wrong block or scale is 1e-3+ in cos_diff.
 # max_logits is one rounded logit where the lse averages many: the CPU model is 0.118..0.122
 # from the oracle's (the shapes above at 64-256 tokens); 0.3 leaves room for the max over
 # 8192 tokens x 128 heads. sglang discards it (dsa_backend.py: o, _, _ = ...prefill_fwd).
 DECLARED = Tolerance(
-    cos_diff=3e-3, lse_abs=0.1, max_logits_abs=0.3, exact_cos_diff=3e-5, exact_lse_abs=3e-3
+    cos_diff=3e-3, lse_abs=0.1, max_logits_abs=0.3, exact_cos_diff=5e-5, exact_lse_abs=0.03
 )
 DECLARED_WHY = (
     "declared by q8kv8: e4m3 q, kv and P (sglang's FP8 prefill) against the bf16 oracle "
     "(cos_diff, lse_abs, max_logits_abs); against the kernel's own model, "
     "reference/fp8_attention.py "
-    "(exact_cos_diff, exact_lse_abs: 1.35x and 2.8x the largest of the 27 H100 rows of "
-    "results/sm90/studies/q8kv8/prefill)"
+    "(exact_cos_diff, exact_lse_abs: 1.8x and 1.7x the largest H100 rows of "
+    "results/sm90/studies/q8kv8, the presets' 16384-token chunks and outliers included)"
 )
 
 
