@@ -6,6 +6,8 @@ sglang==0.5.23`, or `kernels unpack`) and nvcc; the first test builds the kernel
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -71,7 +73,9 @@ def test_kernel_against_both_oracles(backend, name):
     assert own["lse_max_abs"] <= DECLARED.exact_lse_abs, own
     assert own["max_logits_max_abs"] <= DECLARED.exact_lse_abs, own
     bf16 = metrics.accuracy(oracle_call(case, x)(), actual)
-    assert metrics.within_tolerance(bf16, DECLARED)[0], bf16
+    # against the oracle the FP8 bounds alone: the exact_* ones are the kernel's own model's
+    plain = dataclasses.replace(DECLARED, exact_cos_diff=None, exact_lse_abs=None)
+    assert metrics.within_tolerance(bf16, plain)[0], bf16
     # rounding P is part of what the kernel does: the plain softmax over the same FP8
     # operands is further from it than its own model
     assert own["cos_diff"] < bf16["cos_diff"]
