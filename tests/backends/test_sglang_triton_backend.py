@@ -104,3 +104,24 @@ def test_sglang_kernels_match_the_oracle_on_tiny_v4_shapes(kernel):
     assert results["prefill"]["shape"] == [4, 4, 512]
     # the sm120 kernel folds the sink into its lse: those rows report none
     assert results["mtp-sink"]["lse"] == (kernel == "sm120-torch")
+
+
+def test_an_empty_chunk_reaches_the_kernel_with_its_widths():
+    """A V4 prefill chunk of 0 tokens on the decode-kernel route (cases/edges.py): the call's
+    tensors keep their head, index and output widths (a -1 cannot be inferred from 0 elements;
+    on the H100 the adapter raised 'cannot reshape tensor of 0 elements' before the kernel)."""
+    import torch
+
+    from dsv4bench.backends.sglang_triton import call
+    from dsv4bench.cases import inputs
+
+    case = make_case(
+        V4, op="prefill", tokens=64, context_len=8192, route="decode-kernel", edge="empty-chunk"
+    )
+    x = inputs.make_inputs(case, "cpu")
+    kwargs = call.v4_kwargs(case, x, heads=64)
+    assert kwargs["q"].shape == (0, 1, 64, case.d_qk)
+    assert kwargs["indices"].shape[0] == 0 and kwargs["indices"].shape[-1] > 0
+    raw = (torch.zeros(0, 1, 64, case.d_v), torch.zeros(0, 1, 64))
+    out = call.v4_finish(case, "keys")(raw)
+    assert out.out.shape[0] == 0 and out.out.shape[-1] == case.d_v

@@ -58,10 +58,10 @@ def v4_kwargs(case: Case, x: dict, heads: int) -> dict:
     """flash_mla_with_kvcache's keyword arguments as sglang's V4 backend builds them."""
     import torch
 
-    b, s_q, _, d = x["q"].shape
-    t = b * s_q
-    q = pad_heads(x["q"].reshape(t, -1, d), heads, 1).to(torch.bfloat16).unsqueeze(1)
-    idx = x["indices"].reshape(t, -1)
+    b, s_q, h, d = x["q"].shape
+    t = b * s_q  # may be 0 (an empty chunk): widths come from the last axes, never inferred
+    q = pad_heads(x["q"].reshape(t, h, d), heads, 1).to(torch.bfloat16).unsqueeze(1)
+    idx = x["indices"].reshape(t, x["indices"].shape[-1])
     kwargs = dict(
         q=q,
         k_cache=x["k_cache"],
@@ -75,7 +75,7 @@ def v4_kwargs(case: Case, x: dict, heads: int) -> dict:
         extra_topk_length=None,
     )
     if x.get("extra_k_cache") is not None:
-        extra = x["extra_indices"].reshape(t, -1)
+        extra = x["extra_indices"].reshape(t, x["extra_indices"].shape[-1])
         kwargs["extra_k_cache"] = x["extra_k_cache"]
         kwargs["extra_indices_in_kvcache"] = pad_width(extra.to(torch.int32)).unsqueeze(1)
         kwargs["extra_topk_length"] = _per_token(
@@ -93,8 +93,8 @@ def v4_finish(case: Case, lse_kind: str):
     def finish(raw) -> Output:
         out, lse = raw[0], raw[1]
         t = out.shape[0]
-        out = out.reshape(t, -1, out.shape[-1])[:, :h]
-        lse = None if lse_kind != "keys" else lse.reshape(t, -1)[:, :h]
+        out = out.reshape(t, out.shape[-2], out.shape[-1])[:, :h]
+        lse = None if lse_kind != "keys" else lse.reshape(t, lse.shape[-1])[:, :h]
         if lse is not None:
             lse = paged_rows.no_key_lse(lse.float())
         if case.op == "prefill":
