@@ -285,6 +285,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "envelope_ok": lambda: _envelope("ok"),
     "envelope_unsupported": lambda: _envelope("unsupported"),
     "envelope_incorrect": lambda: _envelope("incorrect"),
+    "envelope_refused": lambda: _envelope("refused"),
+    "envelope_crash": lambda: _envelope("crash"),
+    "envelope_planned": lambda: _envelope("planned"),
     "shapes_rows": lambda: str(sum(r["status"] == "ok" for r in _last_rows(SHAPES))),
     "shapes_rows_h200": lambda: str(sum(r["status"] == "ok" for r in _last_rows(SHAPES_H200))),
     "shapes_below_08_h200": lambda: str(

@@ -1,5 +1,6 @@
 """The support envelope: one cell per (backend, head padding, phase, layout, heads, top-k, s_q),
-each ok, unsupported (with the kernel's or adapter's reason), crash or incorrect. A backend's
+each ok, unsupported (the adapter's reason, at plan time), refused (the call raised: the
+kernel's or its library's own check, the process lived on), crash or incorrect. A backend's
 cells with heads padded as the engine pads and with heads raw (the kernel meets them
 unpadded, Case.head_padding) are two grids of their own (`grid`).
 
@@ -13,8 +14,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ENVELOPE_STATUSES = ("ok", "unsupported", "crash", "incorrect", "planned")
-_FAILED = {"crash", "timeout", "oom", "error"}  # a row status the grid draws as a crash
+ENVELOPE_STATUSES = ("ok", "unsupported", "refused", "crash", "incorrect", "planned")
+_FAILED = {"crash", "timeout", "oom"}  # a row status the grid draws as a crash
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Cell:
     topk: int
     s_q: int
     status: str  # one of ENVELOPE_STATUSES; "planned": supported, not run yet
-    reason: str = ""  # why unsupported, or the crash / mismatch message
+    reason: str = ""  # why unsupported or refused, or the crash / mismatch message
     case_id: str = ""
     head_padding: str = "engine"  # Case.head_padding (cells written before it: engine)
 
@@ -50,6 +51,8 @@ def row_status(row: dict) -> tuple[str, str]:
     message = str(row.get("message") or "")
     if status in _FAILED:
         return "crash", f"{status}: {message}".rstrip(": ")
+    if status == "error":  # the call raised and the worker answered: a check, not a crash
+        return "refused", message
     if status in ("ok", "unsupported", "incorrect"):
         return status, message
     raise ValueError(f"row {row.get('case_id')!r} has unknown status {status!r}")

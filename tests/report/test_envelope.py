@@ -77,11 +77,15 @@ def test_raw_heads_are_a_grid_of_their_own(tmp_path):
     assert jobs[0].case.case_id != jobs[1].case.case_id
     rows = [{"case_id": jobs[1].case.case_id, "backend": "a", "status": "error", "message": "h"}]
     cells = envelope.cells(jobs, "sm90", lambda job: None, rows)
-    assert [(c.head_padding, c.status) for c in cells] == [("engine", "planned"), ("raw", "crash")]
+    # the kernel's own check raised, the worker answered: refused, not a crash
+    assert [(c.head_padding, c.status) for c in cells] == [
+        ("engine", "planned"),
+        ("raw", "refused"),
+    ]
     assert [envelope.grid(c) for c in cells] == ["a", "a (heads raw)"]
     assert envelope.counts(cells) == {
         "a": {**dict.fromkeys(envelope.ENVELOPE_STATUSES, 0), "planned": 1},
-        "a (heads raw)": {**dict.fromkeys(envelope.ENVELOPE_STATUSES, 0), "crash": 1},
+        "a (heads raw)": {**dict.fromkeys(envelope.ENVELOPE_STATUSES, 0), "refused": 1},
     }
     envelope.write_cells(cells, tmp_path / "e.jsonl")
     assert envelope.read_cells(tmp_path / "e.jsonl") == cells

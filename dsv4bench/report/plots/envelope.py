@@ -12,8 +12,9 @@ from dsv4bench.report.envelope import Cell, grid
 from dsv4bench.report.plots import canvas
 from dsv4bench.report.plots.style import STATUS_COLORS, STATUS_MARKERS
 
-ENVELOPE_COLORS = {**STATUS_COLORS, "planned": "#c7e9c0"}  # supported at plan time, not run
-_LABELS = {"planned": "supported (plan), not run"}
+# planned: supported at plan time, not run; refused: the call raised (a row's `error`)
+ENVELOPE_COLORS = {**STATUS_COLORS, "planned": "#c7e9c0", "refused": STATUS_COLORS["error"]}
+_LABELS = {"planned": "supported (plan), not run", "refused": "refused (the call raised)"}
 
 
 def _y_label(cell: Cell) -> str:
@@ -66,7 +67,7 @@ def draw(cells: list[Cell], path: Path, title: str = "Support envelope") -> Path
             markersize=8,
         )  # fmt: skip
         for s in ENVELOPE_COLORS
-        if s in seen and s in {*STATUS_MARKERS, "planned"}
+        if s in seen and s in {*STATUS_MARKERS, "planned", "refused"}
     }
     canvas.shared_legend(fig, handles)
     path.parent.mkdir(parents=True, exist_ok=True)
