@@ -109,13 +109,9 @@ def _as_judged_today(row: dict) -> None:
             "not_credited": {"timing": row.get("timing"), "derived": row.get("derived")},
         }
         row["timing"] = row["derived"] = None
-    base = row.get("backend_base") or row.get("backend")
     info = row.get("info") or {}
-    if (
-        base in ORACLE_BACKENDS
-        and row.get("accuracy") is not None
-        and not info.get("reference_row")
-    ):
+    stale = row.get("accuracy") is not None and not info.get("reference_row")
+    if rows.is_oracle_row(row) and stale:
         row["info"] = {**info, "reference_row": "the oracle itself (an older row): no accuracy"}
         row["accuracy"] = row["tolerance"] = None
 

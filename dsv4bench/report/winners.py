@@ -22,7 +22,7 @@ from pathlib import Path
 from dsv4bench.report import grouping, plots
 from dsv4bench.report.doc import Doc
 from dsv4bench.report.fmt import natural_text_key
-from dsv4bench.rows import ORACLE_BACKENDS, timers
+from dsv4bench.rows import is_oracle_row, timers
 
 BASELINE = "flashmla"
 
@@ -74,7 +74,7 @@ def shapes(rows: list[dict]) -> list[Shape]:
         if r.get("kind") != "case" or "limit-probe" in (r.get("tags") or []):
             continue
         backend = r.get("backend") or "?"
-        if (r.get("backend_base") or backend) in ORACLE_BACKENDS:
+        if is_oracle_row(r):
             continue  # the oracle's rows are a baseline, never a candidate
         run = str(r.get("_run") or "")
         key = (run, r["case_id"])

@@ -23,6 +23,11 @@ COMPARED = ("ok", "incorrect")  # the kernel ran and its output was compared wit
 ORACLE_BACKENDS = ("torch",)
 
 
+def is_oracle_row(row: dict) -> bool:
+    """A case row of the oracle, or of an instance built on it (backend_base)."""
+    return (row.get("backend_base") or row.get("backend")) in ORACLE_BACKENDS
+
+
 class RowError(ValueError):
     """A row that breaks its kind's invariants (a bug in whoever built it)."""
 

@@ -304,13 +304,6 @@ class Runner:
                 answer["message"] = f"{answer.get('message', '')} ({worker.failure()})".strip()
         return answer
 
-    def _worker_key(self, job: Job) -> str | None:
-        """The worker a job runs in (None: a job its backend refuses runs in none)."""
-        backend = backends.get(job.backend)
-        if backend.supports(job.case, self.arch):
-            return None
-        return backend.process_key()
-
     def run_job(self, job: Job, *, fresh: bool = False, slot: Slot | None = None) -> dict:
         """Run one job on `slot` (default: the first; in a new worker when `fresh`) and write
         its row."""
@@ -356,7 +349,8 @@ class Runner:
     ):
         done = self.writer.finished(retry_failed=retry_failed) if resume else set()
         todo = grouped_for_pool(
-            [j for j in jobs if (j.case.case_id, j.backend) not in done], self._worker_key
+            [j for j in jobs if (j.case.case_id, j.backend) not in done],
+            key=lambda job: backends.get(job.backend).process_key(),
         )
         searches = [s for s in limits if (s.limit_id, s.backend) not in done]
         skipped = len(jobs) - len(todo) + len(limits) - len(searches)

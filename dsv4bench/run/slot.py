@@ -19,7 +19,7 @@ def grouped_for_pool(units: list, key: Callable[[Any], str | None]) -> list:
     """`units` with the jobs of one worker key side by side (in the order each key first
     appears), where the run needs more workers than a slot keeps: in case order, jobs of
     MAX_POOLED + 1 builds would stop and start a worker for every job. Units whose key is None
-    (limit searches, jobs no worker runs) keep their places relative to each other, first."""
+    keep their places relative to each other, first."""
     keys = [key(u) for u in units]
     if len({k for k in keys if k is not None}) <= MAX_POOLED:
         return list(units)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dsv4bench.cases import topk_case
 from dsv4bench.measure import split
-from dsv4bench.rows import ORACLE_BACKENDS, ServingRow, timers
+from dsv4bench.rows import ORACLE_BACKENDS, ServingRow, is_oracle_row, timers
 from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
 from dsv4bench.serving.planning import Part, ServingPlan
 
@@ -30,10 +30,6 @@ def _usable(row: dict | None, key: str) -> bool:
 EVENTS = (timers.EVENTS, dict(timers.TIMERS)[timers.EVENTS])
 
 
-def _oracle(row: dict) -> bool:
-    return (row.get("backend_base") or row.get("backend")) in ORACLE_BACKENDS
-
-
 def run_timer(plan: ServingPlan, rows: list[dict]) -> tuple[str, str]:
     """(timing key, name) that every ok kernel row (the oracle's aside) of the plan's cases
     measured; events if none."""
@@ -44,7 +40,7 @@ def run_timer(plan: ServingPlan, rows: list[dict]) -> tuple[str, str]:
         if r.get("kind", "case") == "case"
         and r.get("case_id") in cases
         and r.get("status") == "ok"
-        and not _oracle(r)
+        and not is_oracle_row(r)
     ]
     return timers.shared(ok) or EVENTS
 
