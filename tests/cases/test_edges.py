@@ -250,12 +250,14 @@ def test_the_prefill_context_limit_searches_plan_per_build():
         assert {(build, m, "sparse-prefill") for m in ("v4-flash", "v3.2")} <= searched
     assert ("sglang-triton-0.5.23", "v4-flash", "decode-kernel") in searched
     assert ("sglang-triton-dsa-prefill-0.5.23", "v3.2", "sparse-prefill") in searched
+    assert sc.limits[-1].backend == "tilelang-sglang-0.5.23"  # V3.2 only: its CUDA kernel
+    assert sc.limits[-1].base.model == "v3.2"
     assert len(searched) == len(sc.limits) - 3  # FlashMLA/FA3 0.33.0 twice on V4-Flash
     (instance,) = sc.instances
     assert instance["name"] == "sglang-triton-dsa-prefill-0.5.23"
     dsa = SglangTriton(**instance["options"])
     v4 = SglangTriton()
-    for s in sc.limits[-2:]:  # the builds' own rules take both ends of the range
+    for s in sc.limits[-3:-1]:  # the builds' own rules take both ends of the range
         b = v4 if s.base.route == "decode-kernel" else dsa
         assert b.case_reason(s.at(s.lo)) is None and b.case_reason(s.at(s.hi)) is None
     for s in sc.limits:

@@ -76,7 +76,7 @@ SHIPPED = {
     "envelope/sm90.yaml": (720, 3960, 0),  # 3150 cells, 810 more with heads raw
     # opt-in (issue 33): the engines' failure shapes, the prefill context limit per build
     "failures/sm90.yaml": (15, 180, 0),  # 12 instances: every sm90 build that takes them
-    "failures/prefill_context_limit_sm90.yaml": (0, 0, 21),  # every sm90 prefill build
+    "failures/prefill_context_limit_sm90.yaml": (0, 0, 22),  # every sm90 prefill build
     # opt-in (issue 35): vLLM's mla_sparse_decode.yaml through `import vllm-bench`
     "compare/vllm_mla_sparse_decode_sm90.yaml": (72, 144, 0),
     # opt-in (issue 35): the two flashinfer-bench DSA definitions through `import flashinfer-bench`
