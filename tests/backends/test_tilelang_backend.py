@@ -89,6 +89,21 @@ def test_decode_is_one_bf16_pool_and_matches_the_oracle(s_q):
     assert len(fwd.calls) == 2  # the first call (TileLang's compile) is made in prepare()
 
 
+@pytest.mark.parametrize("edge", ["graph-refill-vllm", "graph-refill-sglang"])
+def test_a_graph_refill_copies_the_next_batch_into_the_captured_call(edge):
+    from dsv4bench.run import padded
+
+    case = make_case(**V32, batch_size=2, context_len=512, graph_batch=4, edge=edge)
+    x = make_inputs(case, "cpu")
+    b, fwd = fake_backend()
+    p = padded.prepare(b, case, x, "cpu", "sm90")
+    acc = metrics.accuracy(oracle_call(case, x)(), p.finish(p.run()))
+    assert acc["nonfinite"] == 0 and acc["cos_diff"] < 5e-6, acc
+    assert p.info["graph_refill"]["refilled"].startswith("3 buffers copied in place")
+    captured = fwd.calls[0]  # the other batch's call, its tensors now this batch's
+    assert all(captured[k] is fwd.calls[-1][k] for k in ("q", "kv", "indices"))
+
+
 @pytest.mark.parametrize("route", ["sparse-prefill", "decode-kernel", "decode-mixed"])
 def test_prefill_routes_match_the_oracle(route):
     case = make_case("prefill", **V32, tokens=12, context_len=600, route=route)

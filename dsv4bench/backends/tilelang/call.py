@@ -94,4 +94,5 @@ def prepare_call(case: Case, x: dict, device: str, sparse_fwd, heads: int) -> Pr
         "index_width": call["indices"].shape[-1],
         "lse": "not returned by the kernel",
     }
-    return Prepared(lambda: sparse_fwd(**call), _finish(case), None, info)
+    buffers = tuple(v for v in call.values() if hasattr(v, "data_ptr"))  # q, kv, indices
+    return Prepared(lambda: sparse_fwd(**call), _finish(case), None, info, buffers=buffers)
