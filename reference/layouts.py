@@ -41,6 +41,9 @@ V4_DATA_BYTES, V4_SCALE_BYTES = 576, 8  # per token, in the two halves of a page
 V4_PAGE_ALIGN = 576
 PLAIN_ROW_WIDTH = 512
 PLAIN_ROW_CHUNK = 1 << 16  # tokens dequantized at a time into plain rows
+# tokens a writer encodes at a time: its fp32 temporaries stay ~1 GiB however long the cache
+# (a V3.2 batch of 128 x 64K tokens at once asked 16 GiB for the latent alone)
+ENCODE_CHUNK = 1 << 19
 
 Layout = str  # a name in reference.layout_table.LAYOUTS
 
@@ -236,10 +239,11 @@ def quantize_v4(kv: torch.Tensor, page_size: int, convention: str = "flashmla") 
     num_tokens = kv.shape[0]
     cache = _zeros_v4(-(-num_tokens // page_size), page_size, kv.device)
     data, scales = _v4_token_views(cache)
-    slots = torch.arange(num_tokens, device=kv.device)
-    token_data, token_scales = _encode_v4(kv, convention)
-    data[slots // page_size, slots % page_size] = token_data
-    scales[slots // page_size, slots % page_size] = token_scales
+    for start in range(0, num_tokens, ENCODE_CHUNK):
+        slots = torch.arange(start, min(start + ENCODE_CHUNK, num_tokens), device=kv.device)
+        token_data, token_scales = _encode_v4(kv[start : start + ENCODE_CHUNK], convention)
+        data[slots // page_size, slots % page_size] = token_data
+        scales[slots // page_size, slots % page_size] = token_scales
     return cache
 
 
@@ -307,7 +311,9 @@ def quantize_v32(kv: torch.Tensor, block_size: int, scale: str = "pow2") -> torc
     records = torch.zeros(
         num_blocks * block_size, V32_TOKEN_BYTES, dtype=torch.uint8, device=kv.device
     )
-    records[:num_tokens] = _encode_v32(kv, scale)
+    for start in range(0, num_tokens, ENCODE_CHUNK):
+        stop = min(start + ENCODE_CHUNK, num_tokens)
+        records[start:stop] = _encode_v32(kv[start:stop], scale)
     return records.view(num_blocks, block_size, 1, V32_TOKEN_BYTES)
 
 

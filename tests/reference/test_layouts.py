@@ -626,3 +626,19 @@ def test_poison_tokens_writes_nan_records_and_nothing_else():
         hit[[0, 65, 191]] = True
         assert torch.isnan(after[hit]).all()
         assert torch.equal(after[~hit], before[~hit])
+
+
+@pytest.mark.parametrize("layout", ["v32", "v4"])
+def test_writers_encode_long_caches_in_chunks_with_the_same_bytes(monkeypatch, layout) -> None:
+    """A writer encodes ENCODE_CHUNK tokens at a time (its fp32 temporaries bounded); the
+    bytes are those of one pass, across chunk edges and a last partial page."""
+    import reference.layouts as layouts
+
+    d = 576 if layout == "v32" else 512
+    kv = (torch.randn(203, d, generator=torch.Generator().manual_seed(3)) * 3).to(torch.bfloat16)
+    write = (lambda: quantize_v32(kv, 64)) if layout == "v32" else (lambda: quantize_v4(kv, 64))
+    whole = write()
+    monkeypatch.setattr(layouts, "ENCODE_CHUNK", 50)  # 5 chunks, the last one of 3 tokens
+    chunked = write()
+    assert torch.equal(whole.view(torch.uint8), chunked.view(torch.uint8))
+    assert whole.view(torch.uint8).any()
