@@ -218,7 +218,7 @@ def _topk_share(metric: str) -> str:
 
 def _failures_statuses() -> str:
     n = Counter(r["status"] for r in _last_rows(f"{STUDIES}/failures/shapes"))
-    return ", ".join(f"{k} {n[k]}" for k in ("ok", "error", "crash", "unsupported"))
+    return ", ".join(f"{k} {n[k]}" for k in ("ok", "incorrect", "error", "crash", "unsupported"))
 
 
 def _envelope(status: str) -> str:
