@@ -207,13 +207,52 @@ def _gap_rows(path: str) -> str:
     return f"{len(gapped)} of {len(timed)}"
 
 
-def _topk_share(metric: str) -> str:
-    shares = [
-        100 * r["breakdown_ms"]["indexer_topk"] / r["breakdown_ms"]["indexer"]
-        for r in rows(f"{STUDIES}/topk/serving")
+def _serving_split(run: str, metric: str, part: str, whole: str) -> str:
+    """breakdown_ms[part] / breakdown_ms[whole] over a serving run's ok points of `metric`,
+    as a span (in %, or as a ratio where whole is the indexer's own top-k)."""
+    values = [
+        r["breakdown_ms"][part] / r["breakdown_ms"][whole]
+        for r in rows(f"{STUDIES}/topk/{run}")
         if r.get("kind") == "serving" and r.get("metric") == metric and r.get("status") == "ok"
     ]
-    return f"{min(shares):.0f}-{max(shares):.0f}"
+    if whole == "indexer":
+        return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
+    return span(values)
+
+
+def _serving_points(*runs: str, where=lambda r: True) -> list[dict]:
+    return [
+        r
+        for run in runs
+        for r in rows(f"{STUDIES}/topk/{run}")
+        if r.get("kind") == "serving" and r.get("status") == "ok" and where(r)
+    ]
+
+
+def _topk_swap_saving() -> str:
+    """(indexer_topk - topk_alone) / the point's total over both serving runs, in %: what
+    the fastest top-k alone in place of the indexer's own would save."""
+    values = [
+        (r["breakdown_ms"]["indexer_topk"] - r["breakdown_ms"]["topk_alone"]) / r["value_ms"]
+        for r in _serving_points("serving", "serving-v32")
+    ]
+    return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
+
+
+def _indexer_share_batch1() -> str:
+    """indexer / the point's total at TPOT batch 1, both serving runs, in %."""
+    values = [
+        r["breakdown_ms"]["indexer"] / r["value_ms"]
+        for r in _serving_points("serving", "serving-v32", where=lambda r: r["batch_size"] == 1)
+        if r["metric"] == "tpot"
+    ]
+    return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
+
+
+def _topk_incorrect(backend: str) -> str:
+    return str(
+        sum(r["status"] == "incorrect" and r["backend"] == backend for r in _last_rows(TOPK))
+    )
 
 
 def _failures_statuses() -> str:
@@ -249,11 +288,26 @@ FIGURES: dict[str, Callable[[], str]] = {
     "baseline_crash": lambda: _status_count("crash"),
     "topk_sglang_triton_span": lambda: _span3(_pair_ratios(TOPK, "sglang-topk", "triton")),
     "topk_sglang_triton_median": lambda: _median(_pair_ratios(TOPK, "sglang-topk", "triton")),
-    "topk_sglang_incorrect": lambda: str(
-        sum(r["status"] == "incorrect" and r["backend"] == "sglang-topk" for r in _last_rows(TOPK))
+    "topk_sglang_incorrect": lambda: _topk_incorrect("sglang-topk"),
+    "topk_flashinfer_incorrect": lambda: _topk_incorrect("flashinfer"),
+    "topk_flashinfer_triton_median": lambda: _median(_pair_ratios(TOPK, "flashinfer", "triton")),
+    "topk_flashinfer_sglang_span": lambda: _span3(_pair_ratios(TOPK, "flashinfer", "sglang-topk")),
+    "topk_flashinfer_sglang_median": lambda: _median(
+        _pair_ratios(TOPK, "flashinfer", "sglang-topk")
     ),
-    "topk_share_ttft": lambda: _topk_share("ttft"),
-    "topk_share_tpot": lambda: _topk_share("tpot"),
+    "topk_flashinfer_torch_span": lambda: span(_pair_ratios(TOPK, "flashinfer", "torch")),
+    # the indexer's own top-k (its call less its logits alone) / the indexer's call, in %
+    "topk_share_ttft": lambda: _serving_split("serving", "ttft", "indexer_topk", "indexer"),
+    "topk_share_tpot": lambda: _serving_split("serving", "tpot", "indexer_topk", "indexer"),
+    "topk_share_ttft_v32": lambda: _serving_split("serving-v32", "ttft", "indexer_topk", "indexer"),
+    "topk_share_tpot_v32": lambda: _serving_split("serving-v32", "tpot", "indexer_topk", "indexer"),
+    # the fastest top-k kernel alone on the same rows / the indexer's own top-k
+    "topk_alone_ratio": lambda: _serving_split("serving", "tpot", "topk_alone", "indexer_topk"),
+    "topk_swap_saving": _topk_swap_saving,
+    "topk_indexer_share_b1": _indexer_share_batch1,
+    "topk_alone_ratio_v32": lambda: _serving_split(
+        "serving-v32", "tpot", "topk_alone", "indexer_topk"
+    ),
     "sgltri_sm120_median": lambda: (
         f"{statistics.median(_pair_ratios(SGLTRI, 'sglang-triton', 'triton')):.0f}"
     ),
