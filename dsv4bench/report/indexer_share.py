@@ -1,5 +1,6 @@
 """The indexer's share of TTFT/TPOT: serving rows whose points include indexer parts
-(`indexer: true` specs) carry breakdown_ms["indexer"]; this section plots indexer / total.
+(`indexer: true` specs) carry breakdown_ms["indexer"]; this section plots indexer / total
+(and, where split, its top-k part / total).
 Where the indexer rows split their time (measure/split.py), breakdown_ms holds
 "indexer_logits" and "indexer_topk", adding up to "indexer", and the table shows both; where
 the run also has `topk` rows of the same shapes, "topk_alone" is the fastest top-k kernel on its
@@ -43,6 +44,12 @@ def topk_share(row: dict) -> float | None:
     return found[1] / ix if found and ix else None
 
 
+def topk_part(row: dict) -> float | None:
+    """The indexer's own top-k / the point's total, where the indexer's time is split."""
+    found, total = stages(row), row.get("value_ms")
+    return found[1] / total if found and total else None
+
+
 def alone_share(row: dict) -> float | None:
     """top-k alone / the indexer's whole time (nothing subtracted), or None."""
     alone, ix = topk_alone(row), (row.get("breakdown_ms") or {}).get("indexer")
@@ -64,7 +71,9 @@ def section(report, serving: list[dict]) -> None:
         "Indexer (FP8 logits + top-k, timed on the fastest helper backend) as a fraction of "
         "each TTFT / TPOT point that includes it (V3.2: every layer; V4: the C4 layers). "
         "TTFT: x prompt length, one line per (model, chunk, route); TPOT: x batch size, one "
-        "line per (model, context)."
+        "line per (model, context). Where the indexer rows split their time, a dashed line of "
+        "the same color is its top-k part (top-k ms / total ms): the gap between the two "
+        "lines is the logits."
     )
     panels = [
         _panel(report, rows, metric, x_key, xlabel)
@@ -154,14 +163,20 @@ def _panel(report, rows: list[dict], metric: str, x_key: str, xlabel: str):
     series = []
     for i, (label, pts) in enumerate(sorted(groups.items())):
         pts = sorted(pts, key=lambda r: r.get(x_key) or 0)
-        series.append(
-            plots.Series(
-                label=label,
-                xs=[r[x_key] for r in pts],
-                ys=[share(r) for r in pts],
-                marker=plots.MARKERS[i % len(plots.MARKERS)],
+        marker, color = plots.MARKERS[i % len(plots.MARKERS)], f"C{i % 10}"
+        xs = [r[x_key] for r in pts]
+        series.append(plots.Series(label, xs, [share(r) for r in pts], color=color, marker=marker))
+        if all(stages(r) is not None for r in pts):  # the same points, the top-k part alone
+            series.append(
+                plots.Series(
+                    f"{label}: its top-k",
+                    xs,
+                    [topk_part(r) for r in pts],
+                    color=color,
+                    marker=marker,
+                    linestyle="--",
+                )
             )
-        )
     return plots.Panel(
         f"{metric.upper()}: indexer share",
         xlabel,

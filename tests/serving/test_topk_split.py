@@ -124,10 +124,33 @@ def test_report_table_states_both_divisions(tmp_path) -> None:
     text = rep.doc.to_markdown()
     assert "logits ms" in text and "add up to indexer ms" in text and "30.0%" in text
     assert "alone / indexer" in text and "nothing subtracted" in text and "25.0%" in text
+    assert "dashed line of the same color is its top-k part" in text
     rep = Report([], tmp_path, [])
     indexer_share.section(rep, sv.aggregate(plan, _rows(plan, {})))
     text = rep.doc.to_markdown()
     assert "top-k / indexer" not in text and "alone / indexer" not in text
+
+
+def test_the_figure_draws_the_top_k_part_beside_each_split_line(monkeypatch, tmp_path) -> None:
+    plan = _plan()
+    drawn = []
+    monkeypatch.setattr(
+        indexer_share.plots, "line_figure", lambda title, panels, **kw: drawn.extend(panels)
+    )
+    rep = Report([], tmp_path, [])
+    monkeypatch.setattr(rep, "save", lambda fig, name: f"{name}.png")
+    out = sv.aggregate(plan, _rows(plan, {"fast": 0.25}, logits_ms=0.7))
+    indexer_share.section(rep, out)
+    lines = [s for p in drawn for s in p.series]
+    whole = [s for s in lines if s.linestyle == "-"]
+    part = [s for s in lines if s.linestyle == "--"]
+    assert whole and len(part) == len(whole)
+    for w, t in zip(whole, part, strict=True):
+        assert t.label == f"{w.label}: its top-k" and t.color == w.color and t.xs == w.xs
+        assert all(0 < b < a for a, b in zip(w.ys, t.ys, strict=True))  # a part of the indexer
+    drawn.clear()
+    indexer_share.section(rep, sv.aggregate(plan, _rows(plan, {})))  # no split: no dashed line
+    assert drawn and all(s.linestyle == "-" for p in drawn for s in p.series)
 
 
 def test_rows_before_the_split_read_their_topk_as_the_kernel_alone() -> None:
