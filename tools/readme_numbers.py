@@ -207,20 +207,8 @@ def _gap_rows(path: str) -> str:
     return f"{len(gapped)} of {len(timed)}"
 
 
-def _serving_split(run: str, metric: str, part: str, whole: str) -> str:
-    """breakdown_ms[part] / breakdown_ms[whole] over a serving run's ok points of `metric`,
-    as a span (in %, or as a ratio where whole is the indexer's own top-k)."""
-    values = [
-        r["breakdown_ms"][part] / r["breakdown_ms"][whole]
-        for r in rows(f"{STUDIES}/topk/{run}")
-        if r.get("kind") == "serving" and r.get("metric") == metric and r.get("status") == "ok"
-    ]
-    if whole == "indexer":
-        return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
-    return span(values)
-
-
 def _serving_points(*runs: str, where=lambda r: True) -> list[dict]:
+    """The ok serving rows of the topk study's serving runs for which where(row) holds."""
     return [
         r
         for run in runs
@@ -229,24 +217,33 @@ def _serving_points(*runs: str, where=lambda r: True) -> list[dict]:
     ]
 
 
+def _percent_span(values: list[float]) -> str:
+    return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
+
+
+def _serving_split(run: str, metric: str, part: str, whole: str) -> str:
+    """breakdown_ms[part] / breakdown_ms[whole] over a serving run's points of `metric`: in %
+    of the indexer, else (a kernel's time against the indexer's own top-k) as a ratio."""
+    values = [
+        r["breakdown_ms"][part] / r["breakdown_ms"][whole]
+        for r in _serving_points(run, where=lambda r: r.get("metric") == metric)
+    ]
+    return _percent_span(values) if whole == "indexer" else span(values)
+
+
 def _topk_swap_saving() -> str:
     """(indexer_topk - topk_alone) / the point's total over both serving runs, in %: what
     the fastest top-k alone in place of the indexer's own would save."""
-    values = [
-        (r["breakdown_ms"]["indexer_topk"] - r["breakdown_ms"]["topk_alone"]) / r["value_ms"]
-        for r in _serving_points("serving", "serving-v32")
-    ]
-    return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
+    b = [(r["breakdown_ms"], r["value_ms"]) for r in _serving_points("serving", "serving-v32")]
+    return _percent_span([(x["indexer_topk"] - x["topk_alone"]) / total for x, total in b])
 
 
 def _indexer_share_batch1() -> str:
     """indexer / the point's total at TPOT batch 1, both serving runs, in %."""
-    values = [
-        r["breakdown_ms"]["indexer"] / r["value_ms"]
-        for r in _serving_points("serving", "serving-v32", where=lambda r: r["batch_size"] == 1)
-        if r["metric"] == "tpot"
-    ]
-    return f"{100 * min(values):.0f}-{100 * max(values):.0f}"
+    batch1 = _serving_points(
+        "serving", "serving-v32", where=lambda r: r["metric"] == "tpot" and r["batch_size"] == 1
+    )
+    return _percent_span([r["breakdown_ms"]["indexer"] / r["value_ms"] for r in batch1])
 
 
 def _topk_incorrect(backend: str) -> str:
