@@ -42,3 +42,15 @@ def test_a_stale_or_unknown_figure_fails_and_write_refreshes_it(tmp_path):
     assert tool.write(tmp_path, ["README.md"], figures) == 1
     assert "<!-- n:ratio -->0.91-1.90<!-- /n -->" in doc.read_text()
     assert tool.problems(tmp_path, ["README.md"], figures) == ["README.md:2: unknown figure 'nope'"]
+
+
+def test_a_figure_cut_short_or_run_on_fails(tmp_path):
+    """The whole figure is compared: a prefix of it (or it with more after) is stale."""
+    tool = _tool()
+    figures = {"span": lambda: "0.91-1.90", "n": lambda: "27"}
+    for cited in ("0.91-1.9", "0.91", "", "0.91-1.905"):
+        (tmp_path / "README.md").write_text(f"<!-- n:span -->{cited}<!-- /n -->\n")
+        found = tool.problems(tmp_path, ["README.md"], figures)
+        assert found == [f"README.md:1: span reads {cited!r}, the rows say '0.91-1.90'"]
+    (tmp_path / "README.md").write_text("<!-- n:n -->2<!-- /n -->7 rows\n")
+    assert tool.problems(tmp_path, ["README.md"], figures) != []

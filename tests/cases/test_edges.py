@@ -213,6 +213,9 @@ def test_a_kernel_fix_is_read_against_the_build_version():
         "t", "issue", "symptom", "PR 1", "kernel", {"flash_mla": "1.2.0"}
     )
     assert engine_issues.has_fix(fixed, "flash_mla", "1.2.1").startswith("yes")
+    # the first fixed release itself has the fix; the one before does not
+    assert engine_issues.has_fix(fixed, "flash_mla", "1.2.0").startswith("yes")
+    assert engine_issues.has_fix(fixed, "flash_mla", "1.1.9").startswith("no")
     assert engine_issues.has_fix(fixed, "flash_mla", "sgl 1.0.0").startswith("no")
     assert engine_issues.has_fix(fixed, "other", "9.9").startswith("unknown")
     tagged = make_case(V32, tags=("vllm-52339",))
