@@ -208,6 +208,40 @@ def test_a_graph_refill_is_judged_on_the_batch_copied_in(tmp_path):
     assert by["copying"][0]["info"]["engine_issue"][0]["issue"].startswith("vLLM issues 56771")
 
 
+def test_a_refilled_call_reads_and_models_the_batch_copied_in():
+    """What a refilled row is judged on (the converted operands, the kernel's exact model) is
+    the next batch's, copied in, never the captured batch's."""
+    from dsv4bench.backends import Prepared
+    from dsv4bench.run import padded
+    from tests.plugins.misbehaving import Copying
+
+    def copied(x: dict) -> dict:
+        return {k: v.clone() if hasattr(v, "clone") else v for k, v in x.items()}
+
+    class Converting(Copying):
+        """Keeps what it converted for the judge apart from the buffers its call reads (as an
+        adapter's dequantized copy of an FP8 cache is)."""
+
+        def prepare(self, case, inputs, device):
+            own, kept = copied(inputs), copied(inputs)
+            keys = [k for k in sorted(own) if hasattr(own[k], "data_ptr")]
+            return Prepared(
+                run=oracle_call(case, own),
+                buffers=tuple(own[k] for k in keys),
+                reads=kept,
+                exact=oracle_call(case, kept),
+            )
+
+    case = _v4(batch_size=3, graph_batch=5, edge="graph-refill-vllm")
+    x = inputs.make_inputs(case, "cpu")
+    prepared = padded.prepare(Converting(), case, x, "cpu", "cpu")
+    assert torch.equal(prepared.reads["q"], x["q"])
+    assert torch.equal(prepared.reads["indices"], x["indices"])
+    want = oracle_call(case, x)().out
+    assert torch.equal(prepared.exact().out, want)
+    assert torch.equal(prepared.finish(prepared.run()).out, want)
+
+
 def test_a_kernel_fix_is_read_against_the_build_version():
     fixed = engine_issues.EngineIssue(
         "t", "issue", "symptom", "PR 1", "kernel", {"flash_mla": "1.2.0"}
