@@ -70,6 +70,17 @@ def test_crash_hang_and_error_become_rows_and_the_sweep_goes_on(tmp_path):
     assert written[0]["provider"]["name"] == "crashy"
 
 
+def test_an_error_row_keeps_the_frame_where_it_was_raised(tmp_path):
+    """The worker's traceback ends in the backend's own code (tests/plugins/misbehaving.py's
+    prepare, behind several frames of the worker's), not in run/worker.py."""
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    (row,) = runner.run([Job(tiny(1, seed=2), "crashy")])
+    assert row["status"] == "error"
+    printed = row["info"]["stderr"]
+    assert "misbehaving.py" in printed and "in prepare" in printed
+    assert 'raise RuntimeError("crashy refuses seed 2")' in printed
+
+
 def test_the_job_after_an_in_process_cuda_error_gets_a_fresh_worker(tmp_path):
     # the worker answers `crash` and then exits (its CUDA context is poisoned); the next job
     # must not be sent to that exiting process (H200 run: 9 rows "worker exited with code 3")
