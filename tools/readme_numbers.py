@@ -258,11 +258,14 @@ def _failures_statuses() -> str:
 
 
 def _envelope(status: str) -> str:
-    """Cells of the committed sm90 envelope (dsv4bench envelope's envelope.jsonl) of a status."""
+    """Cells of the committed sm90 envelope (dsv4bench envelope's envelope.jsonl, committed
+    gzipped) of a status."""
+    import gzip
     import json
 
-    path = ROOT / "results/envelope/sm90-h100/envelope.jsonl"
-    cells = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path = ROOT / "results/envelope/sm90-h100/envelope.jsonl.gz"
+    text = gzip.decompress(path.read_bytes()).decode()
+    cells = [json.loads(line) for line in text.splitlines() if line.strip()]
     return str(len(cells) if status == "all" else sum(c["status"] == status for c in cells))
 
 
