@@ -27,20 +27,19 @@ from dsv4bench.report.load import is_probe, load_rows, load_runs  # noqa: E402
 from dsv4bench.report.sections.workloads import ragged_ratios  # noqa: E402
 from dsv4bench.rows import timers  # noqa: E402
 
-# the files whose marked figures are checked
-FILES = (
+# the files whose marked figures are checked: these, and every study's README.md
+CITING = (
     "README.md",
     "docs/findings.md",
-    "results/sm90/baseline-h100/README.md",
-    "results/sm90/studies/workloads/README.md",
     "results/sm90/studies/workloads/COMMANDS.md",
     "results/sm90/studies/engine-kernels/COMMANDS.md",
-    "results/sm90/studies/topk/README.md",
-    "results/sm90/studies/sglang-triton/README.md",
-    "results/sm90/studies/vllm-bench/README.md",
-    "results/sm90/studies/failures/README.md",
-    "results/sm90/studies/triton-shapes/README.md",
 )
+STUDY_READMES = sorted(
+    str(p.relative_to(ROOT))
+    for p in (ROOT / "results").rglob("README.md")
+    if not p.relative_to(ROOT).parts[1] == "ci"  # .ci/run's own output
+)
+FILES = (*CITING, *STUDY_READMES)
 MARK = re.compile(r"<!-- n:([a-z0-9_]+) -->(.*?)<!-- /n -->", re.S)
 
 WORKLOADS = "results/sm90/studies/workloads"
