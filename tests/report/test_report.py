@@ -626,3 +626,20 @@ def test_head_padding_divides_by_the_timer_every_row_of_a_line_measured(tmp_path
     # 0.00781 / (0.25 / 64): per-head time over the per-head time at the most heads
     assert "| ms/head | ms/head / ms/head at most heads | useful |" in section
     assert "| 0.007812 | 2.00 |" in section
+
+
+def test_a_case_written_twice_counts_once_by_its_last_row(tmp_path):
+    """A re-judged or resumed run appends a case's row again: the status table counts cases
+    (the last row of each), not rows, and says how many rows it left out."""
+    first = plausible_row("prefill", "q8kv8", status="incorrect", message="cos_diff 0.02")
+    again = {**first, "status": "ok", "message": ""}
+    other = {**plausible_row("prefill", "q8kv8", status="incorrect"), "case_id": "another"}
+    run = write_run(tmp_path / "rejudged", [first, other, again])
+    build_report([run], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| q8kv8 | 1 | 1 | 2 |" in md
+    assert "1 rows of a case written again" in md
+    plain = write_run(tmp_path / "once", [first, other])
+    build_report([plain], tmp_path / "out2")
+    md = (tmp_path / "out2" / "report.md").read_text()
+    assert "Rows per backend and status" in md and "| q8kv8 | 2 | 2 |" in md
