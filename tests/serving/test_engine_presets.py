@@ -362,3 +362,19 @@ def test_report_has_the_presets_section(tmp_path):
         "| 81 | 1.06x |" in md
     )
     assert any(f.name.startswith("presets-tpot-v3") for f in files)
+
+
+def test_the_report_says_where_its_fastest_candidate_is_incorrect(tmp_path):
+    from dsv4bench.report import build_report
+
+    cases = [_case("fa3", "ok"), _case("fa3", "incorrect", "outliers")]
+    for c in cases:
+        c.pop("_run")
+    run = write_run(tmp_path / "run", [*rows(), *cases])
+    build_report([run], tmp_path / "out")
+    md = " ".join((tmp_path / "out" / "report.md").read_text().split())
+    assert (
+        "The fastest TTFT candidate, fa3 sparse-prefill (bf16 KV), is correct at these points "
+        "only: incorrect on 1 of 2 fa3 cases of these runs: values outliers at prefill v3.2 "
+        "h64 t1024." in md
+    )
