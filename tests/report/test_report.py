@@ -643,3 +643,19 @@ def test_a_case_written_twice_counts_once_by_its_last_row(tmp_path):
     build_report([plain], tmp_path / "out2")
     md = (tmp_path / "out2" / "report.md").read_text()
     assert "Rows per backend and status" in md and "| q8kv8 | 2 | 2 |" in md
+
+
+def test_a_stored_no_work_row_is_shown_at_no_fraction_of_peak(tmp_path):
+    """An older row of a 0-token chunk stored a bandwidth and a fraction of peak for a call
+    that moved nothing: the kernel table shows neither (its TFLOP/s is a true 0)."""
+    empty = plausible_row("prefill", "flashmla", ms=0.004, tokens=64)
+    empty["case_id"] = "prefill-empty-chunk"
+    empty["derived"].update(flops=0, tflops=0.0, gbps=1800.0, peak_fraction=0.55, bound="memory")
+    real = plausible_row("prefill", "flashmla", ms=0.2, tokens=1024)
+    build_report([write_run(tmp_path / "run", [empty, real])], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    kernel_rows = md.split("## Kernel throughput", 1)[1].split("\n## ", 1)[0].splitlines()
+    (line,) = [ln for ln in kernel_rows if "`prefill-empty-chunk`" in ln]
+    assert "55.0%" not in line and "1800" not in line and "memory" not in line
+    (line,) = [ln for ln in kernel_rows if f"`{real['case_id']}`" in ln]
+    assert "compute" in line and "%" in line
