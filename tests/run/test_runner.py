@@ -157,6 +157,28 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
     assert row["message"] == "batch 5"
 
 
+def test_a_listed_probe_inside_the_bracket_is_probed_and_bisected_below(tmp_path, monkeypatch):
+    """A failure at one size only (an engine issue's "near 161K", neither end sharing it): lo
+    and hi both work, so a plain search would say "no failure"; the listed probe finds it and
+    the search bisects below it."""
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    probed = []
+
+    def fake_job(job, fresh=False, slot=None):
+        b = job.case.batch_size
+        probed.append(b)
+        return {"status": "crash" if 40 <= b <= 45 else "ok", "message": f"batch {b}"}
+
+    monkeypatch.setattr(runner, "run_job", fake_job)
+    search = LimitSearch("batch_size", 8, 64, "crashy", tiny(8), step=8, probe=(42,))
+    row = runner.find_limit(search)
+    assert probed[:2] == [8, 42] and 64 not in probed
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (32, 40, "crash")  # on the grid
+    probed.clear()
+    row = runner.find_limit(replace(search, probe=(20,)))
+    assert probed == [8, 20, 64] and row["message"] == "no failure up to 64"
+
+
 def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypatch):
     runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
 
