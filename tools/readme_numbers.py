@@ -231,11 +231,41 @@ def _serving_split(run: str, metric: str, part: str, whole: str) -> str:
     return _percent_span(values) if whole == "indexer" else span(values)
 
 
-def _topk_swap_saving() -> str:
-    """(indexer_topk - topk_alone) / the point's total over both serving runs, in %: what
-    the fastest top-k alone in place of the indexer's own would save."""
-    b = [(r["breakdown_ms"], r["value_ms"]) for r in _serving_points("serving", "serving-v32")]
-    return _percent_span([(x["indexer_topk"] - x["topk_alone"]) / total for x, total in b])
+def _topk_pairs(a: str, b: str) -> list[tuple[dict, dict]]:
+    """(a's row, b's row) of each case both ran ok in the top-k run."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in _last_rows(TOPK):
+        if r["status"] == "ok":
+            by.setdefault(r["case_id"], {})[r["backend"]] = r
+    return [(p[a], p[b]) for p in by.values() if a in p and b in p]
+
+
+def _topk_rows_of(a: str, b: str) -> str:
+    """'N of M': the cases a and b both ran ok, of a's ok rows."""
+    ok = sum(r["status"] == "ok" and r["backend"] == a for r in _last_rows(TOPK))
+    return f"{len(_topk_pairs(a, b))} of {ok}"
+
+
+def _topk_timer_flips(a: str, b: str) -> str:
+    """'N of M': pairs whose faster side differs between the shared timer and the events
+    median."""
+    pairs = _topk_pairs(a, b)
+    flips = 0
+    for x, y in pairs:
+        key, _ = timers.shared([x, y])
+        by_shared = timers.value(x, key) < timers.value(y, key)
+        flips += by_shared != (timers.events_ms(x) < timers.events_ms(y))
+    return f"{flips} of {len(pairs)}"
+
+
+def _topk_graph_eager(backend: str) -> str:
+    """A backend's CUDA-graph replay / its own events median, over its ok top-k rows."""
+    got = [
+        timers.value(r, "graph_ms") / timers.events_ms(r)
+        for r in _last_rows(TOPK)
+        if r["backend"] == backend and r["status"] == "ok" and timers.value(r, "graph_ms")
+    ]
+    return span(got)
 
 
 def _indexer_share_batch1() -> str:
@@ -396,7 +426,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "topk_share_tpot_v32": lambda: _serving_split("serving-v32", "tpot", "indexer_topk", "indexer"),
     # the fastest top-k kernel alone on the same rows / the indexer's own top-k
     "topk_alone_ratio": lambda: _serving_split("serving", "tpot", "topk_alone", "indexer_topk"),
-    "topk_swap_saving": _topk_swap_saving,
+    "topk_fi_torch_rows": lambda: _topk_rows_of("flashinfer", "torch"),
+    "topk_fi_sgl_flips": lambda: _topk_timer_flips("flashinfer", "sglang-topk"),
+    "topk_fi_graph_eager": lambda: _topk_graph_eager("flashinfer"),
     "topk_indexer_share_b1": _indexer_share_batch1,
     "topk_alone_ratio_v32": lambda: _serving_split(
         "serving-v32", "tpot", "topk_alone", "indexer_topk"
