@@ -3,7 +3,9 @@
 A cited figure is marked in its markdown file as `<!-- n:NAME -->VALUE<!-- /n -->`; FIGURES
 says how NAME is computed (with the report's own code, so a figure reads as the report does).
 `--check` (CI, `.ci/run`) fails with one line per figure whose text no longer matches its
-rows, and on a marker of an unknown name; `--write` puts the recomputed values in.
+rows, and on a marker of an unknown name; `--write` puts the recomputed values in. In the
+findings and every results README a measured figure left unmarked must be dated: its paragraph
+or section heading names its run (a tree commit, a date or the run's folder; dated_prose.py).
 
     python3 tools/readme_numbers.py --check
 """
@@ -28,6 +30,9 @@ from dsv4bench.report.load import is_probe, load_rows, load_runs  # noqa: E402
 from dsv4bench.report.sections.workloads import ragged_ratios  # noqa: E402
 from dsv4bench.rows import timers  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tools"))
+import dated_prose  # noqa: E402
+
 # the files whose marked figures are checked: these, and every study's README.md
 CITING = (
     "README.md",
@@ -38,7 +43,7 @@ CITING = (
 STUDY_READMES = sorted(
     str(p.relative_to(ROOT))
     for p in (ROOT / "results").rglob("README.md")
-    if not p.relative_to(ROOT).parts[1] == "ci"  # .ci/run's own output
+    if p.relative_to(ROOT).parts[1] != "ci"  # .ci/run's own output
 )
 FILES = (*CITING, *STUDY_READMES)
 MARK = re.compile(r"<!-- n:([a-z0-9_]+) -->(.*?)<!-- /n -->", re.S)
@@ -394,7 +399,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     ),
     "q8_v4_slower": _q8_v4_slower,
     "q8_v4_ttft_4k": lambda: _q8_ttft_at(
-        "v4-flash", "q8kv8-qcast sparse-prefill (fp8 KV)", "flashmla sparse-prefill (fp8 KV)",
+        "v4-flash",
+        "q8kv8-qcast sparse-prefill (fp8 KV)",
+        "flashmla sparse-prefill (fp8 KV)",
         (4096, 4096),
     ),  # fmt: skip
     "workload_rows": workload_rows,
@@ -481,6 +488,16 @@ FIGURES: dict[str, Callable[[], str]] = {
 }
 
 
+# the files whose every measured figure is marked or dated: the findings and the study READMEs
+DATED = ("docs/findings.md", *STUDY_READMES)
+
+
+def undated(root: Path = ROOT, files=DATED) -> list[str]:
+    """One line per paragraph holding a measured figure that is neither marked (and so
+    recomputed) nor dated to its run (tools/dated_prose.py)."""
+    return dated_prose.undated(root, files, MARK)
+
+
 def problems(root: Path = ROOT, files=FILES, figures=FIGURES) -> list[str]:
     """One line per marked figure whose text differs from its recomputed value."""
     found = []
@@ -525,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         print(f"{write()} figures changed")
         return 0
-    found = problems()
+    found = problems() + undated()
     print("\n".join(found) if found else "README numbers: every marked figure matches its rows")
     return 1 if found else 0
 
