@@ -23,6 +23,12 @@ class TorchTopK(Backend):
     archs = ARCHS
     ops = ("topk",)
     layouts = None
+    # what no probe case finds (report/capabilities.py; the others follow supports())
+    capabilities = {
+        "lse out": "no: a top-k selection has no softmax",
+        "CUDA graphs": "yes: torch.topk and masked_fill launch without host syncs",
+        "batch invariance": "not promised: torch.topk breaks ties as its kernel does",
+    }
 
     def provider(self) -> Provider:
         import torch

@@ -265,18 +265,18 @@ def test_the_prefill_context_limit_searches_plan_per_build():
 
     path = Path(__file__).parents[2] / "scenarios/failures/prefill_context_limit_sm90.yaml"
     sc = scenarios.load(path, known_backends=backends.catalog())
-    assert [s.backend for s in sc.limits[:9]] == [
+    assert [s.backend for s in sc.limits[:12]] == [
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
-        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
-        "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
+        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
+        "flashmla-sgl-1.0.0", "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
     ]  # fmt: skip
     for s in sc.limits[:4]:
         assert (s.axis, s.lo, s.hi, s.step) == ("context_len", 131072, 262144, 16384)
-    # the 8192-token chunk to 1M, V4-Flash then V3.2 (whose kv is the whole context)
-    assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {
-        (262144, 1048576, 8192), (131072, 1048576, 8192)
-    }  # fmt: skip
-    assert [s.base.model for s in sc.limits[7:9]] == ["v3.2", "v3.2"]
+    # the 8192-token chunk from 128K to 1M, V4-Flash then V3.2 (whose kv is the whole
+    # context), every search through the 161K
+    assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {(131072, 1048576, 8192)}
+    assert all(s.probe == (164864,) for s in sc.limits)
+    assert [s.base.model for s in sc.limits[8:12]] == ["v3.2"] * 4
     # every sm90 build that takes a prefill chunk has a search on each model it reads, on the
     # route it takes the chunk (sglang's V4 Triton decode: decode-kernel)
     searched = {(s.backend, s.base.model, s.base.route) for s in sc.limits}
@@ -289,7 +289,7 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     assert ("sglang-triton-dsa-prefill-0.5.23", "v3.2", "sparse-prefill") in searched
     assert sc.limits[-1].backend == "tilelang-sglang-0.5.23"  # V3.2 only: its CUDA kernel
     assert sc.limits[-1].base.model == "v3.2"
-    assert len(searched) == len(sc.limits) - 3  # FlashMLA/FA3 0.33.0 twice on V4-Flash
+    assert len(searched) == len(sc.limits) - 4  # FlashMLA builds, FA3 0.33.0: V4-Flash twice
     (instance,) = sc.instances
     assert instance["name"] == "sglang-triton-dsa-prefill-0.5.23"
     dsa = SglangTriton(**instance["options"])
