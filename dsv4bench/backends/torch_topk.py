@@ -26,7 +26,7 @@ class TorchTopK(Backend):
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
         "lse out": "no: a top-k selection has no softmax",
-        "CUDA graphs": "yes: torch.topk and masked_fill launch without host syncs",
+        "CUDA graphs": "yes: window ends made in prepare(); topk and masked_fill sync none",
         "batch invariance": "not promised: torch.topk breaks ties as its kernel does",
     }
 
