@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -68,6 +69,11 @@ def _resources(p, saved: bool = False) -> None:
         action="append",
         metavar="ARG",
         help="one more sbatch argument for both jobs, e.g. --sbatch-arg=--qos=high (repeatable)",
+    )
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help="submit held: nothing starts before `scontrol release JOBID` (not kept for resubmit)",
     )
     if not saved:
         p.add_argument("--job-name", default="dsv4bench")
@@ -142,18 +148,21 @@ def cmd_submit(args) -> int:
     )
     spec.save(run_dir)
     print(f"{run_dir}: {units} jobs in {args.shards} shards")
-    return _submit(spec, run_dir, list(range(1, args.shards + 1)))
+    return _submit(spec, run_dir, list(range(1, args.shards + 1)), hold=args.hold)
 
 
-def _submit(spec: slurm.Spec, run_dir: Path, tasks: list[int]) -> int:
+def _submit(spec: slurm.Spec, run_dir: Path, tasks: list[int], *, hold: bool = False) -> int:
+    held = ["--hold"] if hold else []
     try:
         array = None
         if tasks:
             array = slurm.sbatch(
-                slurm.array_args(spec, run_dir, tasks), spec.cli("slurm", "task", str(run_dir))
+                [*slurm.array_args(spec, run_dir, tasks), *held],
+                spec.cli("slurm", "task", str(run_dir)),
             )
         merge = slurm.sbatch(
-            slurm.merge_args(spec, run_dir, array), spec.cli("slurm", "merge", str(run_dir))
+            [*slurm.merge_args(spec, run_dir, array), *held],
+            spec.cli("slurm", "merge", str(run_dir)),
         )
     except slurm.SlurmError as e:
         raise UsageError(str(e)) from None
@@ -191,7 +200,7 @@ def cmd_resubmit(args) -> int:
         res.sbatch_args = list(args.sbatch_arg)
     missing = [s.index for s in slurm.states(run_dir, spec.shards) if not s.finished]
     print(f"{run_dir}: shard(s) {slurm.ranges(missing) or 'none'} to run again")
-    return _submit(spec, run_dir, missing)
+    return _submit(spec, run_dir, missing, hold=args.hold)
 
 
 def cmd_task(args) -> int:
@@ -210,10 +219,25 @@ def cmd_task(args) -> int:
     )
     command += [*resume, *spec.run_args]
     print(shlex.join(command), flush=True)
-    rc = subprocess.run(command).returncode
+    rc = _wait_for(subprocess.Popen(command))
     job = f"{os.environ.get('SLURM_ARRAY_JOB_ID', '?')}_{task}"
     slurm.record_task(out, job, rc)
     return rc
+
+
+def _wait_for(child: subprocess.Popen) -> int:
+    """The run's exit status. Cancelled (SIGTERM to the task's processes), the run stops on
+    its own, keeping whole rows; this process waits for that instead of killing it mid-row."""
+    try:
+        return child.wait()
+    except BaseException:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        raise
 
 
 def cmd_merge(args) -> int:
@@ -253,7 +277,7 @@ def cmd_status(args) -> int:
     spec = _spec(run_dir)
     found = slurm.states(run_dir, spec.shards)
     for s in found:
-        print(f"shard {s.label}: {s.rows} rows, " + ("finished" if s.finished else s.why))
+        print(f"shard {s.label}: " + (f"{s.rows} rows, finished" if s.finished else s.why))
     merged = run_dir / slurm.MERGED / "results.jsonl"
     print(f"merged: {merged}" if merged.exists() else "not merged")
     return 0 if all(s.finished for s in found) else 1
