@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,13 +149,18 @@ def cmd_submit(args) -> int:
     )
     spec.save(run_dir)
     print(f"{run_dir}: {units} jobs in {args.shards} shards")
-    return _submit(spec, run_dir, list(range(1, args.shards + 1)), hold=args.hold)
+    try:
+        return _submit(spec, run_dir, list(range(1, args.shards + 1)), hold=args.hold)
+    except UsageError:
+        if not spec.submissions:  # nothing was queued: the same command may simply be rerun
+            shutil.rmtree(run_dir)
+        raise
 
 
 def _submit(spec: slurm.Spec, run_dir: Path, tasks: list[int], *, hold: bool = False) -> int:
     held = ["--hold"] if hold else []
+    array = merge = None
     try:
-        array = None
         if tasks:
             array = slurm.sbatch(
                 [*slurm.array_args(spec, run_dir, tasks), *held],
@@ -165,11 +171,18 @@ def _submit(spec: slurm.Spec, run_dir: Path, tasks: list[int], *, hold: bool = F
             spec.cli("slurm", "merge", str(run_dir)),
         )
     except slurm.SlurmError as e:
-        raise UsageError(str(e)) from None
-    spec.submissions.append(
-        {"array": array, "tasks": slurm.ranges(tasks), "merge": merge, "at": time.time()}
-    )
-    spec.save(run_dir)
+        if array is None:
+            raise UsageError(str(e)) from None
+        raise UsageError(  # the array runs; its merge can be submitted again
+            f"array job {array} submitted, its merge not: {e}; when the array is done: "
+            f"dsv4bench slurm resubmit {run_dir}"
+        ) from None
+    finally:
+        if array or merge:
+            spec.submissions.append(
+                {"array": array, "tasks": slurm.ranges(tasks), "merge": merge, "at": time.time()}
+            )
+            spec.save(run_dir)
     if array:
         print(f"array job {array}: tasks {slurm.ranges(tasks)} -> {run_dir}/shard-<I>")
     print(f"merge job {merge} (after {array or 'nothing'}) -> {run_dir / slurm.MERGED}")
