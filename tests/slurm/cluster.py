@@ -163,16 +163,35 @@ class Cluster:
                 return word.split("=", 1)[1]
         return "UNKNOWN"
 
+    def jobs(self, job: str) -> list[dict[str, str]]:
+        """scontrol's fields of a job, one dict per array task (a pending range is one)."""
+        out = self.run("scontrol", "-o", "show", "job", job, check=False).stdout
+        return [dict(w.split("=", 1) for w in ln.split() if "=" in w) for ln in out.splitlines()]
+
     def states(self, array: str) -> dict[str, str]:
-        """Each task of an array job -> its state (scontrol prints one line per task)."""
-        out = self.run("scontrol", "-o", "show", "job", array, check=False).stdout
-        found = {}
-        for line in out.splitlines():
-            fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
-            task = fields.get("ArrayTaskId")
-            if task and task.isdigit():
-                found[task] = fields.get("JobState", "UNKNOWN")
-        return found
+        """Each started task of an array job -> its state."""
+        return {
+            f["ArrayTaskId"]: f.get("JobState", "UNKNOWN")
+            for f in self.jobs(array)
+            if f.get("ArrayTaskId", "").isdigit()
+        }
+
+    def wait_for(self, ready, timeout: float, what: str) -> None:
+        self._wait(ready, timeout, what)
+
+    def describe(self, ids: list[str]) -> list[str]:
+        """One line per job (array tasks apart): id, name, state, exit code, times."""
+        lines = []
+        for job in ids:
+            for f in self.jobs(job):
+                task = f.get("ArrayTaskId")
+                label = f"{f.get('ArrayJobId')}_{task}" if task else f.get("JobId")
+                lines.append(
+                    f"{label:>8} {f.get('JobName', '?'):<16} {f.get('JobState', '?'):<10} "
+                    f"exit {f.get('ExitCode', '?'):<5} start {f.get('StartTime', '?')} "
+                    f"end {f.get('EndTime', '?')} run {f.get('RunTime', '?')}"
+                )
+        return lines
 
     def wait_done(self, jobs: list[str], timeout: float = 900.0) -> dict[str, str]:
         """Waits until no job of `jobs` is pending or running; returns their final states."""
