@@ -108,10 +108,10 @@ def test_smoke_as_a_4_task_array_merges_like_one_run(cluster, unsharded, tmp_pat
     assert _statuses(merged) == unsharded
     assert {r["shard"] for r in _rows(merged)} == {"1/4", "2/4", "3/4", "4/4"}
     assert (merged / "report.md").is_file()
-    _keep(cluster, run, [array, merge], took)
+    _keep(cluster, run, [array, merge], took, len(unsharded))
 
 
-def _keep(c, run: Path, ids: list[str], took: float) -> None:
+def _keep(c, run: Path, ids: list[str], took: float, whole: int) -> None:
     """The run's log (jobs, states, rows) and merged rows under $DSV4BENCH_SLURM_KEEP."""
     where = os.environ.get("DSV4BENCH_SLURM_KEEP")
     if not where:
@@ -128,6 +128,7 @@ def _keep(c, run: Path, ids: list[str], took: float) -> None:
         "rows:",
         *(f"  shard {s.label}: {s.rows}" for s in shards),
         f"  merged: {len(_rows(merged))} ({_count(merged)})",
+        f"  one unsharded run: {whole} jobs; the merged rows hold each once, same statuses",
     ]
     (keep / "slurm-log.txt").write_text("\n".join(log) + "\n")
     with (
