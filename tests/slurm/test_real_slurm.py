@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "scenarios" / "smoke.yaml"
 WAIT_S = 900  # a shared 2-core machine: generous; the jobs take about a minute
+PRINTED: dict[Path, str] = {}  # what `slurm submit` printed, by run directory
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,7 @@ def _submit(c, run: Path, *args) -> tuple[str, str]:
     assert (
         f"array job {last['array']}" in done.stdout and f"merge job {last['merge']}" in done.stdout
     )
+    PRINTED[run] = done.stdout
     return last["array"], last["merge"]
 
 
@@ -123,6 +125,7 @@ def _keep(c, run: Path, ids: list[str], took: float, whole: int) -> None:
     log = [
         f"dsv4bench slurm submit scenarios/smoke.yaml --shards 4 --arch cpu --time 00:30:00 "
         f"(one node, 2 CPUs, slurm-wlm {_slurm_version(c)}); submit to merged: {took:.0f} s",
+        *(f"  {line}" for line in PRINTED[run].splitlines()),
         "jobs:",
         *c.describe(ids),
         "rows:",
