@@ -7,6 +7,7 @@ squeue/scontrol and the job-completion file (no accounting database: no sacct)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -133,6 +134,9 @@ class Cluster:
         self._wait(lambda: pid_file.read_text().strip().isdigit(), 30, f"{name}'s pid")
         self.procs[name] = int(pid_file.read_text().strip())
 
+    def _queued(self) -> bool:
+        return bool(self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip())
+
     def _node_idle(self) -> bool:
         out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout
         return "idle" in out
@@ -204,6 +208,11 @@ class Cluster:
         raise TimeoutError(f"jobs {jobs} still queued after {timeout:.0f} s; logs in {self.root}")
 
     def stop(self) -> None:
+        """Cancels what is left of its jobs (a failed test's), then ends its daemons."""
+        if "slurmctld" in self.procs:
+            self.run("scancel", "--user", "root", check=False)
+            with contextlib.suppress(TimeoutError):  # the daemons stop anyway
+                self._wait(lambda: not self._queued(), 60, "the cancelled jobs to end")
         for name in reversed(DAEMONS):
             pid = self.procs.pop(name, None)
             if pid is None:
