@@ -182,3 +182,14 @@ def test_resubmit_runs_the_missing_shards_again(run_cli, fake_slurm, tmp_path):
 
 def test_array_ranges():
     assert slurm.ranges([1, 2, 3, 5, 7, 8]) == "1-3,5,7-8" and slurm.ranges([4]) == "4"
+
+
+def test_the_task_step_wants_an_array_task_of_the_run(run_cli, tmp_path, monkeypatch):
+    run = _slurm_run(tmp_path, {}, {})
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID", raising=False)
+    code, _, err = run_cli("slurm", "task", run)
+    assert code == 2 and "SLURM_ARRAY_TASK_ID=None: expected 1..4 (an array task)" in err
+    code, _, err = run_cli("slurm", "task", run, env={"SLURM_ARRAY_TASK_ID": "5"})
+    assert code == 2 and "SLURM_ARRAY_TASK_ID=5" in err
+    code, _, err = run_cli("slurm", "merge", tmp_path / "nothing")
+    assert code == 2 and "no slurm.json (not a run `dsv4bench slurm submit` made)" in err
