@@ -141,12 +141,12 @@ class Cluster:
         out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout
         return "idle" in out
 
-    def _wait(self, ready, timeout: float, what: str) -> None:
+    def _wait(self, ready, timeout: float, what: str, every: float = 0.5) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if ready():
                 return
-            time.sleep(0.5)
+            time.sleep(every)
         raise TimeoutError(f"waited {timeout:.0f} s for {what}; logs in {self.root}")
 
     def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -180,8 +180,8 @@ class Cluster:
             if f.get("ArrayTaskId", "").isdigit()
         }
 
-    def wait_for(self, ready, timeout: float, what: str) -> None:
-        self._wait(ready, timeout, what)
+    def wait_for(self, ready, timeout: float, what: str, every: float = 0.5) -> None:
+        self._wait(ready, timeout, what, every)
 
     def describe(self, ids: list[str]) -> list[str]:
         """One line per job (array tasks apart): id, name, state, exit code, times."""

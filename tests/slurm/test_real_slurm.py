@@ -164,7 +164,7 @@ def test_a_task_cancelled_mid_run_is_resubmitted_without_loss(cluster, unsharded
     run = tmp_path / "run"
     array, merge = _submit(cluster, run, SMOKE, "--shards", "4")
     shard = slurm.shard_dir(run, 2)  # in the first wave, with task 1 (2 CPUs, 1 per task)
-    cluster.wait_for(lambda: _row_count(shard) >= 1, WAIT_S, "shard 2's first row")
+    cluster.wait_for(lambda: _row_count(shard) >= 1, WAIT_S, "shard 2's first row", 0.05)
     cluster.run("scancel", f"{array}_2")
     cluster.wait_for(lambda: cluster.states(array).get("2") == "CANCELLED", 120, "the cancel")
     cut = _row_count(shard)
