@@ -1,5 +1,5 @@
-"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels, envelope, import
-(and report/compare).
+"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels, envelope, import,
+slurm (and report/compare).
 
 The parser and the exit codes; each job lives in dsv4bench/commands/."""
 
@@ -14,6 +14,7 @@ from dsv4bench.commands import envelope as envelope_command
 from dsv4bench.commands import imports as import_command
 from dsv4bench.commands import interop as interop_command
 from dsv4bench.commands import kernels as kernels_command
+from dsv4bench.commands import slurm as slurm_command
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
 from dsv4bench.commands.merge import cmd_merge
@@ -134,6 +135,7 @@ def parser() -> argparse.ArgumentParser:
     envelope_command.add_parser(sub, _common)
     import_command.add_parser(sub)
     interop_command.add_parser(sub)
+    slurm_command.add_parser(sub, _common)
     return top
 
 
