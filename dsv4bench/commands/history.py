@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -49,9 +48,10 @@ def add_parser(sub) -> None:
             default=5,
             help="comparable entries a point is judged against (default: 5)",
         )
-        if name == "gate":
-            g.add_argument("--entry", help="the entry id to judge (default: the latest)")
-        else:
+        which = g.add_mutually_exclusive_group()
+        which.add_argument("--entry", action="append", help="an entry id to gate (repeatable)")
+        which.add_argument("--label", help="gate every entry of this label (e.g. ci)")
+        if name == "page":
             g.add_argument("--out", required=True, metavar="DIR", help="the page's folder")
         g.set_defaults(func=func)
     e = jobs.add_parser("export", help="a run's rows as PyTorch OSS benchmark database v3 records")
@@ -100,26 +100,40 @@ def cmd_add(args) -> int:
     return 0
 
 
+def _gated(args, history: list) -> list:
+    """The entries the gate judges: --entry ids, --label's entries, else the latest."""
+    if args.entry:
+        known = {e.id: e for e in history}
+        for wanted in args.entry:
+            if wanted not in known:
+                raise UsageError(f"--entry {wanted}: no such entry in {args.history}")
+        return [known[w] for w in args.entry]
+    if args.label is not None:
+        chosen = [e for e in history if e.label == args.label]
+        if not chosen:
+            raise UsageError(f"--label {args.label}: no entry of that label in {args.history}")
+        return chosen
+    return [history[-1]]
+
+
 def cmd_gate(args) -> int:
+    """Judge the chosen entries (default: the latest) each against its own window."""
     from dsv4bench.history.page import gate_line
     from dsv4bench.history.trend import judge_entry
 
     history = _history(args)
-    entry = history[-1]
-    if args.entry:
-        found = [e for e in history if e.id == args.entry]
-        if not found:
-            raise UsageError(f"--entry {args.entry}: no such entry in {args.history}")
-        entry = found[0]
-    verdicts = judge_entry(history, entry, args.time_threshold, args.window)
-    regressed, line = gate_line(entry, verdicts)
-    print(f"history gate: {line}")
-    new = sum(v.kind == "new" for v in verdicts)
-    if new:
-        print(f"  {new} points with no comparable history (listed, not failed)")
-    for v in [v for v in verdicts if v.regression][:20]:
-        print(f"  {v.kind:>8}  {v.key}  {v.detail}", file=sys.stdout)
-    return 1 if regressed else 0
+    code = 0
+    for entry in _gated(args, history):
+        verdicts = judge_entry(history, entry, args.time_threshold, args.window)
+        regressed, line = gate_line(entry, verdicts)
+        code |= regressed
+        print(f"history gate: {line}")
+        new = sum(v.kind == "new" for v in verdicts)
+        if new:
+            print(f"  {new} points with no comparable history (listed, not failed)")
+        for v in [v for v in verdicts if v.regression][:20]:
+            print(f"  {v.kind:>8}  {v.key}  {v.detail}")
+    return int(code)
 
 
 def cmd_page(args) -> int:
@@ -128,7 +142,8 @@ def cmd_page(args) -> int:
 
     history = _history(args)
     verdicts = judge_all(history, args.time_threshold, args.window)
-    index = page.write(history, verdicts, Path(args.out), args.time_threshold, args.window)
+    gated = _gated(args, history)
+    index = page.write(history, verdicts, Path(args.out), args.time_threshold, args.window, gated)
     print(f"trend page: {index}")
     return 0
 

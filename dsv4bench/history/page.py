@@ -29,14 +29,21 @@ img { max-width: 100%; border: 1px solid #eee; }
 SERVING = ("ttft/", "tpot/")
 
 
-def gate_line(latest: Entry, verdicts: list[Verdict]) -> tuple[bool, str]:
-    """(regressed, one line) for the latest entry."""
+def gate_line(entry: Entry, verdicts: list[Verdict]) -> tuple[bool, str]:
+    """(regressed, one line) for one gated entry."""
     bad = [v for v in verdicts if v.regression]
     kinds = Counter(v.kind for v in bad)
     if not bad:
-        return False, f"no regression: {latest.id} against its comparable history"
+        return False, f"no regression: {entry.id} against its comparable history"
     what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    return True, f"REGRESSION: {latest.id}: {len(bad)} regressed ({what})"
+    return True, f"REGRESSION: {entry.id}: {len(bad)} regressed ({what})"
+
+
+def _banner(gated: list[Entry], verdicts: dict[str, list[Verdict]]) -> str:
+    lines = [gate_line(e, verdicts[e.id]) for e in gated]
+    cls = "regression" if any(bad for bad, _ in lines) else "pass"
+    text = "<br>".join(escape(line) for _, line in lines)
+    return f'<div id="gate" class="gate {cls}">{text}</div>'
 
 
 def _table(head: list[str], rows: list[tuple[str, list[str]]], table_id: str) -> str:
@@ -143,17 +150,16 @@ def write(
     out: Path,
     threshold: float,
     window: int,
+    gated: list[Entry] | None = None,
 ) -> Path:
     """index.html and the figures into `out`; returns index.html's path."""
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("trend-*.png"):
         old.unlink()
     pngs = figures.write_all(history, verdicts, out)
-    latest = history[-1]
-    regressed, line = gate_line(latest, verdicts[latest.id])
     body = [
         "<h1>dsv4bench trend</h1>",
-        f'<div id="gate" class="gate {"regression" if regressed else "pass"}">{escape(line)}</div>',
+        _banner(gated or history[-1:], verdicts),
         f"<p>{len(history)} entries. A point is judged against the same case and backend in "
         f"the last {window} entries of the same scenarios on the same device: time threshold "
         f"{threshold:g} "
