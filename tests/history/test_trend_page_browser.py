@@ -105,7 +105,7 @@ def test_a_given_trend_page_renders():
     folder = os.environ.get("DSV4BENCH_TREND_PAGE")
     if not folder:
         pytest.skip("DSV4BENCH_TREND_PAGE is not set (CI sets it to the smoke run's trend page)")
-    found = rendered(Path(folder))
+    found = rendered(Path(folder).resolve())
     assert int(found["images"]) > 0 and found["decoded"] == found["images"], found
     assert int(found["tables"]) >= 2, found
-    screenshot(Path(folder), "ci-trend")
+    screenshot(Path(folder).resolve(), "ci-trend")
