@@ -22,7 +22,7 @@ from dsv4bench.report.load import family, is_probe, load_rows
 from dsv4bench.rows.results import rows_file
 
 ENTRY_SCHEMA = 1
-RUNS = "runs"  # entries live in HISTORY/runs/
+ENTRIES = "entries"  # entries live in HISTORY/entries/ (runs/ is git-ignored)
 
 
 class HistoryError(ValueError):
@@ -163,7 +163,7 @@ def _entry_id(entry: Entry) -> str:
 
 def add(history: Path, entry: Entry) -> tuple[Path, bool]:
     """Write the entry's file; (path, False) where that run is already in the history."""
-    folder = Path(history) / RUNS
+    folder = Path(history) / ENTRIES
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{entry.id}.json"
     if path.exists():
@@ -174,7 +174,7 @@ def add(history: Path, entry: Entry) -> tuple[Path, bool]:
 
 def entries(history: Path) -> list[Entry]:
     """Every entry of the history, oldest first (by date, then file name)."""
-    folder = Path(history) / RUNS
+    folder = Path(history) / ENTRIES
     if not folder.is_dir():
         raise HistoryError(f"{history}: no history here (expected {folder}/ with entries)")
     found = []

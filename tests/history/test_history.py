@@ -21,7 +21,7 @@ def test_an_entry_is_keyed_and_never_rewritten(tmp_path, run_cli):
     date = "2026-12-01T10:00:00+00:00"
     code, out, _ = run_cli("history", "add", BASELINE, "--history", history, "--date", date)
     assert code == 0 and out.startswith("added: ")
-    (path,) = (history / "runs").glob("*.json")
+    (path,) = (history / "entries").glob("*.json")
     entry = store.Entry.from_dict(json.loads(path.read_text()))
     rows = [json.loads(line) for line in (BASELINE / "results.jsonl").open()]
     assert entry.date == date and entry.device == "cpu x86_64"
@@ -34,7 +34,7 @@ def test_an_entry_is_keyed_and_never_rewritten(tmp_path, run_cli):
     before = path.read_bytes()
     code, out, _ = run_cli("history", "add", BASELINE, "--history", history, "--date", date)
     assert code == 0 and out.startswith("already there: ")
-    assert path.read_bytes() == before and len(list((history / "runs").glob("*"))) == 1
+    assert path.read_bytes() == before and len(list((history / "entries").glob("*"))) == 1
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, run_cli):
@@ -42,7 +42,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, run_cli):
     assert code == 2 and "no history here" in err
     code, _, err = run_cli("history", "add", BASELINE, "--history", tmp_path, "--date", "May")
     assert code == 2 and "--date May: expected an ISO date" in err
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "entries").exists()
 
 
 def test_planted_ten_percent_slowdown_fails_the_gate(planted, run_cli):
@@ -113,3 +113,18 @@ def test_slowed_run_scales_every_timing(tmp_path):
     b = [json.loads(x) for x in (run / "results.jsonl").open()]
     pairs = [(x["timing"], y["timing"]) for x, y in zip(a, b, strict=True) if x.get("timing")]
     assert pairs and all(abs(y["median_ms"] - 2 * x["median_ms"]) < 1e-12 for x, y in pairs)
+
+
+def test_the_committed_history_has_a_smoke_trend_and_stays_small():
+    from tests.history.conftest import ROOT
+
+    folder = ROOT / "results" / "history"
+    entries = store.entries(folder)
+    smoke = [e for e in entries if e.scenarios == ["smoke"]]
+    assert len(smoke) >= 2 and smoke[-1].date > smoke[0].date
+    serving = [p for e in entries for p in e.points if p.family.startswith(("ttft/", "tpot/"))]
+    assert serving
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    assert size < 1 << 20, size
+    html = (folder / "trend" / "index.html").read_text()
+    assert all(f"{e.commit}" in html for e in entries)
