@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
         which.add_argument("--label", help="gate every entry of this label (e.g. ci)")
         if name == "page":
             g.add_argument("--out", required=True, metavar="DIR", help="the page's folder")
+            g.add_argument(
+                "--no-figures", action="store_true", help="index.html alone (CI's freshness check)"
+            )
         g.set_defaults(func=func)
     e = jobs.add_parser("export", help="a run's rows as PyTorch OSS benchmark database v3 records")
     e.add_argument("run_dir")
@@ -143,7 +146,15 @@ def cmd_page(args) -> int:
     history = _history(args)
     verdicts = judge_all(history, args.time_threshold, args.window)
     gated = _gated(args, history)
-    index = page.write(history, verdicts, Path(args.out), args.time_threshold, args.window, gated)
+    index = page.write(
+        history,
+        verdicts,
+        Path(args.out),
+        args.time_threshold,
+        args.window,
+        gated,
+        draw=not args.no_figures,
+    )
     print(f"trend page: {index}")
     return 0
 

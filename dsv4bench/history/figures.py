@@ -141,8 +141,10 @@ def _draw(time_ax, err_ax, points, color, label) -> None:
 
 
 def write_all(
-    history: list[Entry], verdicts: dict[str, list[Verdict]], out: Path
+    history: list[Entry], verdicts: dict[str, list[Verdict]], out: Path, *, draw: bool = True
 ) -> dict[str, Path]:
-    """family -> its PNG, every family of the history."""
+    """family -> its PNG, every family of the history; `draw` False: the names alone."""
     out.mkdir(parents=True, exist_ok=True)
+    if not draw:
+        return {fam: out / f"trend-{slug(fam)}.png" for fam in families(history)}
     return {fam: figure(history, fam, b, verdicts, out) for fam, b in families(history).items()}

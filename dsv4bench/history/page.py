@@ -151,12 +151,15 @@ def write(
     threshold: float,
     window: int,
     gated: list[Entry] | None = None,
+    draw: bool = True,
 ) -> Path:
-    """index.html and the figures into `out`; returns index.html's path."""
+    """index.html and the figures into `out`; returns index.html's path. `draw` False: the
+    HTML alone (the figures' names as drawn), what CI compares with a committed page."""
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("trend-*.png"):
-        old.unlink()
-    pngs = figures.write_all(history, verdicts, out)
+    if draw:
+        for old in out.glob("trend-*.png"):
+            old.unlink()
+    pngs = figures.write_all(history, verdicts, out, draw=draw)
     body = [
         "<h1>dsv4bench trend</h1>",
         _banner(gated or history[-1:], verdicts),

@@ -128,3 +128,22 @@ def test_the_committed_history_has_a_smoke_trend_and_stays_small():
     assert size < 1 << 20, size
     html = (folder / "trend" / "index.html").read_text()
     assert all(f"{e.commit}" in html for e in entries)
+
+
+def test_the_committed_trend_page_is_the_current_codes(tmp_path, run_cli):
+    # what .ci/run checks: --no-figures writes the HTML alone, the same as a drawn page's
+    from tests.history.conftest import ROOT
+
+    folder = ROOT / "results" / "history"
+    args = ("--history", folder, "--time-threshold", "9.0", "--no-figures")
+    assert run_cli("history", "page", *args, "--out", tmp_path)[0] == 0
+    assert (tmp_path / "index.html").read_text() == (folder / "trend" / "index.html").read_text()
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_the_page_html_does_not_depend_on_drawing(planted, tmp_path, run_cli):
+    history, page = planted
+    assert (
+        run_cli("history", "page", "--history", history, "--out", tmp_path, "--no-figures")[0] == 0
+    )
+    assert (tmp_path / "index.html").read_text() == (page / "index.html").read_text()
