@@ -24,6 +24,7 @@ th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; }
 .gate.pass { background: #2ca02c; color: white; }
 tr.regression td { background: #fde0e0; color: #8b0000; font-weight: bold; }
 tr.slower td { background: #fff1e0; }
+tr.faster td { background: #e6f4e6; }
 img { max-width: 100%; border: 1px solid #eee; }
 """
 SERVING = ("ttft/", "tpot/")
@@ -121,11 +122,7 @@ def _family_section(
         rows = []
         for p in (p for p in latest.points if p.family == fam):
             v = judged.get(p.key)
-            cls = (
-                "regression"
-                if v and v.regression
-                else ("slower" if v and v.kind == "slower" else "")
-            )
+            cls = "regression" if v and v.regression else (v.kind if v else "")
             rows.append(
                 (
                     cls,

@@ -32,7 +32,7 @@ class Verdict:
     family: str
     backend: str
     ratio: float | None  # median / the window's median of medians
-    kind: str  # time | accuracy | status | missing | new | ok | slower
+    kind: str  # time | accuracy | status | missing | new | ok | slower | faster
     detail: str
 
     @property
@@ -55,6 +55,8 @@ def _time(new: Point, window: list[Point], threshold: float) -> tuple[float | No
         return None, "ok", "no timing to compare"
     base = statistics.median(p.median_ms for p in timed)
     ratio = new.median_ms / base
+    if ratio < 1 / (1 + threshold):
+        return ratio, "faster", f"x{ratio:.3f} of the median of the last {len(timed)}"
     if ratio <= 1 + threshold:
         return ratio, "ok", "within threshold"
     if new.p10_ms is None:  # a serving point: the window's values are its noise

@@ -43,6 +43,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, run_cli):
     code, _, err = run_cli("history", "add", BASELINE, "--history", tmp_path, "--date", "May")
     assert code == 2 and "--date May: expected an ISO date" in err
     assert not (tmp_path / "entries").exists()
+    code, _, err = run_cli(
+        "history", "page", "--history", tmp_path, "--out", tmp_path / "p", "--window", "0"
+    )
+    assert code == 2 and "--window 0: expected at least 1 entry" in err
 
 
 def test_planted_ten_percent_slowdown_fails_the_gate(planted, run_cli):
@@ -69,6 +73,8 @@ def test_a_slower_median_within_the_historys_fast_tails_is_noise(tmp_path):
     assert kind == "slower" and abs(ratio - 1.2) < 1e-9  # p10 1.1 is below the window's 1.2
     ratio, kind, _ = trend._time(store.Point("k", "f", "b", "ok", 1.2, 1.3, 1.6, 10), base, 0.05)
     assert kind == "time"
+    ratio, kind, _ = trend._time(store.Point("k", "f", "b", "ok", 0.5, 0.45, 0.6, 10), base, 0.05)
+    assert kind == "faster" and ratio == 0.5
 
 
 def test_status_missing_and_entries_of_other_devices(tmp_path):
