@@ -126,8 +126,9 @@ def entry_of(
         builds.setdefault(
             str(r.get("backend")), f"{prov.get('name', '?')} {prov.get('version', '')}".strip()
         )
-    points = [case_point(r) for r in cases] + [serving_point(r) for r in serving]
-    points.sort(key=lambda p: p.key)
+    # a resumed run may hold a key twice: its last row counts, as in compare
+    keyed = {p.key: p for p in [case_point(r) for r in cases] + [serving_point(r) for r in serving]}
+    points = sorted(keyed.values(), key=lambda p: p.key)
     when = date or _run_date(run_dir)
     entry = Entry(
         id="",

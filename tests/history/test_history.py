@@ -103,6 +103,18 @@ def test_the_page_shows_the_planted_slowdown(planted):
     assert "decode/v3.2/v32" in html and "x1.09" in html
 
 
+def test_a_resumed_runs_last_row_counts(tmp_path):
+    run = tmp_path / "resumed"
+    run.mkdir()
+    first = json.loads((BASELINE / "results.jsonl").open().readline())
+    again = {**first, "status": "crash", "timing": None, "derived": None, "accuracy": None}
+    again["message"] = "boom"
+    lines = [json.dumps(first), json.dumps(again)]
+    (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+    (point,) = store.entry_of(run).points
+    assert point.status == "crash" and point.median_ms is None
+
+
 def test_a_run_without_rows_gives_no_entry(tmp_path, run_cli):
     run = tmp_path / "empty"
     run.mkdir()
