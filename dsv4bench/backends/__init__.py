@@ -63,6 +63,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
     """Every shipped backend: name -> factory (imported on first use of the registry)."""
     from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref
     from dsv4bench.backends.builds import build_instances
+    from dsv4bench.backends.engine_helpers.vllm_triton import VllmTriton
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
     from dsv4bench.backends.q8kv8.backend import Q8KV8
@@ -86,6 +87,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "q8kv8": Q8KV8,
         "sglang-topk": SglangTopK,
         "sglang-triton": SglangTriton,
+        "vllm-triton": VllmTriton,
     }
     return {**table, **build_instances(table)}  # one instance per known build
 
