@@ -19,7 +19,8 @@ class BuildPlace:
     files: tuple[str, ...]  # what the folder must hold
 
     def not_found(self) -> str:
-        return f"{self.label} not found: {self.fetch}, or pass --backend-opt NAME.lib=FOLDER ({self.env})"
+        also = f"or pass --backend-opt NAME.lib=FOLDER ({self.env})"
+        return f"{self.label} not found: {self.fetch}, {also}"
 
     def folder(self, lib: str | None) -> Path | None:
         named = lib or os.environ.get(self.env)
