@@ -64,6 +64,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
     from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref
     from dsv4bench.backends.builds import build_instances
     from dsv4bench.backends.engine_helpers.sglang_ops import SglangOps
+    from dsv4bench.backends.engine_helpers.vllm_c import VllmOps
     from dsv4bench.backends.engine_helpers.vllm_triton import VllmTriton
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
@@ -90,6 +91,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "sglang-triton": SglangTriton,
         "vllm-triton": VllmTriton,
         "sglang-ops": SglangOps,
+        "vllm-ops": VllmOps,
     }
     return {**table, **build_instances(table)}  # one instance per known build
 

@@ -79,6 +79,9 @@ def test_a_copied_cache_keeps_its_strides_and_padding_and_is_guarded():
     view = torch.as_strided(cache, (2, 1, 1, 7), (10, 7, 7, 1))  # 3 padding bytes a page
     g = guard.Guarded.copy_of(view, "its cache")
     assert g.tensor.stride() == view.stride() and torch.equal(g.inner_bytes(), cache)
+    assert torch.equal(g.tensor, view)  # the same bytes at the same places
+    g.tensor[1, 0, 0, 6] = 0  # the last byte of the view: inside the guards
+    g.check()
     g.buffer[guard.GUARD_BYTES - 1] = 0
     with pytest.raises(guard.OutOfBounds, match="before"):
         g.check()

@@ -48,7 +48,8 @@ class Guarded:
         )
         buffer[GUARD_BYTES : GUARD_BYTES + nbytes] = flat
         inner = buffer[GUARD_BYTES : GUARD_BYTES + nbytes].view(like.dtype)
-        tensor = torch.as_strided(inner, like.shape, like.stride(), like.storage_offset())
+        offset = inner.storage_offset() + like.storage_offset()  # as_strided's is absolute
+        tensor = torch.as_strided(inner, like.shape, like.stride(), offset)
         return cls(buffer, tensor, what, nbytes)
 
     def inner_bytes(self) -> torch.Tensor:
