@@ -173,3 +173,11 @@ def test_the_catalog_builds_hold_the_files_the_loaders_read():
     assert names["sglang-ops-0.5.23"] == "sglang-ops"
     assert names["vllm-triton-0.33.0"] == "vllm-triton" and names["vllm-ops-0.33.0"] == "vllm-ops"
     assert catalog.fetch_spec("vllm-ops-0.33.0") == "vllm[ops]==0.33.0"
+
+
+def test_the_projects_triton_remap_declines_the_prefill_workspace_form():
+    from dsv4bench.backends.triton.backend import TritonKernels
+
+    prefill = make_case(op="remap", topk=64, tokens=8, context_len=128, page_size=16, **V32)
+    assert "prefill workspace" in TritonKernels().supports(prefill, "sm90")
+    assert TritonKernels().supports(_remap_case(), "sm90") is None

@@ -65,6 +65,7 @@ SHIPPED = {
     "indexer/limits_sm90.yaml": (0, 0, 8),
     "indexer/deepgemm_limits_sm90.yaml": (0, 0, 1),  # opt-in: DeepGEMM's paged batch limit
     # opt-in (issue 13): the sm90 cases on two FlashMLA builds; the TP x route crossover
+    "engines/dsa_helpers_sm90.yaml": (22, 154, 0),
     "engines/flashmla_builds_sm90.yaml": (96, 192, 0),
     "engines/flashmla_route_limits_sm90.yaml": (0, 0, 6),
     "engines/tp_route_crossover_sm90.yaml": (150, 150, 0),
