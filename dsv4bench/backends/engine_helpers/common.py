@@ -17,9 +17,10 @@ class BuildPlace:
     env: str  # the environment variable naming a folder
     fetch: str  # the command that brings one
     files: tuple[str, ...]  # what the folder must hold
+    backend: str  # the backend's name (its `lib` option)
 
     def not_found(self) -> str:
-        also = f"or pass --backend-opt NAME.lib=FOLDER ({self.env})"
+        also = f"or pass --backend-opt {self.backend}.lib=FOLDER ({self.env})"
         return f"{self.label} not found: {self.fetch}, {also}"
 
     def folder(self, lib: str | None) -> Path | None:

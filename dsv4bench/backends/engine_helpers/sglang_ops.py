@@ -35,6 +35,7 @@ PLACE = common.BuildPlace(
     "DSV4BENCH_SGLANG_OPS_LIB",
     "dsv4bench kernels fetch sglang",
     sglang_files.FILES,
+    "sglang-ops",
 )
 # the suite's layout -> sglang's KVLayout value (dsv4/kv_layout.py)
 KV_LAYOUTS = {

@@ -26,6 +26,7 @@ PLACE = common.BuildPlace(
     "DSV4BENCH_VLLM_TRITON_LIB",
     "dsv4bench kernels fetch 'vllm[ops]'",
     vllm_files.FILES,
+    "vllm-triton",
 )
 FUNCTION = "triton_convert_req_index_to_global_index"
 BLOCK_N = 128  # vLLM's default column tile
