@@ -434,9 +434,13 @@ class ScenarioLoader(Parser):
     def check_op_keys(self, op: str, merged: dict[str, tuple[Any, Origin]]) -> None:
         """Only prefill has tokens and a route; prefill has one chunk (batch_size, s_q 1)."""
         if op != "prefill":
-            for key in ("tokens", "route") if op not in ("indexer", "topk") else ("route",):
+            # indexer, topk: a ragged chunk; remap: vLLM's prefill workspace form
+            keys = ("route",) if op in ("indexer", "topk", "remap") else ("tokens", "route")
+            for key in keys:
                 if key in merged:
-                    raise self.fail(merged[key][1], f"only prefill has {key}; this is a {op} case")
+                    also = " (and remap: vLLM's prefill workspace form)" if key == "tokens" else ""
+                    message = f"only prefill has {key}{also}; this is a {op} case"
+                    raise self.fail(merged[key][1], message)
             return
         for key in ("batch_size", "s_q"):
             if key in merged and merged[key][0] != 1:
