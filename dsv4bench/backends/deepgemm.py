@@ -86,6 +86,56 @@ def params(fn) -> tuple[str, ...] | None:
     return tuple(re.findall(r"(?:^|,\s*)(\w+)\s*:", m.group(1)))
 
 
+def parameters(fn) -> list[tuple[str, bool]] | None:
+    """(name, has a default) of a function's parameters: its torch op schema, else inspect,
+    else a pybind docstring's first line; None if none says."""
+    schema = getattr(getattr(fn, "default", None), "_schema", None)
+    if schema is not None:
+        return [(a.name, a.has_default_value()) for a in schema.arguments]
+    try:
+        sig = inspect.signature(fn).parameters.values()
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig):
+            return [(p.name, p.default is not p.empty) for p in sig]
+    except (TypeError, ValueError):
+        pass
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    m = re.match(r"\s*\w+\((.*)\)\s*->", doc[0]) if doc else None
+    if not m:
+        return None
+    return [(n, bool(d)) for n, d in re.findall(r"(?:^|,\s*)(\w+)\s*:[^,=]*(=)?", m.group(1))]
+
+
+# what the adapter passes each logits function positionally (the kernels of 2.5.0 and 2.8.1)
+CALLS = {
+    "fp8_fp4_paged_mqa_logits": "q, kv_cache, weights, context_lens, block_table, schedule_meta, "
+    "max_context_len",
+    "fp8_fp4_mqa_logits": "q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k",
+}
+
+
+def call_reason(dg, name: str) -> str | None:
+    """Why the adapter's call of `name` does not fit this build's signature, naming the first
+    argument that breaks it: one it passes that the function lacks, or one the function
+    requires that it does not pass; None when it fits or the signature cannot be read."""
+    passed = CALLS[name].split(", ")
+    found = parameters(getattr(dg, name))
+    if found is None:
+        return None
+    version = getattr(dg, "__version__", "?")
+    if len(found) < len(passed):
+        return (
+            f"DeepGEMM {version}: {name} takes {len(found)} arguments, the adapter passes "
+            f"{len(passed)} (no argument {len(found) + 1}, {passed[len(found)]})"
+        )
+    for i, (arg, has_default) in enumerate(found[len(passed) :], len(passed) + 1):
+        if not has_default:
+            return (
+                f"DeepGEMM {version}: {name} requires argument {i} {arg}, which the adapter "
+                f"does not pass (it passes {CALLS[name]})"
+            )
+    return None
+
+
 def indexer_api(dg) -> str:
     """Which indexer API this DeepGEMM has: API_V28, API_V25 or API_OLD; Unsupported (with the
     version and the missing name) for any other."""
@@ -100,6 +150,10 @@ def indexer_api(dg) -> str:
                 raise Unsupported(f"DeepGEMM {version}: has fp8_fp4 logits but no {name}")
         if metadata_api(dg) != API_V25:
             raise Unsupported(f"DeepGEMM {version}: fp8_fp4 logits with an older metadata API")
+        for name in CALLS:
+            reason = call_reason(dg, name)
+            if reason:
+                raise Unsupported(reason)
         return API_V28
     for name in ("fp8_paged_mqa_logits", "fp8_mqa_logits"):
         if not hasattr(dg, name):
