@@ -77,6 +77,9 @@ class PackageSpec:
     # a wheel for another Python or glibc than the GPU machine's (members taken: source only)
     python_version: str = ""
     platforms: tuple[str, ...] = ()  # accepted besides fetch.PLATFORMS
+    # releases the shipped scenarios name but the adapters were not tested against yet (their
+    # builds are backend instances before they are fetched; planned as untested releases)
+    untested: tuple[str, ...] = ()
 
     def build_name(self, build: BuildSpec, version: str) -> str:
         if build.library == self.source or build.library.startswith(f"{self.source}-"):
@@ -94,6 +97,7 @@ VLLM = PackageSpec(
     dist="vllm",
     source="vllm",
     versions=("0.33.0", "0.26.0"),
+    untested=("0.34.0",),
     builds=(
         BuildSpec("flashmla", (), find=FIND_FLASHMLA),
         BuildSpec("fa3", (), find=FIND_FA3),
@@ -110,6 +114,7 @@ FLASHINFER = PackageSpec(
     dist="flashinfer-python",
     source="flashinfer",
     versions=("0.7.2.post1", "0.6.18"),
+    untested=("0.7.4",),
     builds=(BuildSpec("flashinfer", (), whole_wheel=True),),
     extra_wheels=("apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0",),
 )
@@ -203,12 +208,14 @@ SGL_DEEP_GEMM = PackageSpec(
     dist="sgl-deep-gemm",
     source="sgl",
     versions=(),
+    untested=("0.2.5",),
     builds=(BuildSpec("deepgemm", (), find=FIND_DEEPGEMM),),
 )
 TOKENSPEED_DEEPGEMM = PackageSpec(
     dist="tokenspeed-deepgemm",
     source="tokenspeed",
     versions=(),
+    untested=("2.8.2.post20261020",),
     builds=(BuildSpec("deepgemm", (), find=FIND_DEEPGEMM),),
 )
 
@@ -242,26 +249,40 @@ def tested(package: str, version: str) -> bool:
     return package in PACKAGES and version in PACKAGES[package].versions
 
 
+def _named(p: PackageSpec) -> tuple[str, ...]:
+    return (*p.versions, *(v for v in getattr(p, "untested", ()) if v not in p.versions))
+
+
 def known_builds() -> list[tuple[str, str]]:
-    """(build name, library) of every build of every known release, as the catalog lists them."""
+    """(build name, library) of every build of every release the catalog names (tested, then
+    untested), as the catalog lists them."""
     return [
         (p.build_name(b, v), b.library)
         for p in PACKAGES.values()
-        for v in p.versions
+        for v in _named(p)
         for b in p.builds
     ]
 
 
 def default_specs() -> list[str]:
-    """What `kernels fetch` takes with no spec: every known release."""
+    """What `kernels fetch` takes with no spec: every tested release."""
     return [f"{p.dist}=={v}" for p in PACKAGES.values() for v in p.versions]
 
 
 def fetch_spec(build_name: str) -> str | None:
     """The `kernels fetch` spec that brings a build (`vllm==0.33.0` for `flashmla-vllm-0.33.0`);
-    None for a name no known release ships."""
+    None for a name no release the catalog names ships."""
     for p in PACKAGES.values():
-        for v in p.versions:
+        for v in _named(p):
             if any(p.build_name(b, v) == build_name for b in p.builds):
                 return f"{p.dist}=={v}"
     return None
+
+
+def tested_build(build_name: str) -> bool:
+    """Whether a build is of a release the adapters were tested against."""
+    spec = fetch_spec(build_name)
+    if spec is None:
+        return False
+    dist, _, version = spec.partition("==")
+    return tested(dist, version)
