@@ -264,7 +264,12 @@ class DeepGEMM(Backend):
     ops = ("indexer",)
     layouts = ()  # the indexer's own key cache, no attention cache
 
-    options = {"lib": None}  # a folder holding deep_gemm/ (a `kernels fetch` build)
+    options = {
+        "lib": None,  # a folder holding deep_gemm/ (a `kernels fetch` build)
+        # False: hand the sm90 paged kernel any next_n, so that each build's own check answers
+        # (the build x next_n matrix) instead of the adapter's SM90_NEXT_N
+        "next_n_rule": True,
+    }
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
         "lse out": "n/a: indexer logits and top-k, no attention",
@@ -272,8 +277,9 @@ class DeepGEMM(Backend):
         "batch invariance": "not promised: the schedule metadata is per batch",
     }
 
-    def __init__(self, module=None, lib: str | None = None):
+    def __init__(self, module=None, lib: str | None = None, next_n_rule: bool = True):
         self.lib = lib
+        self.next_n_rule = bool(next_n_rule)
         self._found = LazyOps(module, lambda: discover(self.lib))
 
     def process_key(self) -> str:
@@ -303,7 +309,7 @@ class DeepGEMM(Backend):
             api = indexer_api(dg)
         except Unsupported as e:
             return str(e)
-        return next_n_reason(dg, api, case, arch)
+        return next_n_reason(dg, api, case, arch) if self.next_n_rule else None
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         from reference.indexer import topk_indices
@@ -316,7 +322,7 @@ class DeepGEMM(Backend):
             logits, info = _ragged(dg, inputs)
         else:
             arch = _device_arch(device)
-            reason = next_n_reason(dg, api, case, arch) if arch else None
+            reason = next_n_reason(dg, api, case, arch) if arch and self.next_n_rule else None
             if reason:
                 raise Unsupported(reason)
             logits, info = _paged(dg, case, inputs, api, arch)
