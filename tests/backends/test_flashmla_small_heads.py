@@ -10,31 +10,40 @@ import pytest
 import torch
 
 from dsv4bench.backends import flashmla_policy
-from dsv4bench.backends.flashmla import FlashMLA, ops_from_namespace
 from dsv4bench.backends.base import Provider
+from dsv4bench.backends.flashmla import FlashMLA, KernelOps
+from dsv4bench.cases.case import Case
 from dsv4bench.measure import hardware
-from tests.backends.test_flashmla_backend import NS, V4, make_case
 
 SMS = 4  # a GPU of 4 SMs: the rule's edges at 4 tokens (8/16 heads) and 8 (32 heads)
 
 
-def _prefill(heads: int, tokens: int, policy: str, monkeypatch, arch: str = "sm90"):
-    from tests.backends.test_flashmla_backend import FAKE
+def _ops(calls: list) -> KernelOps:
+    """A prefill op that records the q it was handed and writes zeros."""
 
-    FAKE.calls.clear()
+    def prefill(q, kv, indices, scale, d_v, sink, topk_length, out):
+        calls.append(q.shape)
+        out.zero_()
+        return [out, q.new_zeros(q.shape[:2]).float(), q.new_zeros(q.shape[:2]).float()]
+
+    return KernelOps(Provider("fake", "0"), decode=None, prefill=prefill)
+
+
+def _prefill(heads: int, tokens: int, policy: str, monkeypatch, arch: str = "sm90"):
+    calls: list = []
     monkeypatch.setattr(hardware, "arch_of", lambda device: arch)
     monkeypatch.setattr(hardware, "detect", lambda device=None: replace(hardware.CPU, sm_count=SMS))
-    case = make_case(V4, op="prefill", tokens=tokens, num_heads=heads)
+    case = Case(scenario="t", op="prefill", model="v4-flash", d_qk=512, d_v=512, layout="v4",
+                num_heads=heads, tokens=tokens, topk=128)  # fmt: skip
     x = {
         "q": torch.randn(tokens, heads, 512).to(torch.bfloat16),
         "kv": torch.randn(300, 1, 512).to(torch.bfloat16),
         "indices": torch.zeros(tokens, 1, 128, dtype=torch.int32),
     }
-    ops = lambda: ops_from_namespace(NS, Provider("fake", "0", NS))  # noqa: E731
-    p = FlashMLA(ops=ops, small_heads=policy).prepare(case, x, "cpu")
+    p = FlashMLA(ops=_ops(calls), small_heads=policy).prepare(case, x, "cpu")
     out = p.finish(p.run())
     assert out.out.shape == (tokens, heads, 512)
-    return FAKE.calls[-1]["q"].shape[1], p.info
+    return calls[-1][1], p.info
 
 
 @pytest.mark.parametrize(
