@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.kernels.catalog import fetch_spec, known_builds
+from dsv4bench.kernels.catalog import fetch_spec, known_builds, tested_build
 from dsv4bench.kernels.store import Build, kernels_dir, read_builds, verify
 
 # library -> the build this process loaded for a test (the others run in a pytest of their own)
@@ -84,12 +84,12 @@ def ran_alone(request, library: str, build: str, spawn: Callable = subprocess.ru
 
 
 def expect_supported(build: str, reason: str | None) -> None:
-    """A build's verdict on a GPU test's case: `unsupported` fails the test for a release the
-    catalog knows (its adapter was written to run the case) and skips it, saying why, for any
-    other build the kernels folder holds."""
+    """A build's verdict on a GPU test's case: `unsupported` fails the test for a tested
+    release (its adapter was written to run the case) and skips it, saying why, for an
+    untested release or any other build the kernels folder holds."""
     if reason is None:
         return
-    if fetch_spec(build):
+    if tested_build(build):
         pytest.fail(f"{build}: {reason}", pytrace=False)
     pytest.skip(f"{build}: {reason}")
 

@@ -86,6 +86,56 @@ def params(fn) -> tuple[str, ...] | None:
     return tuple(re.findall(r"(?:^|,\s*)(\w+)\s*:", m.group(1)))
 
 
+def parameters(fn) -> list[tuple[str, bool]] | None:
+    """(name, has a default) of a function's parameters: its torch op schema, else inspect,
+    else a pybind docstring's first line; None if none says."""
+    schema = getattr(getattr(fn, "default", None), "_schema", None)
+    if schema is not None:
+        return [(a.name, a.has_default_value()) for a in schema.arguments]
+    try:
+        sig = inspect.signature(fn).parameters.values()
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig):
+            return [(p.name, p.default is not p.empty) for p in sig]
+    except (TypeError, ValueError):
+        pass
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    m = re.match(r"\s*\w+\((.*)\)\s*->", doc[0]) if doc else None
+    if not m:
+        return None
+    return [(n, bool(d)) for n, d in re.findall(r"(?:^|,\s*)(\w+)\s*:[^,=]*(=)?", m.group(1))]
+
+
+# what the adapter passes each logits function positionally (the kernels of 2.5.0 and 2.8.1)
+CALLS = {
+    "fp8_fp4_paged_mqa_logits": "q, kv_cache, weights, context_lens, block_table, schedule_meta, "
+    "max_context_len",
+    "fp8_fp4_mqa_logits": "q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k",
+}
+
+
+def call_reason(dg, name: str) -> str | None:
+    """Why the adapter's call of `name` does not fit this build's signature, naming the first
+    argument that breaks it: one it passes that the function lacks, or one the function
+    requires that it does not pass; None when it fits or the signature cannot be read."""
+    passed = CALLS[name].split(", ")
+    found = parameters(getattr(dg, name))
+    if found is None:
+        return None
+    version = getattr(dg, "__version__", "?")
+    if len(found) < len(passed):
+        return (
+            f"DeepGEMM {version}: {name} takes {len(found)} arguments, the adapter passes "
+            f"{len(passed)} (no argument {len(found) + 1}, {passed[len(found)]})"
+        )
+    for i, (arg, has_default) in enumerate(found[len(passed) :], len(passed) + 1):
+        if not has_default:
+            return (
+                f"DeepGEMM {version}: {name} requires argument {i} {arg}, which the adapter "
+                f"does not pass (it passes {CALLS[name]})"
+            )
+    return None
+
+
 def indexer_api(dg) -> str:
     """Which indexer API this DeepGEMM has: API_V28, API_V25 or API_OLD; Unsupported (with the
     version and the missing name) for any other."""
@@ -100,6 +150,10 @@ def indexer_api(dg) -> str:
                 raise Unsupported(f"DeepGEMM {version}: has fp8_fp4 logits but no {name}")
         if metadata_api(dg) != API_V25:
             raise Unsupported(f"DeepGEMM {version}: fp8_fp4 logits with an older metadata API")
+        for name in CALLS:
+            reason = call_reason(dg, name)
+            if reason:
+                raise Unsupported(reason)
         return API_V28
     for name in ("fp8_paged_mqa_logits", "fp8_mqa_logits"):
         if not hasattr(dg, name):
@@ -210,7 +264,12 @@ class DeepGEMM(Backend):
     ops = ("indexer",)
     layouts = ()  # the indexer's own key cache, no attention cache
 
-    options = {"lib": None}  # a folder holding deep_gemm/ (a `kernels fetch` build)
+    options = {
+        "lib": None,  # a folder holding deep_gemm/ (a `kernels fetch` build)
+        # False: hand the sm90 paged kernel any next_n, so that each build's own check answers
+        # (the build x next_n matrix) instead of the adapter's SM90_NEXT_N
+        "next_n_rule": True,
+    }
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
         "lse out": "n/a: indexer logits and top-k, no attention",
@@ -218,8 +277,9 @@ class DeepGEMM(Backend):
         "batch invariance": "not promised: the schedule metadata is per batch",
     }
 
-    def __init__(self, module=None, lib: str | None = None):
+    def __init__(self, module=None, lib: str | None = None, next_n_rule: bool = True):
         self.lib = lib
+        self.next_n_rule = bool(next_n_rule)
         self._found = LazyOps(module, lambda: discover(self.lib))
 
     def process_key(self) -> str:
@@ -249,7 +309,7 @@ class DeepGEMM(Backend):
             api = indexer_api(dg)
         except Unsupported as e:
             return str(e)
-        return next_n_reason(dg, api, case, arch)
+        return next_n_reason(dg, api, case, arch) if self.next_n_rule else None
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         from reference.indexer import topk_indices
@@ -262,7 +322,7 @@ class DeepGEMM(Backend):
             logits, info = _ragged(dg, inputs)
         else:
             arch = _device_arch(device)
-            reason = next_n_reason(dg, api, case, arch) if arch else None
+            reason = next_n_reason(dg, api, case, arch) if arch and self.next_n_rule else None
             if reason:
                 raise Unsupported(reason)
             logits, info = _paged(dg, case, inputs, api, arch)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import library
+from dsv4bench.backends import flashmla_policy, library
 from dsv4bench.backends.base import (
     HeadRule,
     LibraryBackend,
@@ -263,6 +263,9 @@ class FlashMLA(LibraryBackend):
     options = {
         "lib": None,  # a FlashMLA op library (.so or its directory); None: discover()
         "batch_invariant": False,  # decode with enable_batch_invariant (no split-KV)
+        # how an engine calls the sm90 prefill at 8/16/32 heads: "" pads to 64 (vLLM 0.33.0,
+        # sglang); "vllm-0.34.0" runs unpadded above the SM count (flashmla_policy.py)
+        "small_heads": "",
     }
 
     def __init__(
@@ -270,9 +273,14 @@ class FlashMLA(LibraryBackend):
         lib: str | None = None,
         ops: KernelOps | Callable | None = None,
         batch_invariant: bool = False,
+        small_heads: str = "",
     ):
         self._find_with(lib, ops, discover)
         self.batch_invariant = bool(batch_invariant)
+        if small_heads not in flashmla_policy.POLICIES:
+            known = ", ".join(repr(p) for p in flashmla_policy.POLICIES)
+            raise ValueError(f"small_heads must be one of {known}, got {small_heads!r}")
+        self.small_heads = small_heads
 
     def build_reason(self) -> str | None:
         return super().build_reason() or (legacy_reason(Path(self.lib)) if self.lib else None)
@@ -330,7 +338,18 @@ class FlashMLA(LibraryBackend):
             raise Unsupported(reason)
         if uses_decode_kernel(case):
             return self._prepare_decode(case, inputs, ops, heads, arch)
-        return self._prepare_prefill(case, inputs, ops, heads)
+        if not self.small_heads or arch != "sm90":
+            return self._prepare_prefill(case, inputs, ops, heads)
+        tokens, sms = inputs["q"].shape[0], hardware.detect(device).sm_count or 0
+        if flashmla_policy.unpadded(self.small_heads, arch, case.num_heads, tokens, sms):
+            heads_used = case.num_heads
+        else:
+            heads_used = heads
+        p = self._prepare_prefill(case, inputs, ops, heads_used)
+        if case.num_heads in flashmla_policy.SMALL_HEADS and sms:
+            text = flashmla_policy.rule_text(case.num_heads, tokens, sms, heads)
+            p.info["small_heads"] = f"{self.small_heads}: {text}"
+        return p
 
     def _prepare_decode(self, case: Case, x: dict, ops: KernelOps, heads: int, arch: str):
         q, kv = x["q"], x["k_cache"]

@@ -1,4 +1,4 @@
-"""`dsv4bench kernels fetch|list|pack|unpack`: the kernel builds engines ship, in the kernels
+"""`dsv4bench kernels fetch|list|diff|pack|unpack`: the kernel builds engines ship, in the kernels
 folder (default `.kernels`, $DSV4BENCH_KERNELS), one backend instance per build."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dsv4bench.commands.common import UsageError
 
-HELP = "kernel builds from the engines' packages: fetch, list, pack, unpack"
+HELP = "kernel builds from the engines' packages: fetch, list, diff, pack, unpack"
 
 
 def add_parser(sub) -> None:
@@ -19,12 +19,19 @@ def add_parser(sub) -> None:
         "fetch", help="download packages (pip, no dependencies) and cut out their builds"
     )
     f.add_argument(
-        "spec", nargs="*", help="vllm==0.33.0, sgl-flash-mla, all (default: every known release)"
+        "spec",
+        nargs="*",
+        help="vllm==0.34.0 (any release), vllm (the newest the registry serves), all (every "
+        "tested release; the default)",
     )
     f.add_argument("--dir", help=dir_help)
     f.add_argument("--wheels", metavar="DIR", help="take wheels from (and download into) DIR")
     f.add_argument("--python-version", default="3.12", help="of the GPU machine (default 3.12)")
     v = verbs.add_parser("list", help="the builds there and the backend instance each becomes")
+    v.add_argument("--dir", help=dir_help)
+    v = verbs.add_parser("diff", help="what changed between two builds, in what adapters read")
+    v.add_argument("old", help="a build name (or a build's folder)")
+    v.add_argument("new", help="a build name (or a build's folder) of the same library")
     v.add_argument("--dir", help=dir_help)
     v = verbs.add_parser("pack", help="one archive per build, for a machine without a registry")
     v.add_argument("build", nargs="*", help="build names (default: all)")
@@ -45,7 +52,8 @@ def _root(args) -> Path:
 
 
 def cmd_kernels(args) -> int:
-    return {"fetch": _fetch, "list": _list, "pack": _pack, "unpack": _unpack}[args.verb](args)
+    verbs = {"fetch": _fetch, "list": _list, "diff": _diff, "pack": _pack, "unpack": _unpack}
+    return verbs[args.verb](args)
 
 
 def _fetch(args) -> int:
@@ -90,6 +98,36 @@ def _list(args) -> int:
             f"{b.name:28} {b.library} {b.library_version:12} from {b.package}=={b.version:12} "
             f"{b.size / 2**20:7.1f} MiB  {whole}  {role}"
         )
+    return 0
+
+
+def _build_at(root: Path, name: str):
+    """(folder, build) of a build named `name` in `root`, or at the folder `name`."""
+    import json
+
+    from dsv4bench.kernels.store import BUILD_FILE, Build
+
+    folder = Path(name) if (Path(name) / BUILD_FILE).is_file() else root / name
+    try:
+        return folder, Build.from_json(json.loads((folder / BUILD_FILE).read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        have = ", ".join(sorted(p.parent.name for p in root.glob(f"*/{BUILD_FILE}"))) or "none"
+        raise UsageError(
+            f"kernels diff: {name}: no build there (expected a build of {root}: {have})"
+        ) from None
+
+
+def _diff(args) -> int:
+    from dsv4bench.kernels.diff import diff_lines
+
+    root = _root(args)
+    (old_dir, old), (new_dir, new) = _build_at(root, args.old), _build_at(root, args.new)
+    if old.library != new.library:
+        raise UsageError(
+            f"kernels diff: {old.name} is {old.library}, {new.name} is {new.library} "
+            "(expected two builds of one library)"
+        )
+    print("\n".join(diff_lines(old_dir, old, new_dir, new)))
     return 0
 
 

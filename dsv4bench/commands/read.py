@@ -56,8 +56,12 @@ def pinned_build(b, folder: Path) -> str:
     reason = b.build_reason()
     if reason:
         return f"not available: {reason}"
+    from dsv4bench.kernels.known import untested_release
+
     source = f"{build.package}=={build.version}"
-    return f"build {build.name}: {build.library} {build.library_version} from {source}"
+    note = untested_release(folder)
+    tail = f" [{note}]" if note else ""
+    return f"build {build.name}: {build.library} {build.library_version} from {source}{tail}"
 
 
 def cmd_recommend(args) -> int:

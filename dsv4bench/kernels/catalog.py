@@ -1,12 +1,19 @@
 """What each engine package ships that the backends run: which members of its wheel make which
 kernel build. One entry per package; adding a release is adding a version to `versions`.
 
+A release the catalog has not seen is fetched all the same: a build's members are found in the
+wheel by what they are (a Finder: file-name patterns, the ops a shared object registers, the
+functions a Python entry point defines), and `versions` lists the releases the adapters were
+tested against (a build of another is planned as an "untested release"; whether it runs is
+decided at load, from its op schemas and signatures).
+
 A build is named `<library>-<source>-<version>` (`flashmla-vllm-0.33.0`), or `<library>-<version>`
 when the library is the package's own (`flashinfer-0.7.2.post1`, `tilelang-runtime-0.1.15`): the
 name of its folder in the kernels folder and of the backend instance that runs it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -20,6 +27,23 @@ class Part:
     members: tuple[str, ...] = ()
     strip: str = ""
     under: str = ""
+
+
+@dataclass(frozen=True)
+class Finder:
+    """How a build's members are recognised in any release's wheel, by what they are.
+
+    `anchor`: a glob of the member that locates the build (`*/_*fa3_C*.so`); it must carry
+    every string of `registers` (ops a shared object registers, as its TORCH_LIBRARY schema
+    text; functions a Python file defines), so that a file merely named alike is not taken.
+    `take`: globs, relative to the anchor's folder, of the members taken (`**` every member
+    under it). `keep_folder`: the members land under the anchor folder's own name
+    (`deep_gemm/...`), else directly in the build's folder."""
+
+    anchor: str
+    registers: tuple[str, ...] = ()
+    take: tuple[str, ...] = ("**",)
+    keep_folder: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,18 +62,24 @@ class BuildSpec:
     # a whole-wheel build's wheels: the package's and its extra wheels ("both"), or one side
     # ("package", "extras": a build too big for one archive, split in two)
     wheels: str = "both"
+    find: Finder | None = None  # members found by what they are (then members/strip unused)
 
 
 @dataclass(frozen=True)
 class PackageSpec:
     dist: str  # the name pip knows
     source: str  # how build names say where a build came from
-    versions: tuple[str, ...]  # newest first; the first is fetched when no version is named
+    # the releases the adapters were tested against, newest first (any other is fetched and
+    # planned as an untested release)
+    versions: tuple[str, ...]
     builds: tuple[BuildSpec, ...]
     extra_wheels: tuple[str, ...] = ()  # requirements unpacked beside it (whole wheels)
     # a wheel for another Python or glibc than the GPU machine's (members taken: source only)
     python_version: str = ""
     platforms: tuple[str, ...] = ()  # accepted besides fetch.PLATFORMS
+    # releases the shipped scenarios name but the adapters were not tested against yet (their
+    # builds are backend instances before they are fetched; planned as untested releases)
+    untested: tuple[str, ...] = ()
 
     def build_name(self, build: BuildSpec, version: str) -> str:
         if build.library == self.source or build.library.startswith(f"{self.source}-"):
@@ -57,23 +87,21 @@ class PackageSpec:
         return f"{build.library}-{self.source}-{version}"
 
 
+# FlashMLA: vLLM's flashmla libraries, beside the one that registers the sparse ops
+FLASHMLA_OPS = ("sparse_decode_fwd(", "sparse_prefill_fwd(")
+FIND_FLASHMLA = Finder("*_flashmla_C*.so", FLASHMLA_OPS, ("*flashmla*.so",))
+FIND_FA3 = Finder("*_fa3_C*.so", ("fwd(Tensor",), ("*_fa3_C*.so", "flash_attn_interface.py"))
+# DeepGEMM: the deep_gemm package whose entry point has the paged indexer (any build's name)
+FIND_DEEPGEMM = Finder("*deep_gemm/__init__.py", ("paged_mqa_logits",), keep_folder=True)
 VLLM = PackageSpec(
     dist="vllm",
     source="vllm",
     versions=("0.33.0", "0.26.0"),
+    untested=("0.34.0",),
     builds=(
-        BuildSpec(
-            "flashmla", ("vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so"), "vllm/"
-        ),
-        BuildSpec(
-            "fa3",
-            (
-                "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
-                "vllm/vllm_flash_attn/flash_attn_interface.py",
-            ),
-            "vllm/vllm_flash_attn/",
-        ),
-        BuildSpec("deepgemm", ("vllm/third_party/deep_gemm/",), "vllm/third_party/"),
+        BuildSpec("flashmla", (), find=FIND_FLASHMLA),
+        BuildSpec("fa3", (), find=FIND_FA3),
+        BuildSpec("deepgemm", (), find=FIND_DEEPGEMM),
     ),
 )
 SGL_FLASH_MLA = PackageSpec(
@@ -86,6 +114,7 @@ FLASHINFER = PackageSpec(
     dist="flashinfer-python",
     source="flashinfer",
     versions=("0.7.2.post1", "0.6.18"),
+    untested=("0.7.4",),
     builds=(BuildSpec("flashinfer", (), whole_wheel=True),),
     extra_wheels=("apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0",),
 )
@@ -201,7 +230,35 @@ VLLM_OPS = PackageSpec(
     ),
 )
 
-PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, TILELANG, SGLANG, VLLM_OPS)}
+# DeepGEMM as other engines ship it for Hopper: SGLang's fork and TokenSpeed's build
+SGL_DEEP_GEMM = PackageSpec(
+    dist="sgl-deep-gemm",
+    source="sgl",
+    versions=(),
+    untested=("0.2.5",),
+    builds=(BuildSpec("deepgemm", (), find=FIND_DEEPGEMM),),
+)
+TOKENSPEED_DEEPGEMM = PackageSpec(
+    dist="tokenspeed-deepgemm",
+    source="tokenspeed",
+    versions=(),
+    untested=("2.8.2.post20261020",),
+    builds=(BuildSpec("deepgemm", (), find=FIND_DEEPGEMM),),
+)
+
+PACKAGES = {
+    p.dist: p
+    for p in (
+        VLLM,
+        SGL_FLASH_MLA,
+        FLASHINFER,
+        TILELANG,
+        SGLANG,
+        VLLM_OPS,
+        SGL_DEEP_GEMM,
+        TOKENSPEED_DEEPGEMM,
+    )
+}
 
 
 class SpecError(ValueError):
@@ -209,43 +266,59 @@ class SpecError(ValueError):
 
 
 def parse_spec(spec: str) -> list[tuple[PackageSpec, str]]:
-    """`vllm==0.33.0` -> that release; `vllm` -> its newest known release; `all` -> every known
-    release of every package."""
+    """`vllm==0.34.0` -> that release, tested or not; `vllm` -> (package, ""): the newest release
+    the registry serves (fetch asks it); `all` -> every tested release of every package."""
     if spec == "all":
         return [(p, v) for p in PACKAGES.values() for v in p.versions]
-    dist, _, version = spec.partition("==")
+    dist, sep, version = spec.partition("==")
     package = PACKAGES.get(dist.strip())
     if package is None:
         raise SpecError(f"{spec}: unknown package (known: {', '.join(PACKAGES)})")
-    version = version.strip() or package.versions[0]
-    if version not in package.versions:
-        raise SpecError(
-            f"{spec}: no member list for {dist} {version} "
-            f"(known versions: {', '.join(package.versions)})"
-        )
+    version = version.strip()
+    if sep and not re.fullmatch(r"[0-9][0-9A-Za-z.+!_-]*", version):
+        raise SpecError(f"{spec}: expected {dist}==VERSION (a release such as 1.2.3)")
     return [(package, version)]
 
 
+def tested(package: str, version: str) -> bool:
+    """Whether the adapters were tested against this release (the catalog lists it)."""
+    return package in PACKAGES and version in PACKAGES[package].versions
+
+
+def _named(p: PackageSpec) -> tuple[str, ...]:
+    return (*p.versions, *(v for v in getattr(p, "untested", ()) if v not in p.versions))
+
+
 def known_builds() -> list[tuple[str, str]]:
-    """(build name, library) of every build of every known release, as the catalog lists them."""
+    """(build name, library) of every build of every release the catalog names (tested, then
+    untested), as the catalog lists them."""
     return [
         (p.build_name(b, v), b.library)
         for p in PACKAGES.values()
-        for v in p.versions
+        for v in _named(p)
         for b in p.builds
     ]
 
 
 def default_specs() -> list[str]:
-    """What `kernels fetch` takes with no spec: every known release."""
+    """What `kernels fetch` takes with no spec: every tested release."""
     return [f"{p.dist}=={v}" for p in PACKAGES.values() for v in p.versions]
 
 
 def fetch_spec(build_name: str) -> str | None:
     """The `kernels fetch` spec that brings a build (`vllm==0.33.0` for `flashmla-vllm-0.33.0`);
-    None for a name no known release ships."""
+    None for a name no release the catalog names ships."""
     for p in PACKAGES.values():
-        for v in p.versions:
+        for v in _named(p):
             if any(p.build_name(b, v) == build_name for b in p.builds):
                 return f"{p.dist}=={v}"
     return None
+
+
+def tested_build(build_name: str) -> bool:
+    """Whether a build is of a release the adapters were tested against."""
+    spec = fetch_spec(build_name)
+    if spec is None:
+        return False
+    dist, _, version = spec.partition("==")
+    return tested(dist, version)

@@ -3,6 +3,7 @@ builds it ships out of it into the kernels folder."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dsv4bench.kernels.catalog import BuildSpec, PackageSpec, Part
+from dsv4bench.kernels.catalog import BuildSpec, Finder, PackageSpec, Part
 from dsv4bench.kernels.store import Build, KernelFile, sha256_of, write_build, write_manifest
 
 # The GPU machines run CPython 3.12 on x86-64 Linux; pure-Python and abi3 wheels fit any.
@@ -72,6 +73,8 @@ def _members(z: zipfile.ZipFile, spec: BuildSpec) -> list[str]:
     names = [n for n in z.namelist() if not n.endswith("/")]
     if spec.whole_wheel:
         return names
+    if spec.find is not None:
+        return found_members(z, names, spec.find)
     picked = []
     for want in spec.members:
         hits = (
@@ -83,6 +86,41 @@ def _members(z: zipfile.ZipFile, spec: BuildSpec) -> list[str]:
             raise FetchError(f"{Path(z.filename).name} has no {want}")
         picked += hits
     return picked
+
+
+def anchors(z: zipfile.ZipFile, names: list[str], find: Finder) -> list[str]:
+    """The members matching find.anchor that carry every string of find.registers."""
+    hits = [n for n in names if fnmatch.fnmatch(n, find.anchor)]
+    wanted = [r.encode() for r in find.registers]
+    return [n for n in hits if all(w in z.read(n) for w in wanted)]
+
+
+def found_members(z: zipfile.ZipFile, names: list[str], find: Finder) -> list[str]:
+    """A Finder's members: those its `take` globs pick in the folder of the one anchor."""
+    found = anchors(z, names, find)
+    wheel = Path(z.filename).name
+    if len(found) != 1:
+        ops = f" registering {', '.join(find.registers)}" if find.registers else ""
+        what = f"{find.anchor}{ops}"
+        many = f" ({len(found)}: {', '.join(found[:3])})" if found else ""
+        raise FetchError(f"{wheel}: expected one {what}, found {len(found) or 'none'}{many}")
+    folder = found[0].rpartition("/")[0] + "/" if "/" in found[0] else ""
+    inside = [n for n in names if n.startswith(folder)]
+    return [n for n in inside if any(_takes(n[len(folder) :], t) for t in find.take)]
+
+
+def _takes(rel: str, glob: str) -> bool:
+    """Whether a Finder's `take` glob picks `rel` (`*` stays within one folder level)."""
+    return glob == "**" or (fnmatch.fnmatch(rel, glob) and rel.count("/") == glob.count("/"))
+
+
+def finder_strip(member: str, find: Finder) -> str:
+    """The prefix cut off a Finder's members: up to the anchor's folder (its parent with
+    keep_folder)."""
+    folder = member.rpartition("/")[0]
+    if find.keep_folder:
+        folder = folder.rpartition("/")[0]
+    return folder + "/" if folder else ""
 
 
 def _library_version(folder: Path, spec: BuildSpec, package_version: str) -> str:
@@ -121,11 +159,15 @@ def extract(
     files = []
     same = {} if same is None else same
     with zipfile.ZipFile(wheel) as z:
-        for member in _members(z, spec):
+        members = _members(z, spec)
+        strip = spec.strip
+        if spec.find is not None:
+            strip = finder_strip(anchors(z, members, spec.find)[0], spec.find)
+        for member in members:
             inside = site_path(member) if spec.whole_wheel else member
             if inside is None:
                 continue
-            rel = under + inside.removeprefix(spec.strip)
+            rel = under + inside.removeprefix(strip)
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(member) as src, open(target, "wb") as out:
@@ -157,6 +199,23 @@ def _wheels_of(spec: BuildSpec, wheel: Path, extra: list[Path]) -> list[Path]:
     return sides[spec.wheels]
 
 
+def newest_version(
+    package: PackageSpec, python_version: str, run: Callable = subprocess.run
+) -> str:
+    """The newest release of `package` the registry serves for the GPU machine's Python and
+    platforms (pip index versions)."""
+    tags = [a for p in (*PLATFORMS, *package.platforms) for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "index", "versions", package.dist.split("[")[0],
+           "--only-binary=:all:", "--python-version", package.python_version or python_version,
+           "--implementation", "cp", *tags]  # fmt: skip
+    done = run(cmd, capture_output=True, text=True)
+    found = re.search(r"^\S+ \(([^)]+)\)", done.stdout or "", re.M)
+    if done.returncode or not found:
+        last = ((done.stderr or "").strip().splitlines() or ["no release listed"])[-1]
+        raise FetchError(f"pip index versions {package.dist}: {last}")
+    return found.group(1)
+
+
 def fetch_package(
     package: PackageSpec,
     version: str,
@@ -166,7 +225,14 @@ def fetch_package(
     python_version: str = "3.12",
     say: Callable[[str], None] = print,
 ) -> list[Build]:
-    """Every build `package==version` ships, into root/<build name>/ (replacing what was there)."""
+    """Every build `package==version` ships, into root/<build name>/ (replacing what was there);
+    no version: the newest release the registry serves."""
+    if not version:
+        version = newest_version(package, python_version)
+        say(f"{package.dist}: newest release {version}")
+    if version not in package.versions:
+        tested = ", ".join(package.versions) or "none"
+        say(f"{package.dist} {version}: untested release (tested: {tested}); members found by kind")
     with tempfile.TemporaryDirectory() as tmp:
         wheel_dir = wheels or Path(tmp)
         wheel = download(

@@ -1,6 +1,8 @@
-"""Whether a build in the kernels folder is a release the catalog knows: the adapters were
-written against those releases' APIs (op schemas, function names), so a build of another
-release is refused in one line at plan time, read from its build.json without loading it."""
+"""Whether a build in the kernels folder is one the catalog knows, read from its build.json
+without loading it. A package or library the catalog does not know is refused in one line at
+plan time; a release of a known package the adapters were not tested against is not refused but
+marked "untested release" (untested_release): whether it runs is decided at load, where the
+adapters read its op schemas and signatures (`unsupported` rows naming what differs)."""
 
 from __future__ import annotations
 
@@ -38,10 +40,30 @@ def _reason(path: str, stamp: int) -> str | None:
     libraries = sorted({b.library for b in package.builds})
     if build.library not in libraries:
         return f"{what}, which the catalog says ships {', '.join(libraries)}, not {build.library}"
-    if build.version not in package.versions:
-        return (
-            f"{what}=={build.version}, a release whose API the adapters were not written "
-            f"against (known: {build.package} {', '.join(package.versions)}; "
-            "dsv4bench/kernels/catalog.py)"
-        )
     return None
+
+
+def untested_release(folder: Path) -> str | None:
+    """ "untested release ..." for a build of a known package's release the adapters were not
+    tested against; None for a tested one, a refused one (release_reason) or no build.json."""
+    path = folder / BUILD_FILE
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _untested(str(path), stamp)
+
+
+@lru_cache(maxsize=64)
+def _untested(path: str, stamp: int) -> str | None:
+    if _reason(path, stamp):
+        return None
+    build = Build.from_json(json.loads(Path(path).read_text()))
+    package = PACKAGES[build.package]
+    if build.version in package.versions:
+        return None
+    tested = ", ".join(package.versions) or "none"
+    return (
+        f"untested release {build.package}=={build.version} (tested: {tested}); "
+        "its op schemas and signatures are checked at load"
+    )

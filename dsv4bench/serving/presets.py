@@ -76,6 +76,13 @@ SGLANG_Q8_SOURCE = (
 # vllm/v1/attention/selector.py) to 0.33.0.
 VLLM_SM90 = "vllm/platforms/cuda.py _get_backend_priorities (sm90 sparse tail)"
 DSA = ("v3.2", "glm-5.2")  # the DSA models (576-wide rows) whose defaults these are
+# FlashMLA as vLLM 0.34.0 calls its Hopper prefill (option small_heads=vllm-0.34.0, an instance
+# the serving scenario defines)
+SMALL_HEADS_034 = "flashmla-small-heads"
+VLLM_034_SMALL_HEADS = (
+    "vllm 0.34.0 vllm/v1/attention/backends/mla/flashmla_sparse.py "
+    "(_should_use_bf16_small_head_kernel, _bf16_flash_mla_kernel)"
+)
 PRESETS: tuple[Preset, ...] = (
     Preset(
         "sglang-hopper",
@@ -159,6 +166,26 @@ PRESETS: tuple[Preset, ...] = (
         f"{VLLM_SM90}; vllm/v1/attention/backends/mla/flashmla_sparse.py",
         "below 32 heads per rank vLLM runs prefill through the FP8 decode kernel as one mixed "
         "batch (route decode-mixed)",
+    ),
+    # vLLM 0.34.0: the same FlashMLA binary, called unpadded at 8/16/32 heads above the SM
+    # count (x 2 at 32): scenarios/serving/presets_vllm034_v32_sm90.yaml times both calls
+    Preset(
+        "vllm-0.34-hopper-fp8",
+        "vllm",
+        ("0.34.0",),
+        "H100/H200",
+        "sm90",
+        DSA,
+        "fp8",
+        SMALL_HEADS_034,
+        "sparse-prefill",
+        "flashmla",
+        "--kv-cache-dtype fp8 (FLASHMLA_SPARSE)",
+        f"{VLLM_SM90}; {VLLM_034_SMALL_HEADS}",
+        "32 heads per rank (V3.2 TP4): prefill calls of more than 2 x SMs tokens run unpadded, "
+        "smaller ones padded to 64; below 32 heads the fp8 cache takes the mixed batch "
+        "(decode-mixed) as in 0.33.0. Not V4/V4.1: vllm/models/deepseek_v4/nvidia/flashmla.py "
+        "still pads to 64",
     ),
     Preset(
         "vllm-hopper-nope",
@@ -283,6 +310,8 @@ ENGINE_FLAGS: tuple[EngineFlags, ...] = (
                 "--dsa-prefill-backend flashmla_kv --kv-cache-dtype fp8_e4m3"),
     *_both("v3.2", "flashmla", VLLM, SP, "fp8",
            "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"),
+    EngineFlags("v3.2", SMALL_HEADS_034, "vllm 0.34.0", "ttft", SP, "fp8",
+                "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"),
     *_both("v3.2", "flashinfer", VLLM, SP, "bf16",
            "--attention-backend FLASHINFER_MLA_SPARSE_SM90"),
     *_both("v3.2", "flashinfer-e4m3", VLLM, SP, "fp8",

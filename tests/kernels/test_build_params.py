@@ -41,10 +41,12 @@ def test_every_catalog_build_is_a_param_and_a_missing_one_says_what_brings_it(tm
     _build(tmp_path, "flashmla-vllm-0.40.0", "flashmla", "vllm", "0.40.0")  # not in the catalog
     _build(tmp_path, "fa3-vllm-0.33.0", "fa3", "vllm", "0.33.0")
     skips = _skips(build_params("flashmla", tmp_path))
-    # the catalog's order (newest vLLM first: the default build), then the folder's others
+    # the catalog's order (newest tested vLLM first: the default build; then the releases it
+    # names untested), then the folder's others
     assert list(skips) == [
         "flashmla-vllm-0.33.0",
         "flashmla-vllm-0.26.0",
+        "flashmla-vllm-0.34.0",
         "flashmla-sgl-1.0.0",
         "flashmla-vllm-0.40.0",
     ]
@@ -57,7 +59,12 @@ def test_every_catalog_build_is_a_param_and_a_missing_one_says_what_brings_it(tm
     assert damaged.startswith("flashmla-sgl-1.0.0/lib.so: sha256 or size differs")
     assert "dsv4bench kernels fetch sgl-flash-mla==1.0.0" in damaged
     fa3 = _skips(build_params("fa3", tmp_path))
-    assert fa3 == {"fa3-vllm-0.33.0": None, "fa3-vllm-0.26.0": fa3["fa3-vllm-0.26.0"]}
+    assert fa3 == {
+        "fa3-vllm-0.33.0": None,
+        "fa3-vllm-0.26.0": fa3["fa3-vllm-0.26.0"],
+        "fa3-vllm-0.34.0": fa3["fa3-vllm-0.34.0"],
+    }
+    assert "dsv4bench kernels fetch vllm==0.34.0" in fa3["fa3-vllm-0.34.0"]
     assert "dsv4bench kernels fetch vllm==0.26.0" in fa3["fa3-vllm-0.26.0"]
 
 
@@ -139,3 +146,6 @@ def test_an_unsupported_catalog_build_fails_and_any_other_skips():
         expect_supported("flashmla-vllm-0.26.0", "no such kernel")
     with pytest.raises(pytest.skip.Exception, match="flashmla-vllm-0.40.0: unknown release"):
         expect_supported("flashmla-vllm-0.40.0", "unknown release")
+    # a release the catalog names but the adapters were not tested against: skipped, saying why
+    with pytest.raises(pytest.skip.Exception, match="flashmla-vllm-0.34.0: takes no"):
+        expect_supported("flashmla-vllm-0.34.0", "takes no")

@@ -14,12 +14,19 @@ from dsv4bench.kernels import catalog
 from dsv4bench.kernels.instances import default_builds
 from dsv4bench.kernels.store import read_builds, sha256_of
 
+# what fetch recognises the members by: the ops a library registers (its schema text), the
+# function a package's entry point defines
+FLASHMLA_SO = (
+    b"\x00sparse_decode_fwd(Tensor q) -> Tensor\x00sparse_prefill_fwd(Tensor q) -> Tensor\x00"
+)
+FA3_SO = b"\x00fwd(Tensor q) -> Tensor[]\x00"
+DG_INIT = b"def fp8_fp4_paged_mqa_logits(q): pass\n"
 VLLM_MEMBERS = {
-    "vllm/_flashmla_C.abi3.so": b"flashmla",
+    "vllm/_flashmla_C.abi3.so": FLASHMLA_SO,
     "vllm/_flashmla_extension_C.abi3.so": b"ext",
-    "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3" * 1000,
+    "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": FA3_SO + b"3" * (3000 - len(FA3_SO)),
     "vllm/vllm_flash_attn/flash_attn_interface.py": b"# interface\n",
-    "vllm/third_party/deep_gemm/__init__.py": b"__version__ = '2.8.1'\n",
+    "vllm/third_party/deep_gemm/__init__.py": b"__version__ = '2.8.1'\n" + DG_INIT,
     "vllm/third_party/deep_gemm/include/x.cuh": b"// header\n",
     "vllm/engine.py": b"# not a kernel\n",
 }
@@ -39,7 +46,7 @@ def wheels(tmp_path: Path) -> Path:
     folder.mkdir()
     _wheel(folder, "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", VLLM_MEMBERS)
     members = {k: v for k, v in VLLM_MEMBERS.items() if "deep_gemm/__init__" not in k}
-    members["vllm/third_party/deep_gemm/__init__.py"] = b"__version__ = '2.5.0'\n"
+    members["vllm/third_party/deep_gemm/__init__.py"] = b"__version__ = '2.5.0'\n" + DG_INIT
     _wheel(folder, "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", members)
     sgl = {
         "flash_mla/__init__.py": b"",
@@ -96,13 +103,13 @@ def test_pack_and_unpack_round_trip_and_damage(tmp_path, wheels, capsys):
     assert _kernels("unpack", str(packed), "--dir", str(there)) == 0
     assert [b.name for b in read_builds(there)] == ["fa3-vllm-0.33.0"]
     so = there / "fa3-vllm-0.33.0/_vllm_fa3_C.abi3.so"
-    assert so.read_bytes() == b"fa3" * 1000
+    assert so.read_bytes() == VLLM_MEMBERS["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"]
     capsys.readouterr()
     assert _kernels("unpack", str(packed), "--dir", str(there)) == 0
     assert "already there" in capsys.readouterr().out
     so.write_bytes(b"broken")  # a damaged build is unpacked again
     assert _kernels("unpack", str(packed), "--dir", str(there)) == 0
-    assert so.read_bytes() == b"fa3" * 1000
+    assert so.read_bytes() == VLLM_MEMBERS["vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"]
     (root / "fa3-vllm-0.33.0/_vllm_fa3_C.abi3.so").write_bytes(b"broken")
     assert _kernels("pack", "fa3-vllm-0.33.0", "--dir", str(root), "--out", str(packed)) == 2
     assert "sha256 or size differs" in capsys.readouterr().err
@@ -111,7 +118,7 @@ def test_pack_and_unpack_round_trip_and_damage(tmp_path, wheels, capsys):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["fetch", "vllm==0.1.0"], "no member list for vllm 0.1.0"),
+        (["fetch", "vllm==latest"], "vllm==latest: expected vllm==VERSION"),
         (["fetch", "tensorrt"], "tensorrt: unknown package"),
         (["pack", "nope"], "nope: no such build"),
         (["unpack", "missing.tar.xz"], "no packed build at missing.tar.xz"),
@@ -126,9 +133,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, expected):
 def test_a_wheel_missing_a_member_is_refused(tmp_path, capsys):
     folder = tmp_path / "wheels"
     folder.mkdir()
-    _wheel(folder, "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", {"vllm/x.py": b""})
-    assert _kernels("fetch", "vllm", "--wheels", str(folder), "--dir", str(tmp_path / "k")) == 2
-    assert "has no vllm/_flashmla_C.abi3.so" in capsys.readouterr().err
+    members = {"vllm/x.py": b"", "vllm/_flashmla_C.abi3.so": b"named alike, registers nothing"}
+    _wheel(folder, "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", members)
+    args = ("fetch", "vllm==0.33.0", "--wheels", str(folder), "--dir", str(tmp_path / "k"))
+    assert _kernels(*args) == 2
+    err = capsys.readouterr().err
+    assert "expected one *_flashmla_C*.so registering sparse_decode_fwd(" in err
+    assert "found none" in err and len(err.strip().splitlines()) == 1
     assert not read_builds(tmp_path / "k")
 
 
@@ -147,7 +158,9 @@ def test_catalog_names_every_release_the_engines_ship():
     for spec in ("vllm==0.33.0", "vllm==0.26.0", "sgl-flash-mla==1.0.0"):
         assert spec in specs
     assert {"flashinfer-python==0.7.2.post1", "flashinfer-python==0.6.18"} <= set(specs)
-    assert catalog.parse_spec("vllm")[0][1] == "0.33.0"
+    assert catalog.parse_spec("vllm")[0][1] == ""  # the newest the registry serves
+    assert catalog.parse_spec("vllm==0.34.0")[0][1] == "0.34.0"  # untested, fetched all the same
+    assert catalog.tested("vllm", "0.33.0") and not catalog.tested("vllm", "0.34.0")
 
 
 def test_a_ranged_requirement_takes_a_wheel_it_accepts(tmp_path):

@@ -51,6 +51,8 @@ SHIPPED = {
     "compare/backends_sm90.yaml": (40, 240, 0),  # with tilelang (issue 32)
     "compare/engines_sm90.yaml": (5, 10, 1),  # opt-in: studies/serving/COMMANDS.md
     "compare/builds_sm90.yaml": (19, 92, 7),  # every build: 10 instances, 7 limit searches
+    "compare/releases_sm90.yaml": (9, 54, 0),  # vLLM 0.34.0 and FlashInfer 0.7.4 beside
+    "compare/deepgemm_builds_sm90.yaml": (8, 40, 0),  # 5 DeepGEMM builds x next_n 1-4
     "sm90/indexer.yaml": (20, 40, 0),  # DeepGEMM and Triton in make bench
     "sm90/topk.yaml": (86, 240, 0),  # the indexer's top-k: torch, torch-topk, Triton, sglang
     "compare/topk_flashinfer_sm90.yaml": (86, 86, 0),  # opt-in: FlashInfer's top-k (slow JIT)

@@ -190,7 +190,11 @@ def test_flags_select_the_very_candidate_named():
         "vllm-hopper",
         "vllm-hopper-fp8",
         "sglang-hopper-q8",
+        "vllm-0.34-hopper-fp8",
     }
+    # vLLM 0.34.0's small-head call: the instance its scenario defines, with its own flags
+    small = pz.flags_for(cand(pz.SMALL_HEADS_034, "fp8", "sparse-prefill"), "ttft")
+    assert small == "vllm 0.34.0: --attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8"
 
 
 def test_switching_sglang_to_q8kv8_is_an_fp8_prefill_preset():
