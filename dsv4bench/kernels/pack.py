@@ -41,8 +41,11 @@ def pack(root: Path, names: list[str], out: Path) -> list[Path]:
 
 
 def _build_of(tar: tarfile.TarFile, archive: Path) -> Build:
-    members = [m for m in tar.getmembers() if m.name.endswith(f"/{BUILD_FILE}")]
-    if len(members) != 1 or members[0].name.count("/") != 1:
+    # a wheel may ship build.json files of its own deeper down (FlashInfer 0.7.4 does)
+    members = [
+        m for m in tar.getmembers() if m.name.endswith(f"/{BUILD_FILE}") and m.name.count("/") == 1
+    ]
+    if len(members) != 1:
         raise PackError(f"{archive}: not a packed build (no <build>/{BUILD_FILE})")
     return Build.from_json(json.load(tar.extractfile(members[0])))
 
