@@ -61,7 +61,7 @@ __all__ = [
 
 def shipped() -> dict[str, Callable[[], Backend]]:
     """Every shipped backend: name -> factory (imported on first use of the registry)."""
-    from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref
+    from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref, torch_topk
     from dsv4bench.backends.builds import build_instances
     from dsv4bench.backends.engine_helpers.sglang_ops import SglangOps
     from dsv4bench.backends.engine_helpers.vllm_c import VllmOps
@@ -76,6 +76,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
 
     table: dict[str, Callable[[], Backend]] = {
         "torch": torch_ref.TorchReference,
+        "torch-topk": torch_topk.TorchTopK,
         "flashmla": flashmla.FlashMLA,
         "flashinfer": FlashInfer,
         # FP8 (e4m3) KV under its own name, as shipped scenarios name it (the same instance

@@ -365,16 +365,31 @@ def _tflops(x: MetricInput) -> float:
     return x.found["flops"] / (x.ms * 1e-3) / 1e12
 
 
+# an attention call that attends to nothing (a 0-token chunk, no query row): its time is the
+# launch alone, and the bytes it was given are not bytes it moved
+NO_WORK_FIGURES = ("gbps", "peak_fraction", "bound")
+
+
+def does_no_work(op: str | None, found: dict) -> bool:
+    """An attention call (decode, prefill) whose count of useful FLOP is 0."""
+    return op in ("decode", "prefill") and found.get("flops") == 0
+
+
 @register_metric("gbps", column="GB/s")
-def _gbps(x: MetricInput) -> float:
+def _gbps(x: MetricInput) -> float | None:
     """GB/s and the memory roof use the bytes a kernel must move at least (`bytes_unique`):
     with the no-reuse estimate (`bytes`), a prefill chunk, whose queries share most keys,
-    would appear to beat the memory bandwidth."""
+    would appear to beat the memory bandwidth. None for a call that does no work."""
+    if does_no_work(x.case.op, x.found):
+        return None
     return x.found["bytes_unique"] / (x.ms * 1e-3) / 1e9
 
 
 def _roofs(x: MetricInput) -> tuple[float, float] | None:
-    """(fraction of peak compute, fraction of peak bandwidth), None without both peaks."""
+    """(fraction of peak compute, fraction of peak bandwidth), None without both peaks or for
+    a call that does no work (no fraction of any peak)."""
+    if does_no_work(x.case.op, x.found):
+        return None
     # the indexer's logits are an FP8 GEMM; attention runs in bf16 unless the kernel says fp8
     fp8 = x.case.op == "indexer" or x.precision == "fp8"
     peak_flops = getattr(x.hw, "peak_fp8" if fp8 else "peak_bf16", None)
