@@ -95,7 +95,7 @@ def test_gpus_are_asked_the_slurm_way(run_cli, fake_slurm, tmp_path, flags, aske
     "flags, says",
     [
         (["--shards", "0"], "--shards 0: expected 1 or more"),
-        (["--shards", "999"], "--shards 999: these scenarios have only 58 jobs"),
+        (["--shards", "999"], "--shards 999: these scenarios have only 64 jobs"),
         (["--shards", "2", "--gpus-per-task", "1"], "--arch cpu runs on CPU nodes"),
         (["--shards", "2", "--baseline", "/nonexistent"], "--baseline /nonexistent: no such"),
         (["--shards", "2", "--partition", "refuse"], "sbatch refused the job: sbatch: error"),
