@@ -156,3 +156,29 @@ def test_unknown_definition_op_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli.main(["import", "flashinfer-bench", str(tmp_path / "theirs")]) == 2
     err = capsys.readouterr().err
     assert "gemm_n128_k2048: not a DSA definition" in err and err.count("\n") == 1
+
+
+def test_import_out_never_overwrites_without_force(tmp_path, capsys):
+    out = tmp_path / "fib.yaml"
+    out.write_text("mine\n")
+    argv = ["import", "flashinfer-bench", str(FIXTURES), "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already exists; --force" in err and err.count("\n") == 1
+    assert out.read_text() == "mine\n"
+    assert cli.main([*argv, "--force"]) == 0
+    assert "cases:" in out.read_text()
+
+
+def test_import_out_is_never_a_file_of_the_input_folder(tmp_path, capsys):
+    import shutil
+
+    theirs = tmp_path / "theirs"
+    shutil.copytree(FIXTURES, theirs)
+    target = next((theirs / "definitions").rglob("*.json"))
+    before = target.read_text()
+    argv = ["import", "flashinfer-bench", str(theirs), "--out", str(target), "--force"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is a file of the input folder" in err and err.count("\n") == 1
+    assert target.read_text() == before

@@ -13,6 +13,24 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def check_out_file(out: str | None, inputs: list[Path], force: bool) -> None:
+    """`--out FILE` of an import: never one of its own inputs, and an existing file only with
+    --force (a converted scenario written over a file the user meant to keep is lost work)."""
+    if not out:
+        return
+    path = Path(out)
+    for given in inputs:  # an input file, or a file of an input folder
+        mine = path.exists() and given.exists() and path.resolve() == given.resolve()
+        inside = path.exists() and given.is_dir() and given.resolve() in path.resolve().parents
+        if mine or inside:
+            what = "is the input itself" if mine else f"is a file of the input folder {given}"
+            raise UsageError(f"--out {out}: {what}; name another file")
+    if path.is_dir():
+        raise UsageError(f"--out {out}: is a directory; name a scenario file")
+    if path.exists() and not force:
+        raise UsageError(f"--out {out}: already exists; --force overwrites it")
+
+
 def setup_backends(args) -> None:
     """Registered backends, then `--backend-opt NAME.OPTION=VALUE` (and its aliases) on them."""
     from dsv4bench import backends

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsv4bench.commands.common import UsageError
+from dsv4bench.commands.common import UsageError, check_out_file
 
 FORMATS = ("flashinfer-bench",)
 
@@ -35,6 +35,7 @@ def add_import_parser(verbs) -> None:
     )
     p.add_argument("dir", help="their TraceSet folder (definitions/, workloads/)")
     p.add_argument("--out", metavar="SCENARIO.yaml", help="where to write (default: stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p.add_argument("--name", help="the scenario's name (default: from DIR)")
     p.set_defaults(func=cmd_import)
 
@@ -65,6 +66,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.is_dir():
         raise UsageError(f"{root}: no such folder")
+    check_out_file(args.out, [root], args.force)
     backends.setup([])
     try:
         bases = sorted({backends.get(b).base for b in backends.catalog()})
