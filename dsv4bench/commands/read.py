@@ -47,9 +47,12 @@ def kernels_found(b) -> str:
 def pinned_build(b, folder: Path) -> str:
     """A build instance's line from its build.json, checked but not loaded (its worker loads
     it); a reason when its files differ or the backend knows the build will not run."""
-    from dsv4bench.kernels.store import Build, verify
+    from dsv4bench.kernels.store import BuildError, read_build, verify
 
-    build = Build.from_json(json.loads((folder / "build.json").read_text()))
+    try:
+        build = read_build(folder / "build.json")
+    except BuildError as e:
+        return f"not available: {e} (dsv4bench kernels fetch again)"
     problems = verify(folder.parent, build, checksums=False)  # every plan: sizes only
     if problems:
         return f"not available: {problems[0]} (dsv4bench kernels fetch again)"
