@@ -138,11 +138,12 @@ def arch(wanted: str | None, flag: str) -> str:
     return wanted or present
 
 
-def too_big_here(jobs: list, arch: str) -> list[tuple]:
+def too_big_here(jobs: list, arch: str, supports=None) -> list[tuple]:
     """(job, why) for each job whose case's tensors alone exceed this machine's memory on
     `arch` (plan-time: the CPU oracle would swap for hours or be killed, a GPU run would only
     make an `oom` row); a backend that does not run the case here and a case tagged
-    expect-failure (running out is its result) are left out."""
+    expect-failure (running out is its result) are left out. `supports(job, arch)`: the
+    backend's verdict (default: asked here)."""
     import dataclasses
 
     from dsv4bench import backends
@@ -161,7 +162,8 @@ def too_big_here(jobs: list, arch: str) -> list[tuple]:
             why_of[case.case_id] = machine_problem(dataclasses.asdict(case), *memory)
         why = why_of[case.case_id]
         runs_here = why and EXPECT_FAILURE not in case.tags
-        if runs_here and backends.get(job.backend).supports(case, arch) is None:
+        verdict = supports or (lambda j, a: backends.get(j.backend).supports(j.case, a))
+        if runs_here and verdict(job, arch) is None:
             found.append((job, why))
     return found
 
