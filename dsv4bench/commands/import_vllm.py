@@ -36,7 +36,13 @@ def cmd_import_vllm(args) -> int:
     check_out_file(args.out, [path], args.force)
     name = args.name or f"vllm-{path.stem}"
     try:
-        text = convert(path.read_text(), source=args.source or str(path), name=name, arch=args.arch)
+        config = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{path}: not UTF-8 text (byte {e.start}); expected a YAML config"
+        ) from None
+    try:
+        text = convert(config, source=args.source or str(path), name=name, arch=args.arch)
     except ConfigError as e:
         raise UsageError(f"{path}: {e}") from None
     backends.setup([])

@@ -171,3 +171,11 @@ def test_out_is_never_the_config_itself(run_cli, tmp_path):
         code, _, err = run_cli("import", "vllm-bench", str(config), "--out", str(config), *force)
         assert code == 2 and err.count("\n") == 1 and "is the input itself" in err
         assert config.read_text() == FIXTURE.read_text()
+
+
+def test_a_config_that_is_not_utf8_is_one_line(run_cli, tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(FIXTURE.read_bytes() + b"# caf\xe9\n")
+    code, out, err = run_cli("import", "vllm-bench", str(bad))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "not UTF-8 text" in err
