@@ -80,8 +80,8 @@ def cmd_report(args) -> int:
 
 def holds_no_rows(path: Path) -> bool:
     """A results file (or a run directory whose results files are) without a single line: a
-    run killed before its first row, an emptied file. A compare takes one as a run that lost
-    its rows (a regression), and refuses one as BASE; a report has nothing to say."""
+    run killed before its first row, an emptied file. A report has nothing to say of one, and
+    compare refuses one as BASE or NEW (report/compare.py): exit 2 either way."""
     from dsv4bench.report.load import SERVING_FILE
     from dsv4bench.rows.results import rows_file
 
