@@ -1,0 +1,63 @@
+"""The docs hold together: every Markdown file's code fences are balanced (an open fence turns
+the rest of a page into code), and docs/scenarios.md's "Shipped scenarios" table is what
+tools/scenario_table.py makes of scenarios/ (every file a row, its counts the loader's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _markdown() -> list[str]:
+    files = subprocess.run(
+        ["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return files or [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.md")]
+
+
+def unbalanced(text: str) -> int | None:
+    """The line of a fence left open at the end of `text`, else None."""
+    open_at = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            open_at = None if open_at else number
+    return open_at
+
+
+def test_a_fence_left_open_is_found():
+    assert unbalanced("a\n```\ncode\n```\nb\n") is None
+    assert unbalanced("a\n\n```\nb\n") == 3
+
+
+@pytest.mark.parametrize("path", _markdown())
+def test_every_code_fence_is_closed(path):
+    line = unbalanced((ROOT / path).read_text())
+    assert line is None, f"{path}:{line}: a code fence opened here is never closed"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        "scenario_table", ROOT / "tools/scenario_table.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_scenarios_table_is_made_from_scenarios():
+    tool = _tool()
+    have, want = tool.made(tool.DOC.read_text())
+    files = sorted(
+        p.relative_to(ROOT / "scenarios").as_posix() for p in (ROOT / "scenarios").rglob("*.yaml")
+    )
+    assert [line.split("`")[1] for line in want[2:]] == files
+    assert have == want, "python tools/scenario_table.py rewrites docs/scenarios.md's table"
+    smoke = next(line for line in have if line.startswith("| `smoke.yaml`"))
+    assert "| reference-f64, torch |" in smoke
