@@ -61,3 +61,21 @@ def test_the_shipped_scenarios_table_is_made_from_scenarios():
     assert have == want, "python tools/scenario_table.py rewrites docs/scenarios.md's table"
     smoke = next(line for line in have if line.startswith("| `smoke.yaml`"))
     assert "| reference-f64, torch |" in smoke
+
+
+def test_the_readme_backend_table_lists_each_backends_ops():
+    from dsv4bench import backends
+
+    backends.setup([])
+    checked = 0
+    for line in (ROOT / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        names = re.findall(r"`([^`]+)`", cells[0]) if line.startswith("| `") else []
+        if len(cells) < 4 or not names or names[0] not in backends.names():
+            continue
+        said = {op.strip().replace(" ", "_") for op in cells[-1].split(",")}
+        for name in names:
+            ops = set(backends.get(name).ops)
+            assert said == ops or said == {"every_op"} and name == "torch", (name, said, ops)
+            checked += 1
+    assert checked >= 10
