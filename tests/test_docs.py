@@ -79,3 +79,20 @@ def test_the_readme_backend_table_lists_each_backends_ops():
             assert said == ops or said == {"every_op"} and name == "torch", (name, said, ops)
             checked += 1
     assert checked >= 10
+
+
+OWN_PATH = re.compile(r"(?<![\w./-])((?:dsv4bench|tools)/[\w./-]*[\w/])")
+
+
+def test_every_path_of_the_suite_a_doc_names_exists():
+    stale = []
+    for path in _markdown():
+        if path.startswith("results/"):  # a study's record names the tree of its run
+            continue
+        for number, line in enumerate((ROOT / path).read_text().splitlines(), 1):
+            for named in OWN_PATH.findall(line):
+                if re.search(r"[A-Z*<]", named):  # NAME.py, a glob: a pattern, not a path
+                    continue
+                if not (ROOT / named.rstrip(".")).exists():
+                    stale.append(f"{path}:{number}: {named}")
+    assert not stale, stale
