@@ -101,11 +101,26 @@ def _not_for(path: str, written_for: list[str], arch: str) -> str:
 def _check_scenario_path(path: Path) -> None:
     """What is not a regular file is a one-line UsageError (the loader reads and decodes it)."""
     if not path.exists():
-        raise UsageError(f"{path}: no such scenario file")
+        raise UsageError(f"{path}: {_missing(path)}")
     if path.is_dir():
         raise UsageError(f"{path}: is a directory, not a scenario file (name its *.yaml files)")
     if not path.is_file():  # a FIFO or a device: reading it could block forever
         raise UsageError(f"{path}: not a regular file, not a scenario file")
+
+
+def _missing(path: Path) -> str:
+    """Why a path that does not exist is not a file: absent, a dangling link, a link loop."""
+    import errno
+    import os
+
+    if not path.is_symlink():
+        return "no such scenario file"
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop (it resolves to itself), not a scenario file"
+    return f"a symbolic link to {os.readlink(path)}, which does not exist"
 
 
 def _unique(items: list, key) -> list:
