@@ -1,5 +1,5 @@
-"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels, envelope, import
-(and report/compare).
+"""dsv4bench command line: plan, run, bench, merge, backends, env, kernels, envelope, import,
+slurm, history (and report/compare).
 
 The parser and the exit codes; each job lives in dsv4bench/commands/."""
 
@@ -11,9 +11,11 @@ import sys
 
 from dsv4bench.cases.case import ARCHS
 from dsv4bench.commands import envelope as envelope_command
+from dsv4bench.commands import history as history_command
 from dsv4bench.commands import imports as import_command
 from dsv4bench.commands import interop as interop_command
 from dsv4bench.commands import kernels as kernels_command
+from dsv4bench.commands import slurm as slurm_command
 from dsv4bench.commands.common import UsageError
 from dsv4bench.commands.common import load as _load  # noqa: F401 (tests read scenarios with it)
 from dsv4bench.commands.merge import cmd_merge
@@ -134,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     envelope_command.add_parser(sub, _common)
     import_command.add_parser(sub)
     interop_command.add_parser(sub)
+    slurm_command.add_parser(sub, _common)
+    history_command.add_parser(sub)
     return top
 
 
@@ -253,6 +257,12 @@ def _add_comparing_jobs(sub) -> None:
         action="store_true",
         help="NEW covers part of BASE by design (a shard, a subset): cases it lacks are listed, "
         "not regressions",
+    )
+    p.add_argument(
+        "--require-base",
+        action="store_true",
+        help="a case NEW has that BASE lacks is a regression: a baseline behind its scenario "
+        "fails until the change that adds the job refreshes it",
     )
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=cmd_compare)

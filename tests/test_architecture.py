@@ -33,6 +33,7 @@ STAGES = (
     ("scenarios", "backends", "env"),  # files -> cases; kernels; the machine
     ("serving",),  # the serving model over scenario specs
     ("run", "report"),  # running jobs; reading rows
+    ("history",),  # runs over time: trends, the rolling gate, the trend page, v3 export
     ("interop",),  # runs in the peers' formats, their definitions as scenarios
     ("commands",),
     ("cli",),

@@ -13,6 +13,7 @@ import pytest
 
 from dsv4bench import cli
 from dsv4bench.cases.case import Case
+from dsv4bench.rows.results import read_rows
 from tests.factories import write_run
 
 pytest.importorskip("flashinfer_bench.data", reason="flashinfer-bench (make install) is absent")
@@ -37,7 +38,7 @@ def _export(run: Path, out: Path, *flags: str):
 
 
 def _rows(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
+    return list(read_rows(run))
 
 
 def _cases(run: Path) -> dict[str, Case]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsv4bench import cli
+from dsv4bench.rows.results import read_rows
 
 pytest.importorskip("flashinfer_bench.data", reason="flashinfer-bench (make install) is absent")
 
@@ -39,7 +40,7 @@ def test_export_of_a_committed_run_loads_with_every_row_as_a_trace(exported):
     from flashinfer_bench.data import TraceSet
 
     traces = TraceSet.from_path(str(exported))
-    rows = [json.loads(line) for line in (RUN / "results.jsonl").read_text().splitlines()]
+    rows = read_rows(RUN)
     got = {
         (t.workload.uuid, t.solution): t.evaluation.status.value
         for ts in traces.traces.values()

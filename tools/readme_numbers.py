@@ -3,7 +3,9 @@
 A cited figure is marked in its markdown file as `<!-- n:NAME -->VALUE<!-- /n -->`; FIGURES
 says how NAME is computed (with the report's own code, so a figure reads as the report does).
 `--check` (CI, `.ci/run`) fails with one line per figure whose text no longer matches its
-rows, and on a marker of an unknown name; `--write` puts the recomputed values in.
+rows, and on a marker of an unknown name; `--write` puts the recomputed values in. In the
+findings and every results README a measured figure left unmarked must be dated: its paragraph
+or section heading names its run (a tree commit, a date or the run's folder; dated_prose.py).
 
     python3 tools/readme_numbers.py --check
 """
@@ -11,6 +13,7 @@ rows, and on a marker of an unknown name; `--write` puts the recomputed values i
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -27,20 +30,22 @@ from dsv4bench.report.load import is_probe, load_rows, load_runs  # noqa: E402
 from dsv4bench.report.sections.workloads import ragged_ratios  # noqa: E402
 from dsv4bench.rows import timers  # noqa: E402
 
-# the files whose marked figures are checked
-FILES = (
+sys.path.insert(0, str(ROOT / "tools"))
+import dated_prose  # noqa: E402
+
+# the files whose marked figures are checked: these, and every study's README.md
+CITING = (
     "README.md",
     "docs/findings.md",
-    "results/sm90/baseline-h100/README.md",
-    "results/sm90/studies/workloads/README.md",
     "results/sm90/studies/workloads/COMMANDS.md",
     "results/sm90/studies/engine-kernels/COMMANDS.md",
-    "results/sm90/studies/topk/README.md",
-    "results/sm90/studies/sglang-triton/README.md",
-    "results/sm90/studies/vllm-bench/README.md",
-    "results/sm90/studies/failures/README.md",
-    "results/sm90/studies/triton-shapes/README.md",
 )
+STUDY_READMES = sorted(
+    str(p.relative_to(ROOT))
+    for p in (ROOT / "results").rglob("README.md")
+    if p.relative_to(ROOT).parts[1] != "ci"  # .ci/run's own output
+)
+FILES = (*CITING, *STUDY_READMES)
 MARK = re.compile(r"<!-- n:([a-z0-9_]+) -->(.*?)<!-- /n -->", re.S)
 
 WORKLOADS = "results/sm90/studies/workloads"
@@ -231,11 +236,41 @@ def _serving_split(run: str, metric: str, part: str, whole: str) -> str:
     return _percent_span(values) if whole == "indexer" else span(values)
 
 
-def _topk_swap_saving() -> str:
-    """(indexer_topk - topk_alone) / the point's total over both serving runs, in %: what
-    the fastest top-k alone in place of the indexer's own would save."""
-    b = [(r["breakdown_ms"], r["value_ms"]) for r in _serving_points("serving", "serving-v32")]
-    return _percent_span([(x["indexer_topk"] - x["topk_alone"]) / total for x, total in b])
+def _topk_pairs(a: str, b: str) -> list[tuple[dict, dict]]:
+    """(a's row, b's row) of each case both ran ok in the top-k run."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in _last_rows(TOPK):
+        if r["status"] == "ok":
+            by.setdefault(r["case_id"], {})[r["backend"]] = r
+    return [(p[a], p[b]) for p in by.values() if a in p and b in p]
+
+
+def _topk_rows_of(a: str, b: str) -> str:
+    """'N of M': the cases a and b both ran ok, of a's ok rows."""
+    ok = sum(r["status"] == "ok" and r["backend"] == a for r in _last_rows(TOPK))
+    return f"{len(_topk_pairs(a, b))} of {ok}"
+
+
+def _topk_timer_flips(a: str, b: str) -> str:
+    """'N of M': pairs whose faster side differs between the shared timer and the events
+    median."""
+    pairs = _topk_pairs(a, b)
+    flips = 0
+    for x, y in pairs:
+        key, _ = timers.shared([x, y])
+        by_shared = timers.value(x, key) < timers.value(y, key)
+        flips += by_shared != (timers.events_ms(x) < timers.events_ms(y))
+    return f"{flips} of {len(pairs)}"
+
+
+def _topk_graph_eager(backend: str) -> str:
+    """A backend's CUDA-graph replay / its own events median, over its ok top-k rows."""
+    got = [
+        timers.value(r, "graph_ms") / timers.events_ms(r)
+        for r in _last_rows(TOPK)
+        if r["backend"] == backend and r["status"] == "ok" and timers.value(r, "graph_ms")
+    ]
+    return span(got)
 
 
 def _indexer_share_batch1() -> str:
@@ -258,11 +293,14 @@ def _failures_statuses() -> str:
 
 
 def _envelope(status: str) -> str:
-    """Cells of the committed sm90 envelope (dsv4bench envelope's envelope.jsonl) of a status."""
+    """Cells of the committed sm90 envelope (dsv4bench envelope's envelope.jsonl, committed
+    gzipped) of a status."""
+    import gzip
     import json
 
-    path = ROOT / "results/envelope/sm90-h100/envelope.jsonl"
-    cells = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path = ROOT / "results/envelope/sm90-h100/envelope.jsonl.gz"
+    text = gzip.decompress(path.read_bytes()).decode()
+    cells = [json.loads(line) for line in text.splitlines() if line.strip()]
     return str(len(cells) if status == "all" else sum(c["status"] == status for c in cells))
 
 
@@ -270,7 +308,102 @@ def _status_count(status: str) -> str:
     return str(sum(r.get("kind") == "case" and r.get("status") == status for r in rows(BASELINE)))
 
 
+Q8_PREFILL = f"{STUDIES}/q8kv8/prefill"
+Q8_SERVING = f"{STUDIES}/q8kv8/serving"
+
+
+def _q8_cases() -> str:
+    """q8kv8's cases in the prefill study (a re-judged case by its last row)."""
+    n = Counter(r["status"] for r in _last_rows(Q8_PREFILL) if r["backend"] == "q8kv8")
+    return f"{sum(n.values())} cases: {n['ok']} ok, {n['incorrect']} incorrect"
+
+
+def _q8_against(other: str) -> str:
+    """other's time / q8kv8's per case both ran ok (the first timer both measured):
+    span, geometric mean, cases."""
+    r = _pair_ratios(Q8_PREFILL, other, "q8kv8")
+    mean = math.exp(sum(math.log(x) for x in r) / len(r))
+    return f"{min(r):.2f}..{max(r):.2f}x (geometric mean {mean:.2f}, {len(r)} cases)"
+
+
+def _q8_claim_shape() -> str:
+    """FlashMLA / q8kv8 at the authors' shape (V3.2, 4096 tokens, 128 heads, top-2048) on
+    normal values, per context the study ran it at."""
+    shape = dict(model="v3.2", tokens=4096, num_heads=128, topk=2048, values=None)
+    by: dict[int, dict[str, dict]] = {}
+    for r in _last_rows(Q8_PREFILL):
+        if r["status"] == "ok" and all(r["params"].get(k) == v for k, v in shape.items()):
+            by.setdefault(r["params"]["context_len"], {})[r["backend"]] = r
+    out = []
+    for context, pair in sorted(by.items()):
+        key, _ = timers.shared([pair["flashmla"], pair["q8kv8"]])
+        a, b = (timers.value(pair[x], key) for x in ("flashmla", "q8kv8"))
+        out.append(f"{a:.3f} against {b:.3f} ms ({a / b:.2f}x) at context {context}")
+    return ", ".join(out)
+
+
+def _q8_error(key: str, values: str | None) -> str:
+    """The span of accuracy[key] over q8kv8's cases on `values` (None: the normal ones)."""
+    got = [
+        r["accuracy"][key]
+        for r in _last_rows(Q8_PREFILL)
+        if r["backend"] == "q8kv8" and r["params"].get("values") == values
+    ]
+    form = ".2g" if min(got) > 1e-3 else ".1e"
+    return f"{min(got):{form}}..{max(got):{form}}"
+
+
+def _q8_ttft(model: str) -> dict:
+    """Per candidate label, its TTFT per point of the q8kv8 serving run (serving/presets.py's
+    phase: a bf16-cache candidate pays no dequant)."""
+    from dsv4bench.serving import presets as pz
+
+    ph = pz.phase(rows(Q8_SERVING), model, 1, "ttft")
+    return {c.label(): v for c, v in ph.values.items()}
+
+
+def _q8_v32_ttft_gain() -> str:
+    """sglang's bf16 default (FlashMLA sparse prefill, bf16 KV) / the q8 preset, summed over
+    the points both ran."""
+    v = _q8_ttft("v3.2")
+    q8, bf16 = v["q8kv8 sparse-prefill (fp8 KV)"], v["flashmla sparse-prefill (bf16 KV)"]
+    both = [p for p in q8 if p in bf16]
+    return f"{sum(bf16[p] for p in both) / sum(q8[p] for p in both):.2f}x over {len(both)} points"
+
+
+def _q8_ttft_at(model: str, q8: str, other: str, point: tuple) -> str:
+    v = _q8_ttft(model)
+    return f"{v[q8][point]:.1f} against {v[other][point]:.1f} ms"
+
+
+def _q8_v4_slower() -> str:
+    """Points where q8kv8 with its q cast is slower than FlashMLA (fp8 KV), of those it ran."""
+    v = _q8_ttft("v4-flash")
+    q8, fm = v["q8kv8-qcast sparse-prefill (fp8 KV)"], v["flashmla sparse-prefill (fp8 KV)"]
+    both = [p for p in q8 if p in fm]
+    return f"{sum(q8[p] > fm[p] for p in both)} of the {len(both)}"
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "q8_cases": _q8_cases,
+    "q8_flashmla": lambda: _q8_against("flashmla"),
+    "q8_fa3": lambda: _q8_against("fa3"),
+    "q8_triton": lambda: _q8_against("triton"),
+    "q8_claim_shape": _q8_claim_shape,
+    "q8_cos_bf16": lambda: _q8_error("cos_diff", None),
+    "q8_cos_exact": lambda: _q8_error("exact_cos_diff", None),
+    "q8_cos_outliers": lambda: _q8_error("cos_diff", "outliers"),
+    "q8_v32_ttft_gain": _q8_v32_ttft_gain,
+    "q8_v32_ttft_4k": lambda: _q8_ttft_at(
+        "v3.2", "q8kv8 sparse-prefill (fp8 KV)", "flashmla sparse-prefill (bf16 KV)", (4096, 4096)
+    ),
+    "q8_v4_slower": _q8_v4_slower,
+    "q8_v4_ttft_4k": lambda: _q8_ttft_at(
+        "v4-flash",
+        "q8kv8-qcast sparse-prefill (fp8 KV)",
+        "flashmla sparse-prefill (fp8 KV)",
+        (4096, 4096),
+    ),  # fmt: skip
     "workload_rows": workload_rows,
     "ragged_ratio_range": ragged_ratio_range,
     "ragged_ratio_max_at": ragged_ratio_max_at,
@@ -300,7 +433,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "topk_share_tpot_v32": lambda: _serving_split("serving-v32", "tpot", "indexer_topk", "indexer"),
     # the fastest top-k kernel alone on the same rows / the indexer's own top-k
     "topk_alone_ratio": lambda: _serving_split("serving", "tpot", "topk_alone", "indexer_topk"),
-    "topk_swap_saving": _topk_swap_saving,
+    "topk_fi_torch_rows": lambda: _topk_rows_of("flashinfer", "torch"),
+    "topk_fi_sgl_flips": lambda: _topk_timer_flips("flashinfer", "sglang-topk"),
+    "topk_fi_graph_eager": lambda: _topk_graph_eager("flashinfer"),
     "topk_indexer_share_b1": _indexer_share_batch1,
     "topk_alone_ratio_v32": lambda: _serving_split(
         "serving-v32", "tpot", "topk_alone", "indexer_topk"
@@ -353,6 +488,16 @@ FIGURES: dict[str, Callable[[], str]] = {
 }
 
 
+# the files whose every measured figure is marked or dated: the findings and the study READMEs
+DATED = ("docs/findings.md", *STUDY_READMES)
+
+
+def undated(root: Path = ROOT, files=DATED) -> list[str]:
+    """One line per paragraph holding a measured figure that is neither marked (and so
+    recomputed) nor dated to its run (tools/dated_prose.py)."""
+    return dated_prose.undated(root, files, MARK)
+
+
 def problems(root: Path = ROOT, files=FILES, figures=FIGURES) -> list[str]:
     """One line per marked figure whose text differs from its recomputed value."""
     found = []
@@ -397,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         print(f"{write()} figures changed")
         return 0
-    found = problems()
+    found = problems() + undated()
     print("\n".join(found) if found else "README numbers: every marked figure matches its rows")
     return 1 if found else 0
 

@@ -61,8 +61,11 @@ __all__ = [
 
 def shipped() -> dict[str, Callable[[], Backend]]:
     """Every shipped backend: name -> factory (imported on first use of the registry)."""
-    from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref
+    from dsv4bench.backends import deepgemm, fa3, flashmla, torch_ref, torch_topk
     from dsv4bench.backends.builds import build_instances
+    from dsv4bench.backends.engine_helpers.sglang_ops import SglangOps
+    from dsv4bench.backends.engine_helpers.vllm_c import VllmOps
+    from dsv4bench.backends.engine_helpers.vllm_triton import VllmTriton
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
     from dsv4bench.backends.q8kv8.backend import Q8KV8
@@ -73,6 +76,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
 
     table: dict[str, Callable[[], Backend]] = {
         "torch": torch_ref.TorchReference,
+        "torch-topk": torch_topk.TorchTopK,
         "flashmla": flashmla.FlashMLA,
         "flashinfer": FlashInfer,
         # FP8 (e4m3) KV under its own name, as shipped scenarios name it (the same instance
@@ -86,6 +90,9 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "q8kv8": Q8KV8,
         "sglang-topk": SglangTopK,
         "sglang-triton": SglangTriton,
+        "vllm-triton": VllmTriton,
+        "sglang-ops": SglangOps,
+        "vllm-ops": VllmOps,
     }
     return {**table, **build_instances(table)}  # one instance per known build
 

@@ -15,7 +15,8 @@ from dsv4bench.kernels.store import kernels_dir
 
 # libraries whose backend takes a build's folder as its `lib` option
 PINNABLE = (
-    "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk", "sglang-triton"
+    "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk",
+    "sglang-triton", "vllm-triton", "sglang-ops", "vllm-ops",
 )  # fmt: skip
 
 

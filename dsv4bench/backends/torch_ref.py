@@ -11,7 +11,7 @@ class TorchReference(Backend):
     name = "torch"
     description = "the PyTorch oracle (reference/), fp32, memory-bounded; CPU and CUDA"
     archs = ARCHS
-    ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk")
+    ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk", "cache_write")
     layouts = None  # any layout with a writer and reader in reference/layout_table.py
     is_oracle = True
     # what no probe case finds (report/capabilities.py; the others follow supports())

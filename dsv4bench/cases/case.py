@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from reference.layout_table import LAYOUTS as LAYOUT_TABLE
 
-OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk")
+OPS = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk", "cache_write")
 TOPK_FORMS = (
     "plain",
     "page_table",
     "ragged",
 )  # how a topk case returns its picks (reference/topk.py)
 # The ops that read the Case's KV cache (in `layout`): a backend must declare that layout.
-CACHE_OPS = ("decode", "prefill", "dequant", "page_split")
+CACHE_OPS = ("decode", "prefill", "dequant", "page_split", "cache_write")
 SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
 LAYOUTS = tuple(LAYOUT_TABLE)  # as shipped; the live set is reference.layout_table.LAYOUTS
 # How a prefill chunk of T tokens reaches a kernel: the bf16 sparse prefill kernel over a
@@ -69,7 +69,8 @@ class Timing:
 
 # FlashMLA's own test tolerances: decode 5e-6, prefill 7e-6 (docs/kernel-facts.md, FlashMLA
 # sparse attention contract).
-DEFAULT_COS_DIFF = {"prefill": 7e-6, "page_split": 0.0}  # a re-paging copies bytes: exact
+# a re-paging copies bytes, a writer writes them: exact
+DEFAULT_COS_DIFF = {"prefill": 7e-6, "page_split": 0.0, "cache_write": 0.0}
 DEFAULT_COS_DIFF_OTHER = 5e-6
 NEVER_DROPPED = ("cos_diff", "lse_abs")  # Tolerance.to_row: the two every row carries
 
@@ -128,7 +129,11 @@ class Case:
       `decode-kernel` runs the decode kernel with batch = tokens (sglang's DSv4 path),
       `decode-mixed` as one request of s_q = tokens (vLLM's mixed batch): see decode_shape.
     dequant: FP8 cache of `context_len * batch_size` tokens -> bf16 workspace.
-    remap: request-local top-k of (batch_size * s_q) queries -> global slots.
+    remap: request-local top-k of (batch_size * s_q) queries -> global slots; with tokens > 0,
+      vLLM's prefill form: each request's last `tokens` queries -> rows of the sparse-prefill
+      workspace (chunks of 5 x context_len rows; cases/helper_cases.py).
+    cache_write: each request's last s_q tokens (bf16 latent + rope) -> their records in the
+      `layout` cache at their slots (cases/helper_cases.py); judged byte for byte.
     page_split: a V4 cache of `context_len * batch_size` tokens in `page_size`-token pages ->
       SPLIT_PAGE-token pages (FlashInfer's sm120 layout; every token's bytes and slot kept).
     indexer: the lightning indexer's FP8 logits + top-k (cases/indexer_case.py): paged over
@@ -199,6 +204,10 @@ class Case:
             return self.tokens * (len(self.context_lens) or 1)
         if self.op in ("indexer", "topk") and self.tokens:
             return self.tokens
+        if self.op == "cache_write":  # each request's last s_q tokens
+            return sum(min(self.s_q, n) for n in self.request_lens)
+        if self.op == "remap" and self.tokens:  # each request's last `tokens` queries
+            return sum(min(self.tokens, n) for n in self.request_lens)
         return self.batch_size * self.s_q
 
     @property

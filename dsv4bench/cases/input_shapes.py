@@ -43,13 +43,27 @@ def input_shapes(case: Case) -> dict[str, Shape]:
         "remap": _remap,
         "indexer": _indexer,
         "topk": _topk,
+        "cache_write": _helper_shapes,
     }
+    if case.op == "remap" and case.tokens:
+        make["remap"] = _helper_shapes
     x = make[case.op](case)
     if case.edge == "empty-chunk":  # edges.apply: the row tensors lose every row
         x = {k: (Shape((0, *s.dims[1:]), s.dtype) if k in ROW_KEYS else s) for k, s in x.items()}
     elif case.edge == "empty-request" and case.d_qk == 512:  # edges.with_counts
         x |= _counts(case, case.batch_size)
     return x
+
+
+def _helper_shapes(case: Case) -> dict[str, Shape]:
+    from dsv4bench.cases import helper_cases
+
+    found = (
+        helper_cases.cache_write_shapes(case)
+        if case.op == "cache_write"
+        else helper_cases.workspace_remap_shapes(case)
+    )
+    return {k: Shape(dims, dtype) for k, (dims, dtype) in found.items()}
 
 
 def _pages(n: int, page_size: int) -> int:

@@ -9,7 +9,9 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
   prefill on route "sparse-prefill":
     q (tokens, h, d_qk) bf16; kv (s_kv, 1, d_qk) bf16 workspace = [main cache; extra cache]
     dequantized; indices (tokens, 1, width) over kv, width padded to 128; topk_length (tokens,).
-  dequant: k_cache.   remap: local_indices (b, s_q, topk), block_table (b, pages).
+  dequant: k_cache.   remap: local_indices (b, s_q, topk), block_table (b, pages); with tokens
+    > 0 the prefill form (cases/helper_cases.py). cache_write: kv, slot_mapping, block_table,
+    k_cache (cases/helper_cases.py).
   indexer (dsv4bench/cases/indexer_case.py): q e4m3, weights fp32 (rows, heads); paged: kv_cache
     (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
     ragged: kv e4m3 (keys, D), kv_scales fp32 (keys,), ks, ke (tokens,) int32.
@@ -89,6 +91,7 @@ def make_inputs(case: Case, device: str | torch.device) -> dict:
         "indexer": _indexer,
         "page_split": _dequant,  # the same cache: context_len * batch_size tokens
         "topk": _topk,
+        "cache_write": _cache_write,
     }
     x = make[case.op](case, torch.device(device), g)
     if case.edge:  # an engine's failure shape (cases/edges.py)
@@ -214,7 +217,17 @@ def _dequant(case: Case, device, g) -> dict:
     return {"k_cache": cache}
 
 
+def _cache_write(case: Case, device, g) -> dict:
+    from dsv4bench.cases import helper_cases
+
+    return helper_cases.cache_write_inputs(case, device, g)
+
+
 def _remap(case: Case, device, g) -> dict:
+    if case.tokens:  # vLLM's prefill form over its sparse-prefill workspace
+        from dsv4bench.cases import helper_cases
+
+        return helper_cases.workspace_remap_inputs(case, device, g)
     b, s_q = case.batch_size, case.s_q
     pos = (case.context_len - s_q + torch.arange(s_q, device=device)).repeat(b)
     local = _choose(pos + 1, case.topk, g).view(b, s_q, case.topk).to(torch.int32)

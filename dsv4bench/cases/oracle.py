@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from dsv4bench.cases.case import SPLIT_PAGE, Case
 from dsv4bench.cases.output import Output, prefill_output
-from reference import attention, indices, layouts, topk
+from reference import attention, cache_write, indices, layouts, prefill_chunks, topk
 
 
 def oracle_call(
@@ -62,6 +62,19 @@ def oracle_call(
                 x["k_cache"], scale_rounding=scale_rounding, layout=case.layout
             ).squeeze(1)
         )
+    if case.op == "remap" and case.tokens:
+        return lambda: Output(
+            prefill_chunks.remap(
+                x["local_indices"],
+                x["req_of_token"],
+                x["block_table"],
+                case.page_size,
+                x["prefill_request"],
+                x["workspace_starts"],
+            )
+        )
+    if case.op == "cache_write":
+        return lambda: Output(written_bytes(case, x))
     if case.op == "remap":
         return lambda: Output(
             indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
@@ -73,6 +86,27 @@ def oracle_call(
     if case.op == "page_split":  # the (pages, 64, 1, 584) view: every token's bytes, no padding
         return lambda: Output(layouts.split_pages_v4(x["k_cache"], SPLIT_PAGE))
     raise ValueError(f"no oracle for op {case.op!r}")
+
+
+def written_bytes(case: Case, x: dict):
+    """Every byte of the cache after the write (page padding included), flat uint8."""
+    out = cache_write.cache_write(
+        x["kv"],
+        x["slot_mapping"],
+        x["k_cache"],
+        layout=case.layout,
+        convention=case.scale_convention,
+    )
+    return storage_bytes(out)
+
+
+def storage_bytes(cache):
+    """The bytes of a cache's whole storage, flat uint8 (a copy)."""
+    import torch
+
+    storage = cache.untyped_storage()
+    flat = torch.empty(0, dtype=torch.uint8, device=cache.device)
+    return flat.set_(storage, 0, (storage.nbytes(),), (1,)).clone()
 
 
 def indexer_call(case: Case, x: dict) -> Output:

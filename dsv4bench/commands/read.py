@@ -115,6 +115,8 @@ def cmd_compare(args) -> int:
         )
     if args.new is None and not args.backends:
         raise UsageError("compare: NEW is needed unless --backends A B compares two instances")
+    if args.partial and args.require_base:
+        raise UsageError("compare: --partial and --require-base: expected one of them")
     if args.backends and args.backends[0] == args.backends[1]:
         raise UsageError(f"--backends: expected two different instances, got {args.backends[0]}")
     new = Path(args.new or args.base)
@@ -133,6 +135,7 @@ def cmd_compare(args) -> int:
             time_threshold=args.time_threshold,
             backends=tuple(args.backends) if args.backends else None,
             partial=args.partial,
+            require_base=args.require_base,
         )
     except ReportInputError as e:
         raise UsageError(str(e)) from None

@@ -137,6 +137,15 @@ SGLANG_TRITON = (  # relative to SGLANG_ATTENTION, and to the build's folder
     f"{SGLANG_TRITON_DSV4}/triton_mla_kernels_decode_fused.py",
 )
 SGLANG_TRITON_FILES = tuple(SGLANG_ATTENTION + f for f in SGLANG_TRITON)
+# sglang's helper kernels on the DSA path (dsv4bench/backends/engine_helpers/): the FP8 -> bf16
+# dequant of V3.2 and V4/V4.1 caches, the top-k -> page-table remap, the sm120 page split
+SGLANG_OPS = (  # relative to SGLANG_ATTENTION, and to the build's folder
+    "dsa/dequant_k_cache.py",
+    "dsa/transform_index.py",
+    "dsv4/dequant_k_cache.py",
+    "dsv4/kv_layout.py",
+    "flash_mla_sm120.py",
+)
 SGLANG = PackageSpec(
     dist="sglang",
     source="sglang",
@@ -169,12 +178,30 @@ SGLANG = PackageSpec(
             parts=(Part("apache-tvm-ffi==0.1.15.post2", under="site/"),),
         ),
         BuildSpec("sglang-triton", SGLANG_TRITON_FILES, SGLANG_ATTENTION),
+        BuildSpec("sglang-ops", tuple(SGLANG_ATTENTION + f for f in SGLANG_OPS), SGLANG_ATTENTION),
     ),
     python_version="3.11",  # a cp311 wheel on a manylinux_2_34 tag: only plain files taken
     platforms=("manylinux_2_34_x86_64",),
 )
 
-PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, TILELANG, SGLANG)}
+# vLLM's helper kernels on the DSA path (dsv4bench/backends/engine_helpers/), from the same
+# wheel as VLLM's builds but listed for the releases that ship them: `vllm[ops]` is the vllm
+# wheel to pip (a dist without that extra is downloaded as it is). vllm-ops: the `_C` library
+# (concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, the indexer cache ops, the
+# top-k ops); vllm-triton: the Triton index remap (sparse_utils.py).
+VLLM_OPS_SO = "vllm/_C_stable_libtorch.abi3.so"
+VLLM_MLA = "vllm/v1/attention/backends/"
+VLLM_OPS = PackageSpec(
+    dist="vllm[ops]",
+    source="vllm",
+    versions=("0.33.0",),
+    builds=(
+        BuildSpec("vllm-ops", (VLLM_OPS_SO,), "vllm/"),
+        BuildSpec("vllm-triton", (VLLM_MLA + "mla/sparse_utils.py",), VLLM_MLA),
+    ),
+)
+
+PACKAGES = {p.dist: p for p in (VLLM, SGL_FLASH_MLA, FLASHINFER, TILELANG, SGLANG, VLLM_OPS)}
 
 
 class SpecError(ValueError):

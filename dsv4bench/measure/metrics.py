@@ -47,6 +47,9 @@ def accuracy(expected, actual) -> dict:
         "lse_max_abs": lse["max_abs"] if lse else None,
         "lse_mismatch": lse["nonfinite"] if lse else 0,
     }
+    if str(getattr(expected.out, "dtype", "")) == "torch.uint8":  # cache bytes (cache_write)
+        found["bytes_differ"] = out["mismatched"]
+        found["bytes_total"] = expected.out.numel()
     # sparse prefill's max_logits, where both sides have one (-inf: no valid key)
     maxl = _compare_side(getattr(expected, "max_logits", None), getattr(actual, "max_logits", None))
     if maxl:
@@ -144,6 +147,9 @@ def beyond_tolerance(acc: dict, tolerance: Tolerance | dict) -> list[tuple[str, 
     cos_tol = tol.get("cos_diff")
     cos_tol = DEFAULT_COS_DIFF_OTHER if cos_tol is None else cos_tol
     found = []
+    if acc.get("bytes_differ"):
+        why = f"{acc['bytes_differ']} of {acc.get('bytes_total', '?')} cache bytes differ"
+        found.append(("bytes_differ", why))
     if acc.get("nonfinite"):
         why = f"{acc['nonfinite']} non-finite or mismatched non-finite output values"
         found.append(("nonfinite", why))
@@ -253,7 +259,10 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
         tokens = case.context_len * case.batch_size
         return 2 * tokens * LAYOUTS[case.layout].bytes_per_token(case.d_qk)
     if case.op == "remap":
-        return case.batch_size * case.s_q * topk_total(case) * 2 * INT32
+        return case.query_tokens * topk_total(case) * 2 * INT32
+    if case.op == "cache_write":  # each row read in bf16, its record written
+        token = LAYOUTS[case.layout].bytes_per_token(case.d_qk)
+        return case.query_tokens * (BF16 * case.d_qk + token)
     if case.op == "indexer":
         from dsv4bench.cases import indexer_case
 
@@ -356,16 +365,31 @@ def _tflops(x: MetricInput) -> float:
     return x.found["flops"] / (x.ms * 1e-3) / 1e12
 
 
+# an attention call that attends to nothing (a 0-token chunk, no query row): its time is the
+# launch alone, and the bytes it was given are not bytes it moved
+NO_WORK_FIGURES = ("gbps", "peak_fraction", "bound")
+
+
+def does_no_work(op: str | None, found: dict) -> bool:
+    """An attention call (decode, prefill) whose count of useful FLOP is 0."""
+    return op in ("decode", "prefill") and found.get("flops") == 0
+
+
 @register_metric("gbps", column="GB/s")
-def _gbps(x: MetricInput) -> float:
+def _gbps(x: MetricInput) -> float | None:
     """GB/s and the memory roof use the bytes a kernel must move at least (`bytes_unique`):
     with the no-reuse estimate (`bytes`), a prefill chunk, whose queries share most keys,
-    would appear to beat the memory bandwidth."""
+    would appear to beat the memory bandwidth. None for a call that does no work."""
+    if does_no_work(x.case.op, x.found):
+        return None
     return x.found["bytes_unique"] / (x.ms * 1e-3) / 1e9
 
 
 def _roofs(x: MetricInput) -> tuple[float, float] | None:
-    """(fraction of peak compute, fraction of peak bandwidth), None without both peaks."""
+    """(fraction of peak compute, fraction of peak bandwidth), None without both peaks or for
+    a call that does no work (no fraction of any peak)."""
+    if does_no_work(x.case.op, x.found):
+        return None
     # the indexer's logits are an FP8 GEMM; attention runs in bf16 unless the kernel says fp8
     fp8 = x.case.op == "indexer" or x.precision == "fp8"
     peak_flops = getattr(x.hw, "peak_fp8" if fp8 else "peak_bf16", None)

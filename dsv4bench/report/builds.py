@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsv4bench.report.limit_lanes import merge_limits
-from dsv4bench.report.load import case_rows, is_probe, param
+from dsv4bench.report.load import is_probe, last_case_rows, param
 from dsv4bench.rows import timers
 
 
@@ -84,10 +84,10 @@ def _summarize(name: str, base: str, reference: str, rows: list[dict]) -> Instan
     inst = Instance(name, base, reference)
     ref_rows = {
         r["case_id"]: r
-        for r in case_rows(rows)
+        for r in last_case_rows(rows)
         if r["backend"] == reference and r["status"] == "ok" and not is_probe(r)
     }
-    for r in case_rows(rows):
+    for r in last_case_rows(rows):  # a case re-run or re-judged counts once, by its last row
         if r["backend"] != name or is_probe(r):
             continue
         if r["status"] == "unsupported":

@@ -6,7 +6,8 @@ the document: compare_doc.py. With `backends=(A, B)` two backend instances are c
 instead (one run may hold both, e.g. two FlashMLA builds): base is A's rows, new is B's,
 matched by case_id under the name "A -> B". A case of BASE that NEW lacks is a regression (a
 run that lost rows must not pass the gate) unless `partial`: NEW covers part of BASE by design
-(a shard, a subset). Cases only in NEW are listed, never failures.
+(a shard, a subset). Cases only in NEW are listed, never failures, unless `require_base`: then
+each is a regression (a baseline that fell behind the scenario must not pass the gate).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def compare(
     time_threshold: float = 0.05,
     backends: tuple[str, str] | None = None,
     partial: bool = False,
+    require_base: bool = False,
 ) -> tuple[int, list[Path]]:
     """Write compare.md (and compare-ratios.png) into out_dir; print a short summary.
     backends (A, B): compare instance A's rows of `base` with instance B's rows of `new`.
@@ -74,7 +76,9 @@ def compare(
         label = f"{backends[0]} -> {backends[1]}"
         base_rows = instance_rows(base_rows, backends[0], label, base)
         new_rows = instance_rows(new_rows, backends[1], label, new)
-    entries = compare_rows(base_rows, new_rows, time_threshold, partial=partial)
+    entries = compare_rows(
+        base_rows, new_rows, time_threshold, partial=partial, require_base=require_base
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     png = _ratio_png(entries, out_dir, time_threshold)
@@ -135,7 +139,7 @@ def _print_summary(entries: list[Entry], md: Path, stream=None) -> None:
     print(
         f"compare: {head}: {c['matched']} matched, {c['regressions']} regressed "
         f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit, "
-        f"{c['missing']} missing), "
+        f"{c['missing']} missing, {c['unbaselined']} not in base), "
         f"{c['only_base']} only in base, {c['only_new']} only in new"
         + (
             f", {c['untimed']} ok on both sides with no timing (not time-gated)"

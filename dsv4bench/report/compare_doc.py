@@ -100,7 +100,9 @@ def summary(doc: Doc, c: Comparison) -> None:
     doc.para(
         f"{verdict}: {n['matched']} matched, {n['regressions']} with a regression "
         f"({n['time']} time, {n['accuracy']} accuracy, {n['status']} status, {n['limit']} limit, "
-        f"{n['missing']} missing); "
+        f"{n['missing']} missing"
+        + (f", {n['unbaselined']} not in base" if n["unbaselined"] else "")
+        + "); "
         f"{n['only_base']} only in base, {n['only_new']} only in new."
     )
 

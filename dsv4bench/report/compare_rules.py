@@ -33,8 +33,10 @@ RULES = (
     "**missing**: a case (or limit lane) of base has no row in new (a run that lost rows); "
     "`--partial` lists them instead, for a new run that covers part of base by design. A new "
     "run with no row at all is no comparison: exit 2, as `report` says.",
-    "Cases only in new are listed, never failures; limit-probe rows are judged through their "
-    "limit rows.",
+    "**unbaselined**: with `--require-base`, a case (or limit lane) of new has no row in base: "
+    "the baseline fell behind the scenario; the change that adds a job refreshes the baseline.",
+    "Cases only in new are otherwise listed, never failures; limit-probe rows are judged "
+    "through their limit rows.",
 )
 
 
@@ -118,10 +120,15 @@ def accuracy_bad(row: dict) -> str | None:
     return accuracy_failure(row) if row.get("status") == "ok" else None
 
 
-def judge(entry: Entry, threshold: float, *, partial: bool = False) -> None:
+def judge(
+    entry: Entry, threshold: float, *, partial: bool = False, require_base: bool = False
+) -> None:
     b, n = entry.base, entry.new
     if b is not None and n is None and not partial:
         entry.regressions.append(("missing", f"base has a {b.get('status')} row; new has none"))
+    if b is None and n is not None and require_base:
+        why = f"new has a {n.get('status')} row; base has none (refresh the baseline)"
+        entry.regressions.append(("unbaselined", why))
     if b is None or n is None:
         return
     if b.get("kind") == "limit":
@@ -166,15 +173,21 @@ def _keyed(rows: list[dict]) -> dict[tuple[str, str], dict]:
 
 
 def compare_rows(
-    base_rows: list[dict], new_rows: list[dict], threshold: float, *, partial: bool = False
+    base_rows: list[dict],
+    new_rows: list[dict],
+    threshold: float,
+    *,
+    partial: bool = False,
+    require_base: bool = False,
 ) -> list[Entry]:
     """One entry per (case_id, backend) of either side, judged; worst first: regressions,
-    then by time ratio, then the rest. `partial`: cases missing from new are not regressions."""
+    then by time ratio, then the rest. `partial`: cases missing from new are not regressions;
+    `require_base`: cases missing from base are."""
     base, new = _keyed(base_rows), _keyed(new_rows)
     entries = []
     for key in sorted(set(base) | set(new)):
         e = Entry(key[0], key[1], base.get(key), new.get(key))
-        judge(e, threshold, partial=partial)
+        judge(e, threshold, partial=partial, require_base=require_base)
         entries.append(e)
     entries.sort(key=lambda e: (not e.regressions, -(e.ratio or 0.0), e.case_id, e.backend))
     return entries
@@ -190,7 +203,7 @@ def counts(entries: list[Entry]) -> dict[str, int]:
         else:
             c["only_new"] += 1
         c["regressions"] += bool(e.regressions)
-    for kind in ("time", "accuracy", "status", "limit", "missing"):
+    for kind in ("time", "accuracy", "status", "limit", "missing", "unbaselined"):
         c[kind] = sum(1 for e in entries for k, _ in e.regressions if k == kind)
     # matched ok rows the time rule could not look at (neither side timed): said, not failed
     c["untimed"] = sum(1 for e in entries if e.verdict == "no timing")

@@ -200,6 +200,15 @@ def case_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") == "case"]
 
 
+def last_case_rows(rows: list[dict]) -> list[dict]:
+    """One row per case: of a (run, case, backend) written twice (a resumed or re-judged run
+    appends), the last, where the first stood."""
+    last: dict[tuple, dict] = {}
+    for r in case_rows(rows):
+        last[(r.get("_run"), r["case_id"], r.get("backend"))] = r
+    return list(last.values())
+
+
 def timed_attention_rows(rows: list[dict]) -> list[dict]:
     """ok decode/prefill case rows with a median time (limit probes left out)."""
     return [

@@ -462,6 +462,8 @@ class Runner:
         elif lo_works:
             guess = backends.get(s.backend).limit_guess(s.base, s.axis, self.arch)
             lo, hi, bracketed = _around_guess(guess, probe, lo, hi, s.step)
+            if not bracketed:
+                hi, bracketed = _listed(s.probe, probe, lo, hi)
             if bracketed or not probe(hi):
                 while hi - lo > s.step:
                     mid = lo + max(1, (hi - lo) // 2 // s.step) * s.step
@@ -515,6 +517,15 @@ def _job_label(job: Job) -> str:
     return f"{job.case.case_id} {job.backend}{route}"
 
 
+def _listed(values, probe, lo: int, hi: int) -> tuple[int, bool]:
+    """Probe a search's listed values inside (lo, hi), in order: (hi, bracketed), hi the first
+    that fails. lo stays: a listed value that works says nothing of the sizes below it."""
+    for v in values:
+        if lo < v < hi and not probe(v):
+            return v, True
+    return hi, False
+
+
 def _around_guess(guess, probe, lo: int, hi: int, step: int) -> tuple[int, int, bool]:
     """Probe a backend's guess of its limit and the next size: (lo, hi, bracketed). When the
     guess is right the search ends after these two probes (a bisection of 8192..16384 takes
@@ -552,7 +563,7 @@ def unexpected_failures(rows: list[dict]) -> list[dict]:
 
 
 def _probes_estimate(s: LimitSearch) -> int:
-    return 2 + max(0, ((s.hi - s.lo) // s.step).bit_length())
+    return 2 + len(s.probe) + max(0, ((s.hi - s.lo) // s.step).bit_length())
 
 
 def _summary(row: dict) -> tuple[str, str]:

@@ -339,6 +339,15 @@ def _one_cpu_thread() -> None:
 HOST_OOM = ("can't allocate memory", "cannot allocate memory")  # torch's CPU allocator, errno 12
 
 
+TRACEBACK_FRAMES = 8  # the innermost: where it was raised (the kernel's code or the adapter)
+
+
+def raised_where(exc: BaseException) -> str:
+    """The traceback of `exc` cut to its innermost frames, chained causes included: the
+    outermost frames are the worker's own loop, the same for every job."""
+    return "".join(traceback.format_exception(exc, limit=-TRACEBACK_FRAMES))
+
+
 def _classify(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
@@ -368,8 +377,7 @@ def main() -> int:
             fatal = "graph_error" in (answer.get("timing") or {})
         except BaseException as exc:  # every failure of a job becomes its result row
             status = _classify(exc)
-            tb = traceback.format_exc(limit=3)
-            print(tb, file=sys.stderr, flush=True)
+            print(raised_where(exc), file=sys.stderr, flush=True)
             # the outcome only: the runner makes it the job's row (CaseRow.of)
             answer = {"status": status, "message": f"{type(exc).__name__}: {exc}"[:2000]}
             cache.key = None

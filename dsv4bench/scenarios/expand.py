@@ -69,7 +69,7 @@ TOP_KEYS = (
     "include",
 )
 ENTRY_KEYS = (*AXES, "tags", "backends")
-LIMIT_KEYS = ("axis", "lo", "hi", "step", "backend", "tags", *AXES)
+LIMIT_KEYS = ("axis", "lo", "hi", "step", "probe", "backend", "tags", *AXES)
 RANGE_KEYS = ("from", "to", "mul", "step")
 
 Values = dict[str, list[tuple[Any, Origin]]]  # axis -> the values it takes, with origins
@@ -85,6 +85,7 @@ class Entry:
     backends: list[str] | None = None
     limit: tuple[str, int, int, str, Origin, Origin] | None = None  # axis lo hi backend
     step: int = 1  # a limit entry's resolution
+    probe: tuple[int, ...] = ()  # a limit entry's values probed inside (lo, hi)
 
 
 @dataclass
@@ -196,7 +197,24 @@ class ScenarioLoader(Parser):
             found.step = m["step"].value if "step" in m else 1
             if "step" in m and found.step >= hi - lo:  # hi = lo + 1 needs no step
                 raise self.fail(m["step"], f"expected step < hi - lo ({hi - lo}), got {found.step}")
+            if "probe" in m:
+                found.probe = self.inside(m["probe"], lo, hi)
         return found
+
+    def inside(self, n: Node, lo: int, hi: int) -> tuple[int, ...]:
+        """A limit entry's `probe`: one integer or a list, each strictly between lo and hi."""
+        items = n.value if n.kind == "seq" else [n]
+        if not items:
+            raise self.fail(
+                n, f"expected a value or a list of values between lo ({lo}) and hi ({hi})"
+            )
+        values = []
+        for item in items:
+            v = self.integer(item, 1)
+            if not lo < v < hi:
+                raise self.fail(item, f"expected a probe between lo ({lo}) and hi ({hi}), got {v}")
+            values.append(v)
+        return tuple(sorted(set(values)))
 
     # ---- the whole file ----
 
@@ -394,7 +412,7 @@ class ScenarioLoader(Parser):
                     case = self.resolve({**merged, axis: (lo, lo_at)}, e, common)
                     # hi is expected to fail: it may exceed any GPU (no size check)
                     self.resolve({**merged, axis: (hi, hi_at)}, e, common, sized=False)
-                    search = LimitSearch(axis, lo, hi, backend, case, e.step)
+                    search = LimitSearch(axis, lo, hi, backend, case, e.step, e.probe)
                     searches.setdefault((search.limit_id, search.backend), search)
         return searches
 
@@ -416,9 +434,13 @@ class ScenarioLoader(Parser):
     def check_op_keys(self, op: str, merged: dict[str, tuple[Any, Origin]]) -> None:
         """Only prefill has tokens and a route; prefill has one chunk (batch_size, s_q 1)."""
         if op != "prefill":
-            for key in ("tokens", "route") if op not in ("indexer", "topk") else ("route",):
+            # indexer, topk: a ragged chunk; remap: vLLM's prefill workspace form
+            keys = ("route",) if op in ("indexer", "topk", "remap") else ("tokens", "route")
+            for key in keys:
                 if key in merged:
-                    raise self.fail(merged[key][1], f"only prefill has {key}; this is a {op} case")
+                    also = " (and remap: vLLM's prefill workspace form)" if key == "tokens" else ""
+                    message = f"only prefill has {key}{also}; this is a {op} case"
+                    raise self.fail(merged[key][1], message)
             return
         for key in ("batch_size", "s_q"):
             if key in merged and merged[key][0] != 1:

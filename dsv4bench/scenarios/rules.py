@@ -28,6 +28,7 @@ from dsv4bench.cases.case import (
 )
 from dsv4bench.cases.patterns import PATTERNS
 from dsv4bench.scenarios import batch_entry, workloads
+from dsv4bench.scenarios.helper_rules import cache_write_problems
 from dsv4bench.scenarios.read import (
     Node,
     Origin,
@@ -417,9 +418,14 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
         problems = indexer_problems(v) or form_problems(v)
         if problems:
             return problems
+    elif v["op"] == "cache_write":
+        problems = cache_write_problems(v)
+        if problems:
+            return problems
     else:
-        if v["tokens"] != 0:
-            return [("tokens", f"only prefill has tokens; this is a {v['op']} case")]
+        if v["tokens"] != 0 and v["op"] != "remap":
+            why = "only prefill has tokens (and remap: vLLM's prefill workspace form)"
+            return [("tokens", f"{why}; this is a {v['op']} case")]
         if v["route"] != ROUTES[0]:
             return [("route", f"only prefill has a route; this is a {v['op']} case")]
     if v["op"] != "topk" and v.get("form"):
@@ -428,7 +434,7 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
         problems = page_split_problems(v)
         if problems:
             return problems
-    if v["topk"] > v["context_len"] and v["op"] not in ("indexer", "topk"):  # -1 padded
+    if v["topk"] > v["context_len"] and v["op"] not in ("indexer", "topk", "cache_write"):
         return pair_rule("topk", "<=", "context_len", v)
     if v["window"] and v["topk"] > v["window"]:
         return pair_rule("topk", "<=", "window", v, why="the main-cache indices are the window: ")

@@ -13,7 +13,10 @@ class LimitSearch:
     """Find where `backend` starts failing along `axis`: `lo` is expected to work, `hi` to fail.
 
     `base` is the point at `axis = lo`; every other field stays fixed during the search, which
-    stops once the last working and first failing values are at most `step` apart."""
+    stops once the last working and first failing values are at most `step` apart. `probe`:
+    values inside (lo, hi) probed before `hi` whatever the step (a size an engine issue
+    reports: a failure there that hi does not share would fall between two probes); the first
+    that fails is the bracket's failing end."""
 
     axis: str
     lo: int
@@ -21,6 +24,7 @@ class LimitSearch:
     backend: str
     base: Case
     step: int = 1
+    probe: tuple[int, ...] = ()
 
     def at(self, value: int) -> Case:
         return replace(self.base, **{self.axis: value})

@@ -30,6 +30,9 @@ def case_bytes(v: dict[str, Any]) -> dict[str, int]:
         parts["indices"] = queries * (v["topk"] + v["extra_topk"]) * INT32
     elif v["op"] in ("dequant", "page_split"):
         parts["out"] = parts["cache"]
+    elif v["op"] == "cache_write":  # the cache's pages for every request, and its copy
+        parts["cache"] = v["batch_size"] * v["context_len"] * token
+        parts["out"] = parts["cache"]
     elif v["op"] == "remap":
         parts["indices"] = 2 * queries * (v["topk"] + v["extra_topk"]) * INT32
     elif v["op"] == "indexer":

@@ -67,8 +67,12 @@ def workload_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     """Rules of the workload axes: a ragged batch's lengths, and where an index pattern acts."""
     lens = v.get("context_lens") or ()
     if lens:
-        if v["op"] not in ("decode", "prefill") or v["route"] != ROUTES[0]:
-            why = "a decode batch or a sparse-prefill chunk per request"
+        helper = v["op"] == "cache_write" or (v["op"] == "remap" and v["tokens"])
+        if (v["op"] not in ("decode", "prefill") and not helper) or v["route"] != ROUTES[0]:
+            why = (
+                "a decode batch, a sparse-prefill chunk per request, a cache_write or a "
+                "remap with tokens (the prefill workspace form)"
+            )
             return [("context_lens", f"ragged lengths need {why}, this is {v['op']} {v['route']}")]
         for i, n in enumerate(lens):
             if not is_int(n) or n < 1:

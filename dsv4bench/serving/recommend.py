@@ -109,8 +109,9 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
         f"{model}, TP {tp}, on {gpu} ({arch}): sparse-attention part of TTFT/TPOT, measured"
         + (f" (kernel times by {' and '.join(timed)})" if timed else "")
     ]
+    caveats = Caveats(rows)
     for metric, a in advice.items():
-        out += _phase_lines(metric, a, model, arch)
+        out += _phase_lines(metric, a, model, arch, caveats)
     if all(a.best is None for a in advice.values()):
         phases = " or ".join(METRICS[m] for m in advice)
         raise NothingToRank(
@@ -127,7 +128,7 @@ def lines(rows: list[dict], model: str, tp: int) -> list[str]:
     return out
 
 
-def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str) -> list[str]:
+def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str, caveats: Caveats) -> list[str]:
     name = METRICS[metric]
     n, of = len(a.ranking.points), len(a.phase.points)
     if a.best is None:
@@ -135,17 +136,66 @@ def _phase_lines(metric: str, a: PhaseAdvice, model: str, arch: str) -> list[str
         return [f"{name}: no correct backend ({why})", *_failed_lines(a.phase)]
     cand, total = a.best
     over = f"{n} points" if n == of else f"the {n} of {of} points every ranked candidate ran ok"
+    caveat = caveats.of(cand.backend)
+    fastest = (
+        f"fastest {cand.label()} (correct at these points only" if caveat else "fastest correct"
+    )
     out = [
-        f"{name}: fastest correct {cand.label()}, {total:.3f} ms summed over {over}",
+        f"{name}: {fastest} {cand.label()}, {total:.3f} ms summed over {over}"
+        if not caveat
+        else f"{name}: {fastest}), {total:.3f} ms summed over {over}",
+        *([f"  {caveat}"] if caveat else []),
         f"  flags: {pz.flags_for(cand, metric, model)}",
     ]
     for c, value in a.ranking.order[1:]:
-        out.append(f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f} the fastest's time)")
+        line = f"  then {c.label()}: {value:.3f} ms (x{value / total:.2f} the fastest's time)"
+        out.append(line + caveats.suffix(c.backend))
     for c, why in sorted(a.ranking.left_out.items(), key=lambda t: t[0].label()):
         out.append(f"  not ranked: {c.label()}: {why}")
     for p in pz.presets_for(model):
-        out.append(_preset_line(p, metric, a, total, arch))
+        line = _preset_line(p, metric, a, total, arch)
+        out.append(line + caveats.suffix(pz.preset_candidate(p, metric).backend))
     return out + _failed_lines(a.phase)
+
+
+class Caveats:
+    """Where a backend is `incorrect` on a case of the runs given (values, shapes): a
+    candidate correct at every serving point may still be wrong on other inputs, and a
+    recommendation says so beside it. A case counts once, by its last row."""
+
+    def __init__(self, rows: list[dict]):
+        last: dict[tuple, dict] = {}
+        for r in rows:
+            if r.get("kind") == "case" and r.get("backend"):
+                last[(r.get("_run"), r["case_id"], r["backend"])] = r
+        self.cases = list(last.values())
+
+    def _mine(self, backend: str) -> list[dict]:
+        return [r for r in self.cases if backend in (r["backend"], r.get("backend_base"))]
+
+    def of(self, backend: str) -> str:
+        """'incorrect on N of M BACKEND cases of these runs: WHERE', or '' if on none."""
+        mine = self._mine(backend)
+        bad = [r for r in mine if r.get("status") == "incorrect"]
+        if not bad:
+            return ""
+        where: dict[str, set[str]] = {}
+        for r in bad:
+            p = r.get("params") or {}
+            values = f"values {p.get('values') or 'normal'}"
+            where.setdefault(values, set()).add(_shape(r))
+        said = "; ".join(f"{v} at {', '.join(sorted(s))}" for v, s in sorted(where.items()))
+        return f"incorrect on {len(bad)} of {len(mine)} {backend} cases of these runs: {said}"
+
+    def suffix(self, backend: str) -> str:
+        caveat = self.of(backend)
+        return f" [{caveat}]" if caveat else ""
+
+
+def _shape(row: dict) -> str:
+    p = row.get("params") or {}
+    size = f"t{p['tokens']}" if p.get("tokens") else f"b{p.get('batch_size')}"
+    return f"{row.get('op')} {p.get('model')} h{p.get('num_heads')} {size}"
 
 
 def _preset_line(p: pz.Preset, metric: str, a: PhaseAdvice, total: float, arch: str) -> str:

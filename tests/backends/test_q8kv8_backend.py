@@ -15,7 +15,8 @@ from dsv4bench.backends.q8kv8 import jit, sources
 from dsv4bench.backends.q8kv8.backend import DECLARED, Q8KV8, Toolchain, entry
 from dsv4bench.cases import inputs
 from dsv4bench.cases.oracle import oracle_call
-from dsv4bench.measure import metrics
+from dsv4bench.measure import judge, metrics
+from dsv4bench.report.load import load_rows
 from tests.backends.q8kv8_fake import FakeModule
 from tests.factories import V4, V32, make_case
 
@@ -121,6 +122,30 @@ def test_declared_tolerance_is_the_rows():
     case = make_case(V4_PREFILL)
     tolerance, why = Q8KV8().declared_tolerance(case)
     assert tolerance == DECLARED and "bf16 oracle" in why
+
+
+Q8KV8_RUNS = Path(__file__).resolve().parents[2] / "results/sm90/studies/q8kv8"
+
+
+def test_declared_tolerance_separates_the_h100_rows():
+    """Re-judged with DECLARED, every H100 q8kv8 row on normal values is ok and every row on
+    activation-like `outliers` values (cos_diff 0.015+) is incorrect; the bf16 bounds stay
+    within 10x the largest error an ok row measured (a bound loosened 10x lets outliers pass)."""
+    rows = [
+        r
+        for run in ("prefill", "serving")
+        for r in load_rows(Q8KV8_RUNS / run)
+        if r.get("backend") == "q8kv8" and r.get("kind") == "case" and r.get("accuracy")
+    ]
+    normal = [r for r in rows if r["params"].get("values") != "outliers"]
+    outliers = [r for r in rows if r["params"].get("values") == "outliers"]
+    assert len(normal) >= 30 and len(outliers) >= 8
+    assert all(judge.verdict(r["accuracy"], DECLARED)[0] == "ok" for r in normal)
+    assert all(judge.verdict(r["accuracy"], DECLARED)[0] == "incorrect" for r in outliers)
+    largest = {k: max(r["accuracy"][k] for r in normal) for k in ("cos_diff", "lse_max_abs")}
+    assert DECLARED.cos_diff < 10 * largest["cos_diff"]
+    assert DECLARED.lse_abs < 10 * largest["lse_max_abs"]
+    assert DECLARED.max_logits_abs < 10 * DECLARED.lse_abs
 
 
 # ---- the toolchain: one line for each missing piece -------------------------------------

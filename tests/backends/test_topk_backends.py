@@ -280,3 +280,37 @@ def test_triton_kernel_compiles_for_sm90(form: int) -> None:
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": triton_topk.WARPS}
     )
     assert "st.global" in compiled.asm["ptx"]
+
+
+def test_torch_topk_is_the_engines_call_and_matches_the_oracle() -> None:
+    """`torch-topk` (the call vLLM's indexer makes) on every plain shape, the short windows of
+    a chunk included (picks past a row's window become -1); its other forms are refused."""
+    from dsv4bench.backends.torch_topk import TorchTopK
+
+    backend = TorchTopK()
+    for case in _cases("plain"):
+        assert backend.supports(case, "sm90") is None and backend.supports(case, "cpu") is None
+        x = inputs.make_inputs(case, "cpu")
+        prepared = backend.prepare(case, x, "cpu")
+        acc = _judge(case, x, prepared)
+        assert acc["topk_matched"] == 1.0 and acc["topk_invalid"] == 0
+        out = prepared.run()
+        assert out.dtype == torch.int32 and out.shape == (x["logits"].shape[0], case.topk)
+        assert ((out >= 0).sum(1) == x["lengths"].clamp(max=case.topk)).all()
+        assert prepared.info["kernel"] == "torch.topk"
+    for form in ("page_table", "ragged"):
+        reason = backend.supports(_cases(form)[0], "sm90")
+        assert reason and f"the {form} form is an engine's own transform" in reason
+
+
+def test_torch_topk_masks_every_pick_outside_a_rows_window() -> None:
+    """Picks before a row's start or past its end are -1 (vLLM's mask_lo / mask_hi), whatever
+    the logits there; inside, the window's largest, descending."""
+    from dsv4bench.backends.torch_topk import TorchTopK
+
+    case = dataclasses.replace(_cases("plain")[0], topk=4)
+    logits = torch.arange(10, dtype=torch.float32).repeat(2, 1)
+    logits[1, :2] = 100.0  # before row 1's window
+    x = {"logits": logits, "lengths": torch.tensor([3, 8]), "row_starts": torch.tensor([7, 2])}
+    out = TorchTopK().prepare(case, x, "cpu").run()
+    assert out.tolist() == [[9, 8, 7, -1], [-1, -1, 9, 8]]

@@ -74,3 +74,18 @@ def test_backends_match_the_oracle(backend: str, form: str, name: str) -> None:
         return
     assert judge.verdict(acc, case.tolerance) == ("ok", ""), acc
     assert acc["topk_matched"] == 1.0 and acc["topk_invalid"] == 0
+
+
+@pytest.mark.parametrize("name", list(POINTS))
+def test_torch_topk_matches_the_oracle(name: str) -> None:
+    """torch.topk as engines call it (`torch-topk`, plain form) on the GPU at real sizes."""
+    from dsv4bench.backends.torch_topk import TorchTopK
+
+    case = _case(POINTS[name], "plain")
+    x = inputs.make_inputs(case, "cuda")
+    actual = TorchTopK().prepare(case, x, "cuda")
+    actual = actual.finish(actual.run())
+    torch.cuda.synchronize()
+    acc = compare_forms(case, x, oracle_call(case, x)(), actual)
+    assert judge.verdict(acc, case.tolerance) == ("ok", ""), acc
+    assert acc["topk_matched"] == 1.0 and acc["topk_invalid"] == 0

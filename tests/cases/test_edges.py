@@ -208,11 +208,48 @@ def test_a_graph_refill_is_judged_on_the_batch_copied_in(tmp_path):
     assert by["copying"][0]["info"]["engine_issue"][0]["issue"].startswith("vLLM issues 56771")
 
 
+def test_a_refilled_call_reads_and_models_the_batch_copied_in():
+    """What a refilled row is judged on (the converted operands, the kernel's exact model) is
+    the next batch's, copied in, never the captured batch's."""
+    from dsv4bench.backends import Prepared
+    from dsv4bench.run import padded
+    from tests.plugins.misbehaving import Copying
+
+    def copied(x: dict) -> dict:
+        return {k: v.clone() if hasattr(v, "clone") else v for k, v in x.items()}
+
+    class Converting(Copying):
+        """Keeps what it converted for the judge apart from the buffers its call reads (as an
+        adapter's dequantized copy of an FP8 cache is)."""
+
+        def prepare(self, case, inputs, device):
+            own, kept = copied(inputs), copied(inputs)
+            keys = [k for k in sorted(own) if hasattr(own[k], "data_ptr")]
+            return Prepared(
+                run=oracle_call(case, own),
+                buffers=tuple(own[k] for k in keys),
+                reads=kept,
+                exact=oracle_call(case, kept),
+            )
+
+    case = _v4(batch_size=3, graph_batch=5, edge="graph-refill-vllm")
+    x = inputs.make_inputs(case, "cpu")
+    prepared = padded.prepare(Converting(), case, x, "cpu", "cpu")
+    assert torch.equal(prepared.reads["q"], x["q"])
+    assert torch.equal(prepared.reads["indices"], x["indices"])
+    want = oracle_call(case, x)().out
+    assert torch.equal(prepared.exact().out, want)
+    assert torch.equal(prepared.finish(prepared.run()).out, want)
+
+
 def test_a_kernel_fix_is_read_against_the_build_version():
     fixed = engine_issues.EngineIssue(
         "t", "issue", "symptom", "PR 1", "kernel", {"flash_mla": "1.2.0"}
     )
     assert engine_issues.has_fix(fixed, "flash_mla", "1.2.1").startswith("yes")
+    # the first fixed release itself has the fix; the one before does not
+    assert engine_issues.has_fix(fixed, "flash_mla", "1.2.0").startswith("yes")
+    assert engine_issues.has_fix(fixed, "flash_mla", "1.1.9").startswith("no")
     assert engine_issues.has_fix(fixed, "flash_mla", "sgl 1.0.0").startswith("no")
     assert engine_issues.has_fix(fixed, "other", "9.9").startswith("unknown")
     tagged = make_case(V32, tags=("vllm-52339",))
@@ -228,18 +265,18 @@ def test_the_prefill_context_limit_searches_plan_per_build():
 
     path = Path(__file__).parents[2] / "scenarios/failures/prefill_context_limit_sm90.yaml"
     sc = scenarios.load(path, known_backends=backends.catalog())
-    assert [s.backend for s in sc.limits[:9]] == [
+    assert [s.backend for s in sc.limits[:12]] == [
         "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
-        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
-        "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
+        "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "flashmla-sgl-1.0.0", "fa3-vllm-0.33.0",
+        "flashmla-sgl-1.0.0", "flashmla-vllm-0.26.0", "flashmla-vllm-0.33.0", "fa3-vllm-0.33.0",
     ]  # fmt: skip
     for s in sc.limits[:4]:
         assert (s.axis, s.lo, s.hi, s.step) == ("context_len", 131072, 262144, 16384)
-    # the issue's 8192-token chunk to 1M, V4-Flash then V3.2 (whose kv is the whole context)
-    assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {
-        (262144, 1048576, 8192), (131072, 1048576, 8192)
-    }  # fmt: skip
-    assert [s.base.model for s in sc.limits[7:9]] == ["v3.2", "v3.2"]
+    # the issue's 8192-token chunk from 128K to 1M, V4-Flash then V3.2 (whose kv is the whole
+    # context), every search through the issue's 161K
+    assert {(s.lo, s.hi, s.base.tokens) for s in sc.limits[4:]} == {(131072, 1048576, 8192)}
+    assert all(s.probe == (164864,) for s in sc.limits)
+    assert [s.base.model for s in sc.limits[8:12]] == ["v3.2"] * 4
     # every sm90 build that takes a prefill chunk has a search on each model it reads, on the
     # route it takes the chunk (sglang's V4 Triton decode: decode-kernel)
     searched = {(s.backend, s.base.model, s.base.route) for s in sc.limits}
@@ -252,7 +289,7 @@ def test_the_prefill_context_limit_searches_plan_per_build():
     assert ("sglang-triton-dsa-prefill-0.5.23", "v3.2", "sparse-prefill") in searched
     assert sc.limits[-1].backend == "tilelang-sglang-0.5.23"  # V3.2 only: its CUDA kernel
     assert sc.limits[-1].base.model == "v3.2"
-    assert len(searched) == len(sc.limits) - 3  # FlashMLA/FA3 0.33.0 twice on V4-Flash
+    assert len(searched) == len(sc.limits) - 4  # FlashMLA builds, FA3 0.33.0: V4-Flash twice
     (instance,) = sc.instances
     assert instance["name"] == "sglang-triton-dsa-prefill-0.5.23"
     dsa = SglangTriton(**instance["options"])

@@ -42,6 +42,12 @@ cases:
   - {op: indexer, model: v3.2, topk: 32, batch_size: 3, s_q: 2, context_len: 1000}
   - {op: topk, model: v4-flash, topk: 32, tokens: 16, context_len: 900, form: [page_table, plain]}
   - {op: dequant, model: v4-flash, batch_size: 3, context_len: 300, page_size: 256}
+  # the cache writers (a ragged batch, V4.1's block split) and vLLM's prefill workspace remap
+  - {op: cache_write, model: [v3.2, v4-flash], batch_size: 2, s_q: 3, context_len: 200}
+  - {op: cache_write, model: v4-flash, layout: v41-blocks, batch_size: 3, s_q: 2,
+     context_lens: {lengths: [90, 2, 300]}, context_len: 300, page_size: 64}
+  - {op: remap, model: v3.2, topk: 64, tokens: 40, batch_size: 3, context_len: 300,
+     context_lens: {lengths: [300, 20, 290]}}
 """
 
 

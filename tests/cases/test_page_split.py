@@ -110,7 +110,8 @@ def test_backend_rows_are_judged_exactly():
     got.out[3, 5, 0, 7] ^= 1
     acc = metrics.accuracy(expected, got)
     ok, why = metrics.within_tolerance(acc, case.tolerance.resolved("page_split"))
-    assert not ok and "cos_diff" in why and acc["mismatched"] == 1
+    assert not ok and why.startswith("1 of ") and "cache bytes differ" in why
+    assert acc["mismatched"] == acc["bytes_differ"] == 1 and acc["cos_diff"] > 0
     # the oracle's own row (torch, CPU): a timing baseline
     row, prepared = check(case, TorchReference(), "cpu", Cache())
     assert row["status"] == "ok" and prepared is not None

@@ -200,8 +200,8 @@ def test_tilelang_is_a_runtime_and_a_deps_build_and_sglang_the_kernel(tmp_path, 
     args = ("--wheels", str(wheels), "--dir", str(root))
     assert _kernels("fetch", "tilelang", "sglang", *args) == 0
     builds = {b.name: b for b in read_builds(root)}
-    assert sorted(builds) == ["q8kv8-sglang-0.5.23", "sglang-topk-0.5.23", "sglang-triton-0.5.23",
-                              "tilelang-deps-0.1.15",
+    assert sorted(builds) == ["q8kv8-sglang-0.5.23", "sglang-ops-0.5.23", "sglang-topk-0.5.23",
+                              "sglang-triton-0.5.23", "tilelang-deps-0.1.15",
                               "tilelang-runtime-0.1.15", "tilelang-sglang-0.5.23"]  # fmt: skip
     runtime, deps = builds["tilelang-runtime-0.1.15"], builds["tilelang-deps-0.1.15"]
     assert {f.path for f in runtime.files} == {

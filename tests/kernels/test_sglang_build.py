@@ -24,6 +24,8 @@ for _name in (*catalog.SGL_TOPK_SOURCES, topk_sources.HEADER_PROBE, "include/sgl
 SGLANG[catalog.SGL_TOPK_JIT + "csrc/elementwise/other.cuh"] = b"// not taken\n"
 # the sglang-triton build's files (the loader's FILES under the attention folder)
 SGLANG.update({catalog.SGLANG_ATTENTION + f: b"# sglang-triton\n" for f in triton_sources.FILES})
+# the sglang-ops build's (the DSA helper kernels)
+SGLANG.update({catalog.SGLANG_ATTENTION + f: b"# sglang-ops\n" for f in catalog.SGLANG_OPS})
 FLASHINFER = {
     "flashinfer/data/cutlass/include/cute/tensor.hpp": b"// cute\n",
     "flashinfer/data/cutlass/include/cutlass/cutlass.h": b"// cutlass\n",
@@ -62,8 +64,10 @@ def test_the_build_holds_sources_cutlass_and_tvm_ffi_where_the_jit_looks(tmp_pat
     built = fetch.fetch_package(catalog.SGLANG, "0.5.23", root, wheels=_wheels(tmp_path),
                                 say=lambda _: None)  # fmt: skip
     names = ["q8kv8-sglang-0.5.23", "tilelang-sglang-0.5.23", "sglang-topk-0.5.23",
-             "sglang-triton-0.5.23"]  # fmt: skip
+             "sglang-triton-0.5.23", "sglang-ops-0.5.23"]  # fmt: skip
     assert [b.name for b in built] == names
+    (ops_build,) = [b for b in read_builds(root) if b.library == "sglang-ops"]
+    assert sorted(f.path for f in ops_build.files) == sorted(catalog.SGLANG_OPS)
     (triton_build,) = [b for b in read_builds(root) if b.library == "sglang-triton"]
     assert sorted(f.path for f in triton_build.files) == sorted(triton_sources.FILES)
     assert not triton_sources.missing_files(root / triton_build.name)  # what the backend reads

@@ -238,6 +238,18 @@ def test_derived_bound_and_peak_fraction():
     assert got["gbps"] == pytest.approx(got["bytes"] / 0.110e-3 / 1e9)
 
 
+def test_a_call_that_does_no_work_has_no_rate_of_bytes_nor_fraction_of_peak():
+    """The empty-chunk edge: a prefill call given none of its chunk's tokens. Its time is a
+    launch: bytes over it would read as tens of percent of the H100's bandwidth."""
+    case = make_case(V32_H128, op="prefill", tokens=64, topk=128, edge="empty-chunk")
+    got = metrics.derived(case, {"median_ms": 0.004}, hardware.TABLE["h100"])
+    assert got["flops"] == 0 and got["tflops"] == 0 and got["bytes_unique"] > 0
+    assert got["gbps"] is None and got["peak_fraction"] is None and got["bound"] is None
+    real = metrics.derived(dataclasses.replace(case, edge=None), {"median_ms": 0.004},
+                           hardware.TABLE["h100"])  # fmt: skip
+    assert real["peak_fraction"] > 0 and real["gbps"] > 0
+
+
 def test_derived_without_peaks_or_time():
     case = make_case(V32_H128)
     cpu = metrics.derived(case, {"median_ms": 2.0}, hardware.CPU)

@@ -55,6 +55,16 @@ def test_cells_take_the_plan_then_the_rows():
         envelope.row_status({"case_id": "x", "status": "weird"})
 
 
+def test_a_resumed_job_fills_its_cell_with_its_last_row():
+    job = SimpleNamespace(case=_case(topk=128), backend="a")
+    first = {"case_id": job.case.case_id, "backend": "a", "status": "crash", "message": "killed"}
+    last = {"case_id": job.case.case_id, "backend": "a", "status": "ok"}
+    (cell,) = envelope.cells([job], "sm90", lambda job: None, [first, last])
+    assert (cell.status, cell.reason) == ("ok", "")
+    (cell,) = envelope.cells([job], "sm90", lambda job: None, [last, first])
+    assert cell.status == "crash" and "killed" in cell.reason
+
+
 def test_the_topk_axis_is_the_compressed_cache_width_where_there_is_one():
     v4 = _case(
         model="v4-flash",

@@ -626,3 +626,36 @@ def test_head_padding_divides_by_the_timer_every_row_of_a_line_measured(tmp_path
     # 0.00781 / (0.25 / 64): per-head time over the per-head time at the most heads
     assert "| ms/head | ms/head / ms/head at most heads | useful |" in section
     assert "| 0.007812 | 2.00 |" in section
+
+
+def test_a_case_written_twice_counts_once_by_its_last_row(tmp_path):
+    """A re-judged or resumed run appends a case's row again: the status table counts cases
+    (the last row of each), not rows, and says how many rows it left out."""
+    first = plausible_row("prefill", "q8kv8", status="incorrect", message="cos_diff 0.02")
+    again = {**first, "status": "ok", "message": ""}
+    other = {**plausible_row("prefill", "q8kv8", status="incorrect"), "case_id": "another"}
+    run = write_run(tmp_path / "rejudged", [first, other, again])
+    build_report([run], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| q8kv8 | 1 | 1 | 2 |" in md
+    assert "1 rows of a case written again" in md
+    plain = write_run(tmp_path / "once", [first, other])
+    build_report([plain], tmp_path / "out2")
+    md = (tmp_path / "out2" / "report.md").read_text()
+    assert "Rows per backend and status" in md and "| q8kv8 | 2 | 2 |" in md
+
+
+def test_a_stored_no_work_row_is_shown_at_no_fraction_of_peak(tmp_path):
+    """An older row of a 0-token chunk stored a bandwidth and a fraction of peak for a call
+    that moved nothing: the kernel table shows neither (its TFLOP/s is a true 0)."""
+    empty = plausible_row("prefill", "flashmla", ms=0.004, tokens=64)
+    empty["case_id"] = "prefill-empty-chunk"
+    empty["derived"].update(flops=0, tflops=0.0, gbps=1800.0, peak_fraction=0.55, bound="memory")
+    real = plausible_row("prefill", "flashmla", ms=0.2, tokens=1024)
+    build_report([write_run(tmp_path / "run", [empty, real])], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    kernel_rows = md.split("## Kernel throughput", 1)[1].split("\n## ", 1)[0].splitlines()
+    (line,) = [ln for ln in kernel_rows if "`prefill-empty-chunk`" in ln]
+    assert "55.0%" not in line and "1800" not in line and "memory" not in line
+    (line,) = [ln for ln in kernel_rows if f"`{real['case_id']}`" in ln]
+    assert "compute" in line and "%" in line

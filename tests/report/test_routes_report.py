@@ -132,6 +132,16 @@ def test_two_builds_side_by_side():
     assert math.isclose(new.speed, 0.9)
 
 
+def test_an_instance_counts_a_rejudged_case_once_by_its_last_row():
+    """q8kv8's prefill run judged its outliers cases twice: 33 cases, not 41 rows."""
+    rows = build("flashmla-0.26", 1.0) + build("flashmla-0.33", 0.9, incorrect=("c16",))
+    again = [dict(r, status="incorrect") for r in rows if r["backend"] == "flashmla-0.33"]
+    (group,) = instance_groups(rows + again[:1] + [dict(again[0], status="ok")])
+    new = group[1]
+    assert (new.cases, new.ok, new.incorrect) == (3, 2, 1)
+    assert "**flashmla-0.33**: 2 of 3 cases ok, 1 incorrect" in paragraph(new)
+
+
 def test_build_ratios_divide_by_the_timer_both_rows_measured():
     old, new = build("flashmla-0.26", 1.0), build("flashmla-0.33", 0.9)
     for r, makespan in ((old[0], 1.0), (new[0], 0.5)):  # c64: both profiled

@@ -70,6 +70,17 @@ def test_crash_hang_and_error_become_rows_and_the_sweep_goes_on(tmp_path):
     assert written[0]["provider"]["name"] == "crashy"
 
 
+def test_an_error_row_keeps_the_frame_where_it_was_raised(tmp_path):
+    """The worker's traceback ends in the backend's own code (tests/plugins/misbehaving.py's
+    prepare, behind several frames of the worker's), not in run/worker.py."""
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    (row,) = runner.run([Job(tiny(1, seed=2), "crashy")])
+    assert row["status"] == "error"
+    printed = row["info"]["stderr"]
+    assert "misbehaving.py" in printed and "in prepare" in printed
+    assert 'raise RuntimeError("crashy refuses seed 2")' in printed
+
+
 def test_the_job_after_an_in_process_cuda_error_gets_a_fresh_worker(tmp_path):
     # the worker answers `crash` and then exits (its CUDA context is poisoned); the next job
     # must not be sent to that exiting process (H200 run: 9 rows "worker exited with code 3")
@@ -144,6 +155,28 @@ def test_limit_search_with_a_step_stops_at_that_resolution(tmp_path, monkeypatch
     assert probed == [1, 9, 5, 3]  # on lo's grid of step 2, never 4
     assert (row["last_ok"], row["first_fail"], row["step"]) == (3, 5, 2)
     assert row["message"] == "batch 5"
+
+
+def test_a_listed_probe_inside_the_bracket_is_probed_and_bisected_below(tmp_path, monkeypatch):
+    """A failure at one size only (an engine issue's "near 161K", neither end sharing it): lo
+    and hi both work, so a plain search would say "no failure"; the listed probe finds it and
+    the search bisects below it."""
+    runner = Runner(ResultWriter(tmp_path), arch="cpu", plugins=[PLUGIN], progress=False)
+    probed = []
+
+    def fake_job(job, fresh=False, slot=None):
+        b = job.case.batch_size
+        probed.append(b)
+        return {"status": "crash" if 40 <= b <= 45 else "ok", "message": f"batch {b}"}
+
+    monkeypatch.setattr(runner, "run_job", fake_job)
+    search = LimitSearch("batch_size", 8, 64, "crashy", tiny(8), step=8, probe=(42,))
+    row = runner.find_limit(search)
+    assert probed[:2] == [8, 42] and 64 not in probed
+    assert (row["last_ok"], row["first_fail"], row["status"]) == (32, 40, "crash")  # on the grid
+    probed.clear()
+    row = runner.find_limit(replace(search, probe=(20,)))
+    assert probed == [8, 20, 64] and row["message"] == "no failure up to 64"
 
 
 def test_a_wrong_answer_ends_a_limit_search_as_a_failure_does(tmp_path, monkeypatch):

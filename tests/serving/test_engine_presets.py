@@ -116,6 +116,40 @@ def test_recommend_names_the_fastest_its_flags_and_each_default():
                          "TPOT fa3 (bf16 KV)")  # fmt: skip
 
 
+def _case(backend, status, values=None, heads=64, run="r", case_id=None):
+    params = {"model": "v3.2", "num_heads": heads, "tokens": 1024, "values": values}
+    name = case_id or f"prefill-{heads}-{values}"
+    return {"kind": "case", "case_id": name, "backend": backend, "op": "prefill",
+            "status": status, "params": params, "_run": run}  # fmt: skip
+
+
+def test_a_candidate_incorrect_on_a_case_of_the_runs_is_never_plain_correct():
+    """fa3 ran every serving point ok but is incorrect on activation-like values: the fastest
+    says where (values, shapes), as does each line naming fa3; a case re-judged ok counts by
+    its last row."""
+    cases = [
+        _case("fa3", "ok"),
+        _case("fa3", "incorrect", "outliers", 64),
+        _case("fa3", "incorrect", "outliers", 128),
+        _case("fa3", "incorrect", case_id="rejudged"),
+        _case("fa3", "ok", case_id="rejudged"),
+        _case("flashmla", "ok", "outliers"),
+    ]
+    text = "\n".join(recommend.lines(rows() + cases, "v3.2", 1))
+    assert "fastest correct fa3" not in text
+    assert (
+        "TTFT: fastest fa3 sparse-prefill (bf16 KV) (correct at these points only), 76.500" in text
+    )
+    where = "incorrect on 2 of 4 fa3 cases of these runs: values outliers at prefill v3.2 h128 " \
+        "t1024, prefill v3.2 h64 t1024"  # fmt: skip
+    assert f"  {where}\n" in text
+    assert f"vllm-hopper default (vllm 0.26.0/0.33.0: fa3 sparse-prefill (bf16 KV), H100/H200): " \
+        f"76.500 ms, the fastest [{where}]" in text  # fmt: skip
+    assert "then flashmla sparse-prefill (bf16 KV): 81.000 ms (x1.06 the fastest's time)\n" in text
+    fine = "\n".join(recommend.lines(rows() + cases[:1] + cases[-1:], "v3.2", 1))
+    assert "TTFT: fastest correct fa3 sparse-prefill (bf16 KV), 76.500 ms" in fine
+
+
 def test_no_rows_for_the_model_is_one_line():
     with pytest.raises(recommend.NothingToRank) as e:
         recommend.lines(rows(), "v4-pro", 1)
@@ -328,3 +362,19 @@ def test_report_has_the_presets_section(tmp_path):
         "| 81 | 1.06x |" in md
     )
     assert any(f.name.startswith("presets-tpot-v3") for f in files)
+
+
+def test_the_report_says_where_its_fastest_candidate_is_incorrect(tmp_path):
+    from dsv4bench.report import build_report
+
+    cases = [_case("fa3", "ok"), _case("fa3", "incorrect", "outliers")]
+    for c in cases:
+        c.pop("_run")
+    run = write_run(tmp_path / "run", [*rows(), *cases])
+    build_report([run], tmp_path / "out")
+    md = " ".join((tmp_path / "out" / "report.md").read_text().split())
+    assert (
+        "The fastest TTFT candidate, fa3 sparse-prefill (bf16 KV), is correct at these points "
+        "only: incorrect on 1 of 2 fa3 cases of these runs: values outliers at prefill v3.2 "
+        "h64 t1024." in md
+    )

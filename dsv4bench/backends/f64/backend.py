@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from dsv4bench.backends.base import Backend, Prepared, Provider
+from dsv4bench.backends.f64 import encode
 from dsv4bench.backends.f64.parse import Fp8Cache
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output, prefill_output
@@ -27,7 +28,7 @@ class ReferenceF64(Backend):
     name = "reference-f64"
     description = "float64 attention over its own FP8 byte parser; CPU, toy sizes"
     archs = ("cpu",)
-    ops = ("decode", "prefill", "dequant", "remap")
+    ops = ("decode", "prefill", "dequant", "remap", "cache_write")
     layouts = ("v32", "v4")  # parse.RECORD_BYTES
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
@@ -50,8 +51,16 @@ class ReferenceF64(Backend):
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
         x = inputs
+        if case.op == "remap" and case.tokens:
+            return Prepared(run=lambda: Output(_workspace_remap(x, case)))
         if case.op == "remap":
             return Prepared(run=lambda: Output(_remap(x["local_indices"], x["block_table"], case)))
+        if case.op == "cache_write":
+            slots = x["slot_mapping"].tolist()
+            conv = case.scale_convention
+            return Prepared(
+                run=lambda: Output(encode.write(x["k_cache"], x["kv"], slots, case.layout, conv))
+            )
         if case.op == "dequant":
             cache = Fp8Cache(x["k_cache"], layout=case.layout)
             slots = x["k_cache"].shape[0] * x["k_cache"].shape[1]
@@ -138,3 +147,15 @@ def _remap(local: torch.Tensor, table: torch.Tensor, case: Case) -> torch.Tensor
             ok = 0 <= block < len(rows[r]) and rows[r][block] >= 0
             out.append(rows[r][block] * page + i % page if ok else -1)
     return torch.tensor(out, dtype=local.dtype).reshape(local.shape)
+
+
+def _workspace_remap(x: dict, case: Case) -> torch.Tensor:
+    """vLLM's prefill form written out per entry: a prefill token's position i -> its request's
+    workspace start + i; -1 stays -1 (every token here is a prefill token)."""
+    starts = x["workspace_starts"].tolist()
+    requests = x["prefill_request"].tolist()
+    rows = [
+        [starts[requests[t]] + i if i >= 0 else -1 for i in entries]
+        for t, entries in enumerate(x["local_indices"].tolist())
+    ]
+    return torch.tensor(rows, dtype=x["local_indices"].dtype).reshape(x["local_indices"].shape)

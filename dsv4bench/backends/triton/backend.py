@@ -46,6 +46,8 @@ def _case_reason(case: Case) -> str | None:
         return f"the triton page split re-pages v4 caches, not {case.layout}"
     if case.page_size < 1:
         return f"page_size must be >= 1, got {case.page_size}"
+    if case.op == "remap" and case.tokens:
+        return "the triton remap maps top-k to global slots, not vLLM's prefill workspace rows"
     return None
 
 

@@ -57,6 +57,8 @@ def export(run_dir: Path, out: Path, max_dump_mib: float = 256.0) -> Exported:
     if not rows:
         raise ValueError(f"{run_dir}: no case rows to export")
     cases = {r["case_id"]: Case(scenario=r["scenario"], **r["params"]) for r in rows}
+    cases = {k: c for k, c in cases.items() if schema.exportable(c)}  # the rest: no form there
+    rows = [r for r in rows if r["case_id"] in cases]
     groups: dict[str, list[str]] = defaultdict(list)
     for case_id, case in cases.items():
         groups[schema.definition_key(case)].append(case_id)

@@ -111,6 +111,12 @@ CONSTANT = {
 }
 
 
+def exportable(case: Case) -> bool:
+    """Whether their format has this case's call: not the cache writers (an in-place write) nor
+    the remap's prefill-workspace form (their definitions know neither)."""
+    return case.op != "cache_write" and not (case.op == "remap" and case.tokens)
+
+
 def family(case: Case) -> str:
     """Which input naming a case's call uses."""
     if case.decode_shape:

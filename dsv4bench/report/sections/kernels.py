@@ -7,7 +7,7 @@ Functions take `rep`, the report being built (dsv4bench.report.render.Report).
 
 from __future__ import annotations
 
-from dsv4bench.measure.metrics import DERIVED, derived_at
+from dsv4bench.measure.metrics import DERIVED, NO_WORK_FIGURES, derived_at, does_no_work
 from dsv4bench.report import grouping, plots
 from dsv4bench.report.fmt import (
     code_span,
@@ -142,5 +142,9 @@ def _table(rep, op: str, model: str, mrows: list[dict], xkey: str, label_of: dic
 
 def _derived(row: dict) -> dict:
     """The row's derived metrics (computed at run time from the events median) at its GPU time
-    by the winners' timer."""
-    return derived_at(row["derived"], timers.events_ms(row), timers.ms(row))
+    by the winners' timer; a call that did no work (a 0-token chunk) has no rate of bytes and
+    no fraction of peak, whatever an older row stored."""
+    out = derived_at(row["derived"], timers.events_ms(row), timers.ms(row))
+    if does_no_work(row.get("op"), out):
+        out.update(dict.fromkeys(NO_WORK_FIGURES))
+    return out

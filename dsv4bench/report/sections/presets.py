@@ -46,6 +46,14 @@ def engine_presets(rep) -> None:
         title = f"{model}, TP {tp}" + (f", run {run}" if len(runs) > 1 else "")
         rep.doc.heading(title, 3)
         _summary(rep, presets, advice, model)
+        caveats = recommend.Caveats(rep.rows)  # a case of any run of the report
+        for metric, a in advice.items():
+            said = caveats.of(a.best[0].backend) if a.best else ""
+            if said:
+                rep.doc.para(
+                    f"The fastest {recommend.METRICS[metric]} candidate, "
+                    f"{a.best[0].label()}, is correct at these points only: {said}."
+                )
         for metric, a in advice.items():
             _curves(rep, title, metric, a, presets)
     if shown:

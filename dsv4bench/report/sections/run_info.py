@@ -14,9 +14,7 @@ from dsv4bench.report.fmt import (
     code_span,
     fmt_num,
 )
-from dsv4bench.report.load import (
-    case_rows,
-)
+from dsv4bench.report.load import case_rows, last_case_rows
 
 
 def shown(path) -> str:
@@ -40,7 +38,7 @@ def intro(rep) -> None:
             for (run, c), path in zip(kinds_by_run.items(), rep.paths, strict=True)
         ],
     )
-    cases = case_rows(rep.rows)
+    rows, cases = case_rows(rep.rows), last_case_rows(rep.rows)
     if not rep.rows:
         d.para("These runs hold no rows yet.")
     if cases:
@@ -48,7 +46,14 @@ def intro(rep) -> None:
         per = defaultdict(Counter)
         for r in cases:
             per[rep.who(r)][r["status"]] += 1
-        d.para("Rows per backend and status (limit probes included):")
+        again = len(rows) - len(cases)
+        d.para(
+            "Rows per backend and status (limit probes included):"
+            if not again
+            else f"Cases per backend and status (limit probes included; {again} rows of a case "
+            "written again, re-run or re-judged, are left out: a case counts once, by its last "
+            "row):"
+        )
         d.table(
             ["backend", *statuses, "total"],
             [

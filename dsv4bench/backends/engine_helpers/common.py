@@ -1,0 +1,55 @@
+"""What the engine helper backends share: where a build folder is (option `lib`, an environment
+variable, the kernels folder's newest build of the library) and why it cannot load."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4bench.backends import library
+
+
+@dataclass(frozen=True)
+class BuildPlace:
+    label: str  # "vLLM's Triton remap"
+    glob: str  # ".kernels/vllm-triton-*/" (the kernels folder's builds of the library)
+    env: str  # the environment variable naming a folder
+    fetch: str  # the command that brings one
+    files: tuple[str, ...]  # what the folder must hold
+    backend: str  # the backend's name (its `lib` option)
+
+    def not_found(self) -> str:
+        also = f"or pass --backend-opt {self.backend}.lib=FOLDER ({self.env})"
+        return f"{self.label} not found: {self.fetch}, {also}"
+
+    def folder(self, lib: str | None) -> Path | None:
+        named = lib or os.environ.get(self.env)
+        if named:
+            return Path(named).expanduser()
+        spec = library.LibrarySpec(self.label, self.not_found(), kernels=(self.glob,))
+        builds = library.kernel_builds(spec)
+        return Path(builds[0].path) if builds else None
+
+    def missing_reason(self, lib: str | None) -> str | None:
+        """Why the build cannot load, known without loading it; None if its files are there."""
+        folder = self.folder(lib)
+        if folder is None:
+            return self.not_found()
+        if not folder.is_dir():
+            return f"{self.label} build not found: no folder {folder} ({self.fetch})"
+        gone = [f for f in self.files if not (folder / f).is_file()]
+        if gone:
+            return f"{self.label} build {folder} lacks {', '.join(gone)} ({self.fetch})"
+        return None
+
+
+def version_of(folder: Path) -> str:
+    """`vllm 0.33.0` from a fetched build's build.json; else the folder's name."""
+    import json
+
+    try:
+        build = json.loads((folder / "build.json").read_text())
+        return f"{build['package']} {build['version']}"
+    except (OSError, ValueError, KeyError):
+        return f"folder {folder.name}"

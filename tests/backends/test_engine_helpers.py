@@ -1,0 +1,183 @@
+"""The engine helper backends (backends/engine_helpers/): vLLM's Triton remap and sglang's DSA
+helpers, loaded from their builds and run through Triton's interpreter against the oracle
+(engine_helpers_run.py, in a process of its own); the guard bytes around their outputs; the
+launch binding that stands in for vLLM's warmup machinery; the reasons they decline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv4bench.backends.engine_helpers import guard, sglang_ops, vllm_files, vllm_triton
+from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.kernels import catalog
+from tests.factories import make_case
+
+ROOT = Path(__file__).resolve().parents[2]
+V32 = dict(d_qk=576, d_v=512, model="v3.2", layout="v32")
+
+
+def _build(place) -> Path | None:
+    folder = place.folder(None)
+    return folder if folder is not None and place.missing_reason(None) is None else None
+
+
+def _run(name: str, build: Path) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.backends.engine_helpers_run", name, str(build)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    _build(vllm_triton.PLACE) is None,
+    reason="needs a vllm-triton build: dsv4bench kernels fetch 'vllm[ops]'",
+)
+def test_vllms_remap_matches_the_oracle_in_both_forms():
+    results = _run("vllm-triton", _build(vllm_triton.PLACE))
+    assert set(results) == {"remap", "remap-prefill"}
+    assert all(r["status"] == "ok" and r["mismatched"] == 0 for r in results.values()), results
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    _build(sglang_ops.PLACE) is None,
+    reason="needs a sglang-ops build: dsv4bench kernels fetch sglang",
+)
+def test_sglangs_helpers_match_the_oracle_and_the_v41_conformance_case_fails():
+    results = _run("sglang-ops", _build(sglang_ops.PLACE))
+    conformance = results.pop("conformance-v41-read-as-blocks")
+    assert all(r["status"] == "ok" and r["mismatched"] == 0 for r in results.values()), results
+    assert len(results) == 8
+    assert conformance["status"] == "incorrect" and conformance["mismatched"] > 0
+
+
+# ---- guard bytes ---------------------------------------------------------------------------
+
+
+def test_a_write_one_byte_past_the_output_is_caught():
+    out = guard.Guarded.empty((4, 8), torch.int32, "cpu", "its output")
+    out.tensor.fill_(1)
+    out.check()  # inside: fine
+    flat = out.buffer[guard.GUARD_BYTES + out.nbytes : guard.GUARD_BYTES + out.nbytes + 1]
+    flat.fill_(0)  # the fake kernel's stray byte
+    with pytest.raises(guard.OutOfBounds, match="1 of the 4096 guard bytes after it changed"):
+        out.check()
+
+
+def test_a_copied_cache_keeps_its_strides_and_padding_and_is_guarded():
+    cache = torch.arange(2 * 10, dtype=torch.uint8)
+    view = torch.as_strided(cache, (2, 1, 1, 7), (10, 7, 7, 1))  # 3 padding bytes a page
+    g = guard.Guarded.copy_of(view, "its cache")
+    assert g.tensor.stride() == view.stride() and torch.equal(g.inner_bytes(), cache)
+    assert torch.equal(g.tensor, view)  # the same bytes at the same places
+    g.tensor[1, 0, 0, 6] = 0  # the last byte of the view: inside the guards
+    g.check()
+    g.buffer[guard.GUARD_BYTES - 1] = 0
+    with pytest.raises(guard.OutOfBounds, match="before"):
+        g.check()
+
+
+def _fake_remap(shift: int):
+    """vLLM's wrapper's signature; writes the right answer, plus one int32 `shift` elements past
+    the end of `out` when shift > 0."""
+
+    def fn(req, table, rows, *, BLOCK_SIZE, out, valid_counts_out, **_):
+        from reference.indices import to_global_slots
+
+        out.copy_(to_global_slots(rows, table[req.long()], BLOCK_SIZE))
+        valid_counts_out.copy_((out >= 0).sum(-1))
+        if shift:
+            flat = out.view(-1)
+            torch.as_strided(flat, (1,), (1,), flat.storage_offset() + flat.numel()).fill_(7)
+        return out, valid_counts_out
+
+    return fn
+
+
+def _remap_case():
+    return make_case(op="remap", topk=64, batch_size=2, s_q=2, context_len=128, page_size=16, **V32)
+
+
+def test_the_remap_backend_catches_a_kernel_writing_past_its_output():
+    case = _remap_case()
+    x = make_inputs(case, "cpu")
+    good = vllm_triton.VllmTriton(ops=(None, _fake_remap(0))).prepare(case, x, "cpu")
+    good.poison()
+    assert good.finish(good.run()).out.shape == (2, 2, 64)
+    bad = vllm_triton.VllmTriton(ops=(None, _fake_remap(1))).prepare(case, x, "cpu")
+    with pytest.raises(guard.OutOfBounds, match="outside its index output"):
+        bad.finish(bad.run())
+
+
+def test_valid_counts_that_disagree_with_the_rows_fail():
+    def lying(req, table, rows, *, out, valid_counts_out, **kw):
+        _fake_remap(0)(req, table, rows, out=out, valid_counts_out=valid_counts_out, **kw)
+        valid_counts_out[0] += 1
+
+    case = _remap_case()
+    p = vllm_triton.VllmTriton(ops=(None, lying)).prepare(case, make_inputs(case, "cpu"), "cpu")
+    with pytest.raises(vllm_triton.CountsDisagree, match="1 of 4 rows"):
+        p.finish(p.run())
+
+
+# ---- vLLM's launch binding -----------------------------------------------------------------
+
+
+def test_launch_binding_follows_vllms_plan():
+    t = torch.zeros(3, 5)
+    names = ("req_id_ptr", "out_ptr", "valid_count_ptr", "BLOCK_N", "out_stride0", "ti_stride1")
+    kwargs = vllm_files._binding(
+        names, {"req_id": 1, "out": t, "valid_counts": 9, "block_n": 4}, {"valid_count_ptr": 2}
+    )
+    assert kwargs["req_id_ptr"] == 1 and kwargs["out_ptr"] is t
+    assert kwargs["valid_count_ptr"] == 2  # a launch keyword is never overwritten
+    assert kwargs["BLOCK_N"] == 4  # NAME.upper()
+    assert kwargs["out_stride0"] == 5 and "ti_stride1" not in kwargs  # no ti bound
+
+
+# ---- what they decline, and where their files come from ------------------------------------
+
+
+def test_reasons_name_what_is_missing(tmp_path):
+    case = _remap_case()
+    reason = vllm_triton.VllmTriton(lib=str(tmp_path)).supports(case, "sm90")
+    assert "lacks mla/sparse_utils.py" in reason and "kernels fetch 'vllm[ops]'" in reason
+    sgl = sglang_ops.SglangOps(lib=str(tmp_path / "none"))
+    assert "no folder" in sgl.supports(case, "sm90")
+    prefill = make_case(op="remap", topk=64, tokens=8, context_len=128, page_size=16, **V32)
+    assert "no prefill workspace form" in sgl.case_reason(prefill)
+    v41 = make_case(op="dequant", layout="v41", d_qk=512, d_v=512, model="v4-flash", page_size=64)
+    assert "refuses below SM100" in sgl.case_reason(v41, "sm90")
+    assert sgl.case_reason(v41, "sm100") is None
+    with pytest.raises(ValueError, match="kv_layout 'v5'"):
+        sglang_ops.SglangOps(kv_layout="v5")
+
+
+def test_the_catalog_builds_hold_the_files_the_loaders_read():
+    builds = {b.library: b for p in catalog.PACKAGES.values() for b in p.builds}
+    sgl = builds["sglang-ops"]
+    assert {m.removeprefix(sgl.strip) for m in sgl.members} == set(sglang_ops.PLACE.files)
+    vt = builds["vllm-triton"]
+    assert {m.removeprefix(vt.strip) for m in vt.members} == set(vllm_triton.PLACE.files)
+    names = dict(catalog.known_builds())
+    assert names["sglang-ops-0.5.23"] == "sglang-ops"
+    assert names["vllm-triton-0.33.0"] == "vllm-triton" and names["vllm-ops-0.33.0"] == "vllm-ops"
+    assert catalog.fetch_spec("vllm-ops-0.33.0") == "vllm[ops]==0.33.0"
+
+
+def test_the_projects_triton_remap_declines_the_prefill_workspace_form():
+    from dsv4bench.backends.triton.backend import TritonKernels
+
+    prefill = make_case(op="remap", topk=64, tokens=8, context_len=128, page_size=16, **V32)
+    assert "prefill workspace" in TritonKernels().supports(prefill, "sm90")
+    assert TritonKernels().supports(_remap_case(), "sm90") is None

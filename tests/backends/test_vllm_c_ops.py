@@ -1,0 +1,175 @@
+"""vLLM's `_C` ops backend (backends/engine_helpers/vllm_c.py) against fakes registered with
+torch.library under the schemas vLLM 0.33.0's _C_stable_libtorch.abi3.so registers (the strings
+below, as `strings` prints them from the binary): argument handling, guard bytes, the schema
+check, the load failure's reason. A fake proves argument handling only; the rows of the real
+library come from the GPU (scenarios/engines/dsa_helpers_sm90.yaml)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from dsv4bench.backends.base import Provider, Unsupported
+from dsv4bench.backends.engine_helpers import guard, vllm_c
+from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.cases.oracle import oracle_call
+from dsv4bench.measure import judge, metrics
+from reference.cache_write import encode
+from reference.layouts import gather_tokens
+from tests.factories import make_case
+
+# as in the binary (whitespace included)
+BINARY = {
+    "concat_and_cache_mla": "concat_and_cache_mla(Tensor kv_c, Tensor k_pe,                     "
+    "Tensor! kv_cache,                     Tensor slot_mapping,                     str "
+    "kv_cache_dtype,                     Tensor scale,                     bool "
+    "skip_scale=False) -> ()",
+    "cp_gather_and_upconvert_fp8_kv_cache": "cp_gather_and_upconvert_fp8_kv_cache(Tensor "
+    "src_cache, Tensor! dst, Tensor block_table, Tensor workspace_starts, int batch_size, "
+    "Tensor? seq_starts, Tensor? host_cache=None, Tensor? host_row_ids=None, Tensor? "
+    "device_row_ids=None) -> ()",
+    "top_k_per_row_decode": "top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, "
+    "Tensor! indices, int numRows, int stride0, int stride1, int topK) -> ()",
+    "top_k_per_row_prefill": "top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor "
+    "rowEnds, Tensor! indices, int numRows, int stride0, int stride1, int topK) -> ()",
+}
+V32 = dict(d_qk=576, d_v=512, model="v3.2", layout="v32")
+_COUNT = itertools.count()
+
+
+def _concat(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False):
+    assert kv_cache_dtype == "fp8_ds_mla" and kv_cache.dim() == 3 and not skip_scale
+    keep = slot_mapping >= 0
+    records = encode(torch.cat([kv_c, k_pe], -1)[keep], "v32", "raw")
+    flat = kv_cache.view(-1, kv_cache.shape[-1])
+    flat[slot_mapping[keep]] = records
+    if FAKE["stray_byte"]:  # one byte past the cache's end
+        torch.as_strided(flat, (1,), (1,), flat.storage_offset() + flat.numel()).fill_(1)
+
+
+def _gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts, *rest):
+    pages, page_size, width = src_cache.shape
+    cache = src_cache.view(pages, page_size, 1, width)
+    slots = torch.arange(dst.shape[0])
+    dst.copy_(gather_tokens(cache, slots, layout="v32").to(torch.bfloat16))
+
+
+def _decode_topk(logits, next_n, seq_lens, indices, num_rows, stride0, stride1, k):
+    assert next_n == 1 and logits.stride() == (stride0, stride1) and num_rows == len(indices)
+    for r in range(num_rows):
+        n = int(seq_lens[r])
+        picks = logits[r, :n].topk(min(k, n)).indices.int()
+        indices[r] = -1
+        indices[r, : len(picks)] = picks
+
+
+def _prefill_topk(logits, starts, ends, indices, num_rows, stride0, stride1, k):
+    raise AssertionError("not called by a decode case")
+
+
+FAKE = {"stray_byte": False}
+IMPLS = {
+    "concat_and_cache_mla": _concat,
+    "cp_gather_and_upconvert_fp8_kv_cache": _gather,
+    "top_k_per_row_decode": _decode_topk,
+    "top_k_per_row_prefill": _prefill_topk,
+}
+
+
+@pytest.fixture
+def fake_ops():
+    """(Provider, table) over fresh namespaces holding the binary's schemas and the fakes."""
+    n = next(_COUNT)
+    libs = {ns: torch.library.Library(f"dsvfake{n}{ns}", "DEF") for ns in ("_C_cache_ops", "_C")}
+    for name, schema in BINARY.items():
+        ns = "_C" if name.startswith("top_k") else "_C_cache_ops"
+        libs[ns].define(schema)
+        libs[ns].impl(name, IMPLS[name], "CompositeExplicitAutograd")
+
+    def table(qualified: str):
+        ns, name = qualified.split(".")
+        return getattr(getattr(torch.ops, f"dsvfake{n}{ns}"), name)
+
+    FAKE["stray_byte"] = False
+    yield Provider("fake vllm _C"), table
+    FAKE["stray_byte"] = False
+
+
+def _verdict(backend, case):
+    x = make_inputs(case, "cpu")
+    p = backend.prepare(case, x, "cpu")
+    p.poison()
+    got = p.finish(p.run())
+    if case.op == "topk":
+        from dsv4bench.measure import topk
+
+        acc = topk.compare_forms(case, x, oracle_call(case, x)(), got)
+    else:
+        acc = metrics.accuracy(oracle_call(case, x)(), got)
+    return judge.verdict(acc, case.tolerance), p.info
+
+
+def test_the_writer_is_called_as_vllm_calls_it(fake_ops):
+    case = make_case(op="cache_write", batch_size=2, s_q=3, context_len=40, page_size=16,
+                     scale_convention="raw", **V32)  # fmt: skip
+    (status, why), info = _verdict(vllm_c.VllmOps(ops=fake_ops), case)
+    assert (status, why) == ("ok", "") and "fp8_ds_mla" in info["kernel"]
+    # FlashMLA's power-of-two scales are not what vLLM writes: the bytes differ, counted
+    pow2 = make_case(op="cache_write", batch_size=2, s_q=3, context_len=40, page_size=16, **V32)
+    (status, why), _ = _verdict(vllm_c.VllmOps(ops=fake_ops), pow2)
+    assert status == "incorrect" and "cache bytes differ" in why
+
+
+def test_a_writer_that_writes_one_byte_past_the_cache_is_caught(fake_ops):
+    FAKE["stray_byte"] = True
+    case = make_case(op="cache_write", batch_size=1, s_q=2, context_len=32, page_size=16,
+                     scale_convention="raw", **V32)  # fmt: skip
+    with pytest.raises(guard.OutOfBounds, match="outside its cache: 1 of the 4096 guard bytes"):
+        _verdict(vllm_c.VllmOps(ops=fake_ops), case)
+
+
+def test_gather_and_upconvert_and_the_decode_topk(fake_ops):
+    dequant = make_case(op="dequant", batch_size=2, context_len=64, page_size=16, **V32)
+    assert _verdict(vllm_c.VllmOps(ops=fake_ops), dequant)[0] == ("ok", "")
+    topk = make_case(op="topk", topk=32, batch_size=2, s_q=2, context_len=256, form="plain",
+                     **V32)  # fmt: skip
+    (verdict, info) = _verdict(vllm_c.VllmOps(ops=fake_ops), topk)
+    assert verdict == ("ok", "") and "top_k_per_row_decode" in info["kernel"]
+
+
+def test_a_changed_schema_and_a_library_that_does_not_load_are_unsupported(fake_ops, tmp_path):
+    provider, table = fake_ops
+    n = next(_COUNT)
+    lib = torch.library.Library(f"dsvfake{n}_C_cache_ops", "DEF")
+    lib.define("concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache) -> ()")
+
+    def changed(name: str):
+        return getattr(getattr(torch.ops, f"dsvfake{n}_C_cache_ops"), name.split(".")[1])
+
+    case = make_case(op="cache_write", s_q=1, context_len=32, page_size=16, **V32)
+    with pytest.raises(Unsupported, match="concat_and_cache_mla schema changed"):
+        vllm_c.VllmOps(ops=(provider, changed)).prepare(case, make_inputs(case, "cpu"), "cpu")
+    (tmp_path / vllm_c.SO).write_bytes(b"not a library")
+    backend = vllm_c.VllmOps(lib=str(tmp_path))
+    with pytest.raises(Unsupported, match=r"does not load here \(torch .*\): .*"):
+        backend.kernel_ops()
+    assert "vllm-ops" in vllm_c.PLACE.glob and backend.supports(case, "sm90") is None
+
+
+def test_the_schemas_checked_are_the_binarys():
+    for name, schema in BINARY.items():
+        ns = "_C" if name.startswith("top_k") else "_C_cache_ops"
+        assert vllm_c.canonical(vllm_c.SCHEMAS[f"{ns}.{name}"]) == vllm_c.canonical(schema)
+
+
+def test_what_it_declines():
+    ops = vllm_c.VllmOps(ops=(Provider("x"), None))
+    ragged = make_case(op="topk", topk=32, tokens=16, context_len=256, form="ragged", **V32)
+    assert "form plain" in ops.supports(ragged, "sm90")
+    v4 = make_case(op="cache_write", layout="v4", d_qk=512, d_v=512, model="v4-flash", s_q=1)
+    assert "v4" in ops.supports(v4, "sm90")
+    persistent = vllm_c.VllmOps(kernel="persistent", ops=(Provider("x"), None))
+    plain = make_case(op="topk", topk=32, batch_size=2, context_len=256, form="plain", **V32)
+    assert "k 512, 1024 or 2048" in persistent.supports(plain, "sm90")

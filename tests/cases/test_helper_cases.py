@@ -1,0 +1,135 @@
+"""The helper ops' cases (cases/helper_cases.py): cache_write judged byte for byte, and vLLM's
+prefill-workspace remap over ragged requests that cross chunk bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4bench.cases import helper_cases
+from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.cases.oracle import oracle_call, storage_bytes
+from dsv4bench.cases.output import Output
+from dsv4bench.measure import judge, metrics
+from dsv4bench.scenarios.read import ScenarioError
+from reference import prefill_chunks
+from reference.cache_write import cache_write
+from tests.factories import load_scenario, make_case
+
+KNOWN = {"torch", "reference-f64"}
+
+
+def _write_case(**kw):
+    fields = dict(op="cache_write", layout="v32", d_qk=576, d_v=512, batch_size=3, s_q=2)
+    fields.update(context_len=40, page_size=16)
+    fields.update(kw)
+    return make_case(**fields)
+
+
+def test_cache_write_writes_only_the_new_tokens_slots():
+    case = _write_case()
+    x = make_inputs(case, "cpu")
+    before = x["k_cache"].clone()
+    out = oracle_call(case, x)().out.view(before.shape)
+    changed = (out != before).any(-1).flatten().nonzero().flatten()
+    slots = x["slot_mapping"][x["slot_mapping"] >= 0]
+    assert set(changed.tolist()) <= set(slots.tolist()) and len(changed) >= len(slots) - 1
+    assert x["slot_mapping"][-1] == -1 and len(x["kv"]) == len(slots) + 1
+    assert case.query_tokens == 6 == len(slots)
+
+
+def test_a_wrong_byte_is_counted_in_the_verdict():
+    case = _write_case(layout="v4", d_qk=512)
+    x = make_inputs(case, "cpu")
+    expected = oracle_call(case, x)()
+    assert judge.verdict(metrics.accuracy(expected, expected), case.tolerance) == ("ok", "")
+    wrong = expected.out.clone()
+    wrong[[3, 99, 1000]] ^= 0x10
+    acc = metrics.accuracy(expected, Output(wrong))
+    assert acc["bytes_differ"] == 3
+    status, why = judge.verdict(acc, case.tolerance)
+    assert status == "incorrect" and why == f"3 of {wrong.numel()} cache bytes differ"
+
+
+def test_written_in_one_v41_arrangement_judged_in_the_other_fails():
+    """The V4.1 conformance case: the same tokens written block-split, judged as interleaved."""
+    interleaved = _write_case(layout="v41", d_qk=512, page_size=64, context_len=128)
+    x = make_inputs(interleaved, "cpu")
+    expected = oracle_call(interleaved, x)()
+    written = cache_write(x["kv"], x["slot_mapping"], x["k_cache"], layout="v41-blocks")
+    status, why = judge.verdict(
+        metrics.accuracy(expected, Output(storage_bytes(written))), interleaved.tolerance
+    )
+    assert status == "incorrect" and "cache bytes differ" in why
+
+
+def _remap_case(lens, tokens=16, context_len=64):
+    return make_case(
+        op="remap",
+        layout="v32",
+        d_qk=576,
+        d_v=512,
+        topk=16,
+        tokens=tokens,
+        context_len=context_len,
+        page_size=16,
+        batch_size=len(lens),
+        context_lens=tuple(lens),
+    )
+
+
+def test_ragged_requests_cross_the_workspace_chunks():
+    lens = [64, 60, 64, 64, 50, 64, 30]  # 396 > 5 x 64 rows: two chunks
+    case = _remap_case(lens)
+    chunks = helper_cases.chunks(case)
+    assert chunks == [(0, 5), (5, 7)]
+    x = make_inputs(case, "cpu")
+    assert x["workspace_starts"].tolist() == [0, 64, 124, 188, 252, 0, 64]
+    out = oracle_call(case, x)().out
+    assert out.shape == (case.query_tokens, 16) == (16 * 7, 16)
+    rows = prefill_chunks.workspace_rows(64)
+    req = x["req_of_token"].long()
+    valid = out >= 0
+    assert bool((valid == (x["local_indices"] >= 0)).all())
+    assert int(out[valid].max()) < rows
+    # a request's rows lie inside its own slice of its chunk's workspace
+    start = x["workspace_starts"].long()[req][:, None]
+    length = x["seq_lens"].long()[req][:, None]
+    assert bool(((out >= start) & (out < start + length) | ~valid).all())
+
+
+def test_scenario_rules_for_the_helper_ops():
+    ok = load_scenario(
+        """
+        name: h
+        arch: [cpu]
+        backends: [torch]
+        cases:
+          - {op: cache_write, model: v4-flash, layout: v41-fp4-blocks, s_q: 2, context_len: 64,
+             page_size: 64}
+          - {op: remap, model: v3.2, tokens: 8, topk: 16, context_len: 64,
+             batch_size: 2, context_lens: {lengths: [64, 20]}}
+        """,
+        KNOWN,
+    )
+    assert [c.op for c in ok.cases] == ["cache_write", "remap"]
+    bad = {
+        "layout: bf16": "cache_write writes an FP8 cache's records, got layout bf16",
+        "s_q: 100": "expected 1 <= s_q <= context_len (64), got 100",
+    }
+    for line, message in bad.items():
+        with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_scenario(
+                f"""
+                name: h
+                arch: [cpu]
+                backends: [torch]
+                cases:
+                  - {{op: cache_write, model: v3.2, context_len: 64, {line}}}
+                """,
+                KNOWN,
+            )
+
+
+def test_input_bytes_and_moved_bytes_count_the_rows():
+    case = _write_case()
+    assert metrics.attention_bytes(case) == 6 * (2 * 576 + 656)
