@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 MARK = "@@dsv4bench-isolated@@ "  # an answer line: kernel libraries may print to stdout too
-IN_PROCESS = ("torch", "reference-f64", "triton")  # bases whose import loads only torch/Triton
+IN_PROCESS = ("torch", "torch-topk", "reference-f64", "triton")  # only torch/Triton loaded
 _ROOT = Path(__file__).resolve().parents[2]
 
 
