@@ -38,8 +38,10 @@ ensure:
 	@$(PYPATH) $(PYTHON) -c "import torch, yaml, matplotlib, dsv4bench" 2>/dev/null || $(MAKE) install
 
 # benchmarks/ runs once per case as a test (--benchmark-disable: no timing table). Two test
-# processes (pytest-xdist), each taking whole files, so module fixtures are built once. Target:
-# under 3 minutes on 2 quiet cores (about 2; one process: about 3.5).
+# processes (pytest-xdist), each taking whole files, so module fixtures are built once. It takes
+# about 410 CPU-seconds (user + sys, its subprocesses included; 1793 tests, Dec 2026), so at best
+# 3.5 minutes on 2 quiet cores: the 3-minute target is not met. Slowest: tests that start a
+# pytest, a run's workers or a listing command's kernel-loading child (2 CPU-s each: torch).
 test: install
 	$(PYTHON) -m pytest -q -rs --benchmark-disable -n 2 --dist loadfile -m "not slow and not gpu"
 

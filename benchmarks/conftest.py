@@ -45,6 +45,7 @@ def pytest_configure(config):
     if not torch.cuda.is_available():  # as the runner's CPU workers time: one thread
         torch.set_num_threads(1)
     # a bad --scenario is the user's input: one line (pytest's usage error), before collection
+    # (a bad --bench-backend: dsv4bench/commands/pytest_plugin.py)
     if config.getoption("scenario", None):
         config._dsv4bench_jobs = _jobs(config)
 

@@ -84,3 +84,14 @@ def test_make_gpu_test_lists_skip_reasons():
     )
     runs = [line for line in p.stdout.splitlines() if " -m pytest " in line]
     assert len(runs) == 2 and all(" -rs " in line for line in runs), p.stdout
+
+
+def test_the_findings_build_compare_finds_no_regression_as_it_says(run_cli, tmp_path):
+    import re
+
+    said = re.search(r"`compare RUN (--backends [^`]+)` finds no regression", _findings())
+    assert said, "docs/findings.md quotes the builds' compare command"
+    run = "results/sm90/studies/routes-limits/builds"
+    code, out, err = run_cli("compare", run, *said.group(1).split(), "--out", tmp_path / "c")
+    assert code == 0, out + err
+    assert "compare: no regression" in out

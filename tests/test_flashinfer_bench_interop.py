@@ -157,3 +157,115 @@ def test_unknown_definition_op_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli.main(["import", "flashinfer-bench", str(tmp_path / "theirs")]) == 2
     err = capsys.readouterr().err
     assert "gemm_n128_k2048: not a DSA definition" in err and err.count("\n") == 1
+
+
+def test_import_out_never_overwrites_without_force(tmp_path, capsys):
+    out = tmp_path / "fib.yaml"
+    out.write_text("mine\n")
+    argv = ["import", "flashinfer-bench", str(FIXTURES), "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already exists; --force" in err and err.count("\n") == 1
+    assert out.read_text() == "mine\n"
+    assert cli.main([*argv, "--force"]) == 0
+    assert "cases:" in out.read_text()
+
+
+def test_import_out_is_never_a_file_of_the_input_folder(tmp_path, capsys):
+    import shutil
+
+    theirs = tmp_path / "theirs"
+    shutil.copytree(FIXTURES, theirs)
+    target = next((theirs / "definitions").rglob("*.json"))
+    before = target.read_text()
+    argv = ["import", "flashinfer-bench", str(theirs), "--out", str(target), "--force"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is a file of the input folder" in err and err.count("\n") == 1
+    assert target.read_text() == before
+
+
+ATTN = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"
+INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
+
+
+def _theirs(tmp_path: Path) -> Path:
+    import shutil
+
+    theirs = tmp_path / "theirs"
+    shutil.copytree(FIXTURES, theirs)
+    return theirs
+
+
+def _set(record: dict, keys: str, value) -> None:
+    """record[a][b]... = value for keys "a.b..."; value None deletes it."""
+    *path, last = keys.split(".")
+    for k in path:
+        record = record[k]
+    if value is None:
+        del record[last]
+    else:
+        record[last] = value
+
+
+DEF_ATTN, DEF_INDEXER = (f"definitions/dsa_paged/{n}.json" for n in (ATTN, INDEXER))
+WORK_ATTN = f"workloads/dsa_paged/{ATTN}.jsonl"
+REFUSED = [
+    (DEF_ATTN, "axes.page_size.value", 0, f"{DEF_ATTN}: axes.page_size: 0, expected a positive"),
+    (DEF_INDEXER, "axes.topk.value", 0, f"{DEF_INDEXER}: axes.topk: 0, expected a positive"),
+    (WORK_ATTN, "workload.axes.num_tokens", 0, f"{WORK_ATTN}:1: workload.axes.num_tokens: 0"),
+    (DEF_ATTN, "op_type", None, f"{DEF_ATTN}: op_type: Field required"),
+    (WORK_ATTN, "workload.uuid", None, f"{WORK_ATTN}:1: workload.uuid: Field required"),
+]
+
+
+@pytest.mark.parametrize("file, keys, value, says", REFUSED)
+def test_import_refuses_what_would_not_load_naming_file_and_field(
+    tmp_path, capsys, file, keys, value, says
+):
+    theirs = _theirs(tmp_path)
+    path = theirs / file
+    if file.endswith(".jsonl"):  # the first workload of the file
+        lines = path.read_text().splitlines()
+        record = json.loads(lines[0])
+        _set(record, keys, value)
+        path.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    else:
+        record = json.loads(path.read_text())
+        _set(record, keys, value)
+        path.write_text(json.dumps(record))
+    out = tmp_path / "s.yaml"
+    assert cli.main(["import", "flashinfer-bench", str(theirs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_import_of_a_non_utf8_definition_is_one_line(tmp_path, capsys):
+    theirs = _theirs(tmp_path)
+    (theirs / f"definitions/dsa_paged/{ATTN}.json").write_bytes(b'{"name": "\xff"}')
+    assert cli.main(["import", "flashinfer-bench", str(theirs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{ATTN}.json: not UTF-8 text" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("size", ["nan", "-5", "inf"])
+def test_export_refuses_a_dump_size_that_is_not_one(tmp_path, capsys, size):
+    argv = ["export", "flashinfer-bench", str(RUN), "--out", str(tmp_path / "o")]
+    assert cli.main([*argv, "--max-dump-mib", size]) == 2
+    err = capsys.readouterr().err
+    assert f"--max-dump-mib {float(size)}: expected a size >= 0" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_into_a_folder_with_files_needs_force(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep\n")
+    argv = ["export", "flashinfer-bench", str(RUN), "--out", str(out), "--max-dump-mib", "0"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds files already" in err and err.count("\n") == 1
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert cli.main([*argv, "--force"]) == 0
+    assert (out / "mine.txt").read_text() == "keep\n" and (out / "definitions").is_dir()

@@ -13,6 +13,24 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def check_out_file(out: str | None, inputs: list[Path], force: bool) -> None:
+    """`--out FILE` of an import: never one of its own inputs, and an existing file only with
+    --force (a converted scenario written over a file the user meant to keep is lost work)."""
+    if not out:
+        return
+    path = Path(out)
+    for given in inputs:  # an input file, or a file of an input folder
+        mine = path.exists() and given.exists() and path.resolve() == given.resolve()
+        inside = path.exists() and given.is_dir() and given.resolve() in path.resolve().parents
+        if mine or inside:
+            what = "is the input itself" if mine else f"is a file of the input folder {given}"
+            raise UsageError(f"--out {out}: {what}; name another file")
+    if path.is_dir():
+        raise UsageError(f"--out {out}: is a directory; name a scenario file")
+    if path.exists() and not force:
+        raise UsageError(f"--out {out}: already exists; --force overwrites it")
+
+
 def setup_backends(args) -> None:
     """Registered backends, then `--backend-opt NAME.OPTION=VALUE` (and its aliases) on them."""
     from dsv4bench import backends
@@ -83,11 +101,26 @@ def _not_for(path: str, written_for: list[str], arch: str) -> str:
 def _check_scenario_path(path: Path) -> None:
     """What is not a regular file is a one-line UsageError (the loader reads and decodes it)."""
     if not path.exists():
-        raise UsageError(f"{path}: no such scenario file")
+        raise UsageError(f"{path}: {_missing(path)}")
     if path.is_dir():
         raise UsageError(f"{path}: is a directory, not a scenario file (name its *.yaml files)")
     if not path.is_file():  # a FIFO or a device: reading it could block forever
         raise UsageError(f"{path}: not a regular file, not a scenario file")
+
+
+def _missing(path: Path) -> str:
+    """Why a path that does not exist is not a file: absent, a dangling link, a link loop."""
+    import errno
+    import os
+
+    if not path.is_symlink():
+        return "no such scenario file"
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop (it resolves to itself), not a scenario file"
+    return f"a symbolic link to {os.readlink(path)}, which does not exist"
 
 
 def _unique(items: list, key) -> list:
@@ -120,11 +153,12 @@ def arch(wanted: str | None, flag: str) -> str:
     return wanted or present
 
 
-def too_big_here(jobs: list, arch: str) -> list[tuple]:
+def too_big_here(jobs: list, arch: str, supports=None) -> list[tuple]:
     """(job, why) for each job whose case's tensors alone exceed this machine's memory on
     `arch` (plan-time: the CPU oracle would swap for hours or be killed, a GPU run would only
     make an `oom` row); a backend that does not run the case here and a case tagged
-    expect-failure (running out is its result) are left out."""
+    expect-failure (running out is its result) are left out. `supports(job, arch)`: the
+    backend's verdict (default: asked here)."""
     import dataclasses
 
     from dsv4bench import backends
@@ -143,7 +177,8 @@ def too_big_here(jobs: list, arch: str) -> list[tuple]:
             why_of[case.case_id] = machine_problem(dataclasses.asdict(case), *memory)
         why = why_of[case.case_id]
         runs_here = why and EXPECT_FAILURE not in case.tags
-        if runs_here and backends.get(job.backend).supports(case, arch) is None:
+        verdict = supports or (lambda j, a: backends.get(j.backend).supports(j.case, a))
+        if runs_here and verdict(job, arch) is None:
             found.append((job, why))
     return found
 

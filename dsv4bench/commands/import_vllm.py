@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dsv4bench.cases.case import ARCHS
-from dsv4bench.commands.common import UsageError
+from dsv4bench.commands.common import UsageError, check_out_file
 
 
 def add_parser(verbs) -> None:
@@ -17,6 +17,7 @@ def add_parser(verbs) -> None:
     )
     v.add_argument("config", help="e.g. benchmarks/attention_benchmarks/configs/X.yaml")
     v.add_argument("--out", metavar="SCENARIO.yaml", help="where to write (default: stdout)")
+    v.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     v.add_argument("--name", help="the scenario's name (default: vllm-<config file name>)")
     v.add_argument("--arch", default="sm90", choices=ARCHS, help="its arch (default: sm90)")
     v.add_argument(
@@ -32,9 +33,16 @@ def cmd_import_vllm(args) -> int:
     path = Path(args.config)
     if not path.is_file():
         raise UsageError(f"{path}: no such config file")
+    check_out_file(args.out, [path], args.force)
     name = args.name or f"vllm-{path.stem}"
     try:
-        text = convert(path.read_text(), source=args.source or str(path), name=name, arch=args.arch)
+        config = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{path}: not UTF-8 text (byte {e.start}); expected a YAML config"
+        ) from None
+    try:
+        text = convert(config, source=args.source or str(path), name=name, arch=args.arch)
     except ConfigError as e:
         raise UsageError(f"{path}: {e}") from None
     backends.setup([])

@@ -79,12 +79,15 @@ def _fetch(args) -> int:
 def _list(args) -> int:
     from dsv4bench.backends.builds import PINNABLE
     from dsv4bench.kernels.instances import default_builds
-    from dsv4bench.kernels.store import read_builds, verify
+    from dsv4bench.kernels.store import scan, verify
 
     root = _root(args)
-    builds = read_builds(root)
+    builds, damaged = scan(root)
+    for name, why in damaged:  # one line each: a build.json that does not read
+        print(f"{name:28} damaged: {why} (dsv4bench kernels fetch again)")
     if not builds:
-        print(f"no builds in {root} (dsv4bench kernels fetch, or kernels unpack)")
+        if not damaged:
+            print(f"no builds in {root} (dsv4bench kernels fetch, or kernels unpack)")
         return 0
     defaults = default_builds(builds)
     for b in builds:

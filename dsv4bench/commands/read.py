@@ -16,52 +16,25 @@ REPORTS = Path("reports")
 
 def cmd_backends(args) -> int:
     from dsv4bench import backends
+    from dsv4bench.commands.found import kernels_found
+    from dsv4bench.commands.isolated import Isolated, in_process
 
     setup_backends(args)
     table = []
-    for name in backends.names():
-        b = backends.get(name)
-        layouts = "any" if b.layouts is None else ",".join(b.layouts) or "-"
-        table.append((name, ",".join(b.archs), ",".join(b.ops), layouts, kernels_found(b)))
+    child = Isolated(args.plugin)  # kernel libraries load there: one may end its process
+    try:
+        for name in backends.names():
+            b = backends.get(name)
+            layouts = "any" if b.layouts is None else ",".join(b.layouts) or "-"
+            found = kernels_found(b) if in_process(b) else child.found(name)
+            table.append((name, ",".join(b.archs), ",".join(b.ops), layouts, found))
+    finally:
+        child.close()
     head = ("backend", "archs", "ops", "layouts", "kernels found")
     widths = [max(len(r[i]) for r in [head, *table]) for i in range(4)]
     for r in [head, *table]:
         print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)) + "  " + r[4])
     return 0
-
-
-def kernels_found(b) -> str:
-    """Which build a backend found, or why none (one line: its rows will say unsupported)."""
-    from dsv4bench import backends
-
-    lib = getattr(b, "lib", None)
-    if b.process_key() and lib and (Path(lib) / "build.json").is_file():
-        return pinned_build(b, Path(lib))  # never loaded here: two builds cannot share a process
-    try:
-        prov = b.provider()
-    except backends.Unsupported as e:
-        return f"not available: {e}"
-    return f"{prov.name} {prov.version}".strip()
-
-
-def pinned_build(b, folder: Path) -> str:
-    """A build instance's line from its build.json, checked but not loaded (its worker loads
-    it); a reason when its files differ or the backend knows the build will not run."""
-    from dsv4bench.kernels.store import Build, verify
-
-    build = Build.from_json(json.loads((folder / "build.json").read_text()))
-    problems = verify(folder.parent, build, checksums=False)  # every plan: sizes only
-    if problems:
-        return f"not available: {problems[0]} (dsv4bench kernels fetch again)"
-    reason = b.build_reason()
-    if reason:
-        return f"not available: {reason}"
-    from dsv4bench.kernels.known import untested_release
-
-    source = f"{build.package}=={build.version}"
-    note = untested_release(folder)
-    tail = f" [{note}]" if note else ""
-    return f"build {build.name}: {build.library} {build.library_version} from {source}{tail}"
 
 
 def cmd_recommend(args) -> int:
@@ -107,8 +80,8 @@ def cmd_report(args) -> int:
 
 def holds_no_rows(path: Path) -> bool:
     """A results file (or a run directory whose results files are) without a single line: a
-    run killed before its first row, an emptied file. A compare takes one as a run that lost
-    its rows (a regression), and refuses one as BASE; a report has nothing to say."""
+    run killed before its first row, an emptied file. A report has nothing to say of one, and
+    compare refuses one as BASE or NEW (report/compare.py): exit 2 either way."""
     from dsv4bench.report.load import SERVING_FILE
     from dsv4bench.rows.results import rows_file
 

@@ -67,6 +67,11 @@ def compare(
         raise ReportInputError(
             f"{base}: holds no result rows; expected a BASE run with rows to compare against"
         )
+    if not new_rows:  # as `report` refuses it: a run that wrote nothing is no comparison
+        raise ReportInputError(
+            f"{new}: holds no result rows; expected a NEW run with rows (a run killed before "
+            "its first row, an emptied file)"
+        )
     if backends is not None:
         label = f"{backends[0]} -> {backends[1]}"
         base_rows = instance_rows(base_rows, backends[0], label, base)
@@ -135,7 +140,12 @@ def _print_summary(entries: list[Entry], md: Path, stream=None) -> None:
         f"compare: {head}: {c['matched']} matched, {c['regressions']} regressed "
         f"({c['time']} time, {c['accuracy']} accuracy, {c['status']} status, {c['limit']} limit, "
         f"{c['missing']} missing, {c['unbaselined']} not in base), "
-        f"{c['only_base']} only in base, {c['only_new']} only in new",
+        f"{c['only_base']} only in base, {c['only_new']} only in new"
+        + (
+            f", {c['untimed']} ok on both sides with no timing (not time-gated)"
+            if c["untimed"]
+            else ""
+        ),
         file=stream,
     )
     worst = [e for e in entries if e.regressions or e.ratio is not None][:10]

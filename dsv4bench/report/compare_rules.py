@@ -23,15 +23,16 @@ RULES = (
     "(the new run's fast tail is slower than the base run's slow tail; percentiles from "
     "`samples_ms` when a row has >= 5 of them, else its `p10_ms`/`p90_ms`, else the quartiles "
     "q1/q3 pytest-benchmark reports). A slower median with overlapping spreads, too few samples "
-    "or no known spread is listed, not failed.",
+    "or no known spread is listed, not failed. An ok new row with no timing (no finite "
+    "median) where the base row had one regresses: the gate cannot pass what it cannot judge.",
     "**accuracy**: the new row is `incorrect` or beyond its tolerance (cos_diff, lse error, "
     "non-finite values) while the base row was ok and within it.",
     "**status**: the base row was ok and the new one is not (crash, timeout, oom, error, "
     "unsupported).",
     "**limit**: the new run fails at a size the base run passed (new first_fail <= base last_ok).",
-    "**missing**: a case (or limit lane) of base has no row in new (a run that lost rows or "
-    "wrote none); `--partial` lists them instead, for a new run that covers part of base by "
-    "design.",
+    "**missing**: a case (or limit lane) of base has no row in new (a run that lost rows); "
+    "`--partial` lists them instead, for a new run that covers part of base by design. A new "
+    "run with no row at all is no comparison: exit 2, as `report` says.",
     "**unbaselined**: with `--require-base`, a case (or limit lane) of new has no row in base: "
     "the baseline fell behind the scenario; the change that adds a job refreshes the baseline.",
     "Cases only in new are otherwise listed, never failures; limit-probe rows are judged "
@@ -103,6 +104,12 @@ def time_change(base: dict, new: dict, threshold: float) -> tuple[float | None, 
     return ratio, "unchanged", False
 
 
+def timed(row: dict) -> bool:
+    """The row carries a finite positive median (what the time rule compares)."""
+    m = (row.get("timing") or {}).get("median_ms")
+    return isinstance(m, (int, float)) and math.isfinite(m) and m > 0
+
+
 def _is_ok(row: dict) -> bool:
     return row.get("status") == "ok"
 
@@ -137,6 +144,9 @@ def judge(
         )
         if slower:
             entry.regressions.append(("time", f"x{entry.ratio:.3f}: {entry.verdict}"))
+        elif entry.ratio is None and timed(b) and not timed(n):
+            entry.verdict = "new row untimed"
+            entry.regressions.append(("time", "ok but no timing in new (base has a median)"))
     if _is_ok(b) and accuracy_bad(b) is None:
         why = accuracy_bad(n)
         if why:
@@ -195,4 +205,6 @@ def counts(entries: list[Entry]) -> dict[str, int]:
         c["regressions"] += bool(e.regressions)
     for kind in ("time", "accuracy", "status", "limit", "missing", "unbaselined"):
         c[kind] = sum(1 for e in entries for k, _ in e.regressions if k == kind)
+    # matched ok rows the time rule could not look at (neither side timed): said, not failed
+    c["untimed"] = sum(1 for e in entries if e.verdict == "no timing")
     return c

@@ -9,6 +9,8 @@ so that it can list what was left out.
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from pathlib import Path
 
 from dsv4bench.report import plots, winners
@@ -94,8 +96,15 @@ class Report:
     def build(self) -> Doc:
         body = Doc(self.doc.title)
         self.doc = body
-        for section in SECTIONS:
-            section(self)
+        # what matplotlib warns of (a layout it could not apply) goes into the report, not onto
+        # the terminal of a command that succeeded
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            for section in SECTIONS:
+                section(self)
+        said = Counter(f"{w.category.__name__}: {w.message}" for w in warned)
+        for text, n in said.items():
+            self.left_out.append(f"Plots: matplotlib warned {n}x: {text}")
         intro = Doc(body.title)
         self.doc = intro
         run_info.intro(self)

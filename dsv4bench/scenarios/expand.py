@@ -423,7 +423,7 @@ class ScenarioLoader(Parser):
             heads_at = merged["num_heads"][1]
             blame = tp_at if tp_at.rank >= heads_at.rank else heads_at
             other = heads_at if blame is tp_at else tp_at
-            which = "tp" if blame is tp_at else "num_heads"
+            which = "num_heads" if blame is tp_at else "tp"  # the key of the other line
             message = f"give tp or num_heads, not both ({which} also at line {other.line})"
             raise self.fail(blame, message)
         if model.num_heads % tp:

@@ -17,7 +17,7 @@ from dsv4bench.backends.base import Unsupported
 from dsv4bench.backends.flashmla import FlashMLA
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases.inputs import make_inputs
-from dsv4bench.commands.read import kernels_found
+from dsv4bench.commands.found import kernels_found
 from dsv4bench.kernels.store import Build, KernelFile, sha256_of, write_build
 from dsv4bench.measure.metrics import accuracy
 from dsv4bench.run import worker

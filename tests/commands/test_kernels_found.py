@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dsv4bench.backends import deepgemm, flashmla
-from dsv4bench.commands.read import kernels_found
+from dsv4bench.commands.found import kernels_found
 from dsv4bench.kernels.catalog import PACKAGES
 from dsv4bench.kernels.store import Build, KernelFile, sha256_of, write_build
 from tests.factories import load_scenario

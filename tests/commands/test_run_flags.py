@@ -61,7 +61,12 @@ def test_unreadable_scenario_paths_are_one_line_exit_2(tmp_path, quick, run_cli)
     latin.write_bytes(quick.read_bytes().replace(b"flags-test", b"flags-t\xe9st"))
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
+    loop, dangling = tmp_path / "loop.yaml", tmp_path / "dangling.yaml"
+    loop.symlink_to(loop.name)
+    dangling.symlink_to("gone.yaml")
     cases = [
+        (loop, f"{loop}: a symbolic link loop (it resolves to itself), not a scenario file"),
+        (dangling, f"{dangling}: a symbolic link to gone.yaml, which does not exist"),
         (latin, f"{latin}:2: (file): not UTF-8 text (byte 0xe9 at offset"),
         (tmp_path, f"{tmp_path}: is a directory, not a scenario file"),
         (fifo, f"{fifo}: not a regular file"),

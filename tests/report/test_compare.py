@@ -160,18 +160,33 @@ def test_cases_missing_from_new_are_a_regression_unless_partial(tmp_path, capsys
     assert "decode-a" in only_base and "decode-new" in only_new
 
 
-def test_an_empty_new_run_is_a_regression(tmp_path, capsys):
+def test_an_empty_new_run_is_one_line_exit_2_as_report_says(tmp_path, capsys):
     from dsv4bench import cli
 
     base = write_run(tmp_path / "base", base_rows())
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "results.jsonl").write_text("")
-    assert cli.main(["compare", str(base), str(empty), "--out", str(tmp_path / "o")]) == 1
+    for partial in ((), ("--partial",)):
+        args = ["compare", str(base), str(empty), "--out", str(tmp_path / "o"), *partial]
+        assert cli.main(args) == 2
+        out, err = capsys.readouterr()
+        assert not out and err.count("\n") == 1
+        assert f"{empty}: holds no result rows; expected a NEW run with rows" in err
+    assert cli.main(["report", str(empty), "--out", str(tmp_path / "r")]) == 2
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_ok_row_without_timing_does_not_pass_silently(tmp_path, capsys):
+    new = copy.deepcopy(base_rows())
+    new[0]["timing"] = None  # ok, but nothing measured
+    code, _, md = run(tmp_path, base_rows(), new)
+    assert code == 1 and "ok but no timing in new" in md
+    capsys.readouterr()
+    both = copy.deepcopy(new)  # neither side timed: said in the summary, not failed
+    code, _, _ = run(tmp_path / "both", both, both)
     out = capsys.readouterr().out
-    assert "REGRESSION: 0 matched, 5 regressed" in out and "5 missing" in out
-    args = ["compare", str(base), str(empty), "--out", str(tmp_path / "p"), "--partial"]
-    assert cli.main(args) == 0
+    assert code == 0 and "1 ok on both sides with no timing (not time-gated)" in out
 
 
 def test_an_empty_base_run_is_one_line_exit_2(tmp_path, capsys):

@@ -107,3 +107,54 @@ def test_dot_rows_sharing_a_label_keep_what_told_their_lines_apart():
         "chunk 4K (solid line)",
         "chunk 4K (dashed line)",
     ]
+
+
+def test_a_dot_chart_of_long_shared_labels_keeps_its_panels_and_one_label_column(tmp_path):
+    import warnings
+
+    labels = [
+        f"flashinfer-0.7.2.post1 s_q=1 edge=graph-pad-sglang graph_batch=8 #{i}" for i in range(40)
+    ]
+    panels = [
+        plots.Panel(
+            title,
+            "batch size (requests)",
+            unit,
+            [plots.Series(lab, [3], [50.0 + i]) for i, lab in enumerate(labels)],
+        )
+        for title, unit in (("achieved TFLOP/s", "TFLOP/s"), ("fraction of peak", "fraction"))
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied ... collapsed to zero"
+        fig = plots.line_figure("t", panels)
+        plots.save(fig, tmp_path / "dots.png")
+    first, second = [a for a in fig.axes if a.get_visible()]
+    assert [t.get_text() for t in first.get_yticklabels()] == labels
+    assert not any(t.get_visible() and t.get_text() for t in second.get_yticklabels())
+
+
+def test_a_row_of_several_values_writes_them_once():
+    series = [plots.Series("fa3", [64, 64], [0.537, 0.564])]
+    panel = plots.Panel("fraction of peak", "chunk tokens", "fraction", series, ypercent=True)
+    fig = plots.line_figure("t", [panel])
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    assert [t.get_text() for t in ax.texts] == ["53.7%, 56.4%"]  # not two texts on one spot
+
+
+def test_what_matplotlib_warns_goes_into_the_report_not_the_terminal(tmp_path, monkeypatch):
+    import warnings
+
+    from dsv4bench.report import render
+    from tests.factories import write_run
+    from tests.report.test_compare import base_rows
+
+    def warns(rep):
+        warnings.warn("constrained_layout not applied", UserWarning, stacklevel=1)
+
+    monkeypatch.setattr(render, "SECTIONS", (warns, *render.SECTIONS))
+    run = write_run(tmp_path / "run", base_rows())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one that escaped would raise here
+        render.build_report([run], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "matplotlib warned 1x: UserWarning: constrained_layout not applied" in md

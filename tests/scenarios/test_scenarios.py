@@ -239,7 +239,8 @@ BAD = [
     ("bad ratio", HEAD + "defaults: {compress_ratio: 8}\n", 5, "defaults.compress_ratio", "expected 0, 4 or 128, got 8"),  # noqa: E501
     ("topk > window", HEAD.replace("v3.2", "v4-pro") + "defaults: {topk: 256}\n", 5, "defaults.topk", "the main-cache indices are the window"),  # noqa: E501
     ("tp does not divide", HEAD + "sweep: {tp: [1, 2, 3]}\n", 5, "sweep.tp[2]", "tp 3 does not divide v3.2's 128 heads"),  # noqa: E501
-    ("tp and num_heads", HEAD + "defaults: {num_heads: 64}\ncases:\n  - tp: 2\n", 7, "cases[0].tp", "give tp or num_heads, not both"),  # noqa: E501
+    ("tp and num_heads", HEAD + "defaults: {num_heads: 64}\ncases:\n  - tp: 2\n", 7, "cases[0].tp", "give tp or num_heads, not both (num_heads also at line 5)"),  # noqa: E501
+    ("num_heads and tp", HEAD + "defaults: {tp: 2}\ncases:\n  - num_heads: 64\n", 7, "cases[0].num_heads", "give tp or num_heads, not both (tp also at line 5)"),  # noqa: E501
     ("route on decode", HEAD + "cases:\n  - route: decode-kernel\n", 6, "cases[0].route", "only prefill has route"),  # noqa: E501
     ("tokens on decode", HEAD + "defaults: {tokens: 64}\n", 5, "defaults.tokens", "only prefill has tokens"),  # noqa: E501
     ("batch on prefill", HEAD + "cases:\n  - {op: prefill, batch_size: 4}\n", 6, "cases[0].batch_size", "expected batch_size 1, got 4"),  # noqa: E501

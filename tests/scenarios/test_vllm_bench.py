@@ -151,3 +151,31 @@ def test_vllm_batches_run_ok_on_the_gpu_backends(backend):
         assert row["status"] == "ok", (backend, case.case_id, row["message"])
         seen += 1
     assert seen >= 6
+
+
+def test_out_never_overwrites_without_force(run_cli, tmp_path):
+    out = tmp_path / "s.yaml"
+    out.write_text("mine\n")
+    code, _, err = run_cli(*IMPORT, "--out", str(out))
+    assert code == 2 and err.count("\n") == 1 and "already exists; --force" in err
+    assert out.read_text() == "mine\n"
+    code, _, err = run_cli(*IMPORT, "--out", str(out), "--force")
+    assert code == 0, err
+    assert out.read_text() == COMMITTED.read_text()
+
+
+def test_out_is_never_the_config_itself(run_cli, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(FIXTURE.read_text())
+    for force in ((), ("--force",)):
+        code, _, err = run_cli("import", "vllm-bench", str(config), "--out", str(config), *force)
+        assert code == 2 and err.count("\n") == 1 and "is the input itself" in err
+        assert config.read_text() == FIXTURE.read_text()
+
+
+def test_a_config_that_is_not_utf8_is_one_line(run_cli, tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(FIXTURE.read_bytes() + b"# caf\xe9\n")
+    code, out, err = run_cli("import", "vllm-bench", str(bad))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "not UTF-8 text" in err

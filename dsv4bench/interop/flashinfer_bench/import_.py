@@ -32,23 +32,26 @@ def family_of(name: str) -> str:
 
 
 def scenario(root: Path, backends: list[str], name: str | None = None) -> dict:
-    """The scenario (YAML data) of every DSA definition under `root` (their TraceSet folder)."""
-    from flashinfer_bench.data import TraceSet
-
-    traces = TraceSet.from_path(str(root))
-    if not traces.definitions:
+    """The scenario (YAML data) of every DSA definition under `root` (their TraceSet folder).
+    Every error names the file (and line) and the field that is wrong."""
+    definitions, workloads = _read(root)
+    if not definitions:
         raise ImportError_(f"{root}: no definitions/*.json")
     cases = []
-    for definition in traces.definitions.values():
+    for definition, where in definitions.values():
         family_of(definition.name)
-        workloads = [t.workload for t in traces.workloads.get(definition.name, [])]
-        if not workloads:
-            raise ImportError_(f"definition {definition.name}: no workloads under workloads/")
-        cases += [case_entry(definition, w.axes) for w in workloads]
+        mine = workloads.get(definition.name, [])
+        if not mine:
+            raise ImportError_(
+                f"{where}: definition {definition.name}: no workloads under workloads/"
+            )
+        for workload, line in mine:
+            entry = case_entry(definition, workload.axes, (where, line))
+            cases.append(entry)
     return {
         "name": name or f"flashinfer-bench-{root.resolve().name}",
         "description": "flashinfer-bench definitions "
-        + ", ".join(traces.definitions)
+        + ", ".join(definitions)
         + " (dsv4bench import flashinfer-bench)",
         "arch": ["cpu", "sm90", "sm100", "sm120"],
         "backends": backends,
@@ -58,45 +61,111 @@ def scenario(root: Path, backends: list[str], name: str | None = None) -> dict:
     }
 
 
-def case_entry(definition, axes: dict[str, int]) -> dict:
-    """One scenario `cases` entry of a definition's workload."""
+def _read(root: Path) -> tuple[dict, dict]:
+    """(definition name -> (Definition, its file), definition name -> [(Workload, file:line)]),
+    each record validated on its own so that an error can say where it is (their TraceSet
+    loader names neither the file nor the line)."""
+    from flashinfer_bench.data import Definition, Trace
+
+    definitions: dict = {}
+    for path in sorted((root / "definitions").rglob("*.json")):
+        d = _parsed(Definition, _text(path), str(path))
+        if d.name in definitions:
+            raise ImportError_(f"{path}: name: {d.name} is defined in {definitions[d.name][1]} too")
+        definitions[d.name] = (d, str(path))
+    workloads: dict = {}
+    for path in sorted((root / "workloads").rglob("*.jsonl")):
+        for i, line in enumerate(_text(path).splitlines(), 1):
+            if line.strip():
+                t = _parsed(Trace, line, f"{path}:{i}")
+                workloads.setdefault(t.definition, []).append((t.workload, f"{path}:{i}"))
+    return definitions, workloads
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ImportError_(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def _parsed(model, text: str, where: str):
+    """`model` validated from JSON `text`; ImportError_ naming `where` and the field."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "(the record)"
+        raise ImportError_(f"{where}: {field}: {first['msg']}") from None
+
+
+def case_entry(definition, axes: dict[str, int], where: tuple[str, str] = ("", "")) -> dict:
+    """One scenario `cases` entry of a definition's workload; `where`: (the definition's file,
+    the workload's file:line), named by errors."""
     const = definition.const_axes
     fam = family_of(definition.name)
     if fam == "dsa_sparse_attention":
         d_qk = const["head_dim_ckv"] + const["head_dim_kpe"]
         if d_qk != 576:
             raise ImportError_(f"definition {definition.name}: q/k dim {d_qk}, V3.2 has 576")
-        tokens, pages = _need(definition, axes, "num_tokens", "num_pages")
-        page = const["page_size"]
+        tokens, pages = _need(definition, axes, where[1], "num_tokens", "num_pages")
+        page, topk, heads = _sizes(definition, where[0], "page_size", "topk", "num_qo_heads")
         # their cache is one pool of num_pages pages for all tokens: a request's share of it
-        context = max(const["topk"], pages // max(tokens, 1) * page)
+        context = max(topk, pages // tokens * page)
         return {
             "op": "decode",
             "model": "v3.2",
-            "num_heads": const["num_qo_heads"],
-            "topk": const["topk"],
+            "num_heads": heads,
+            "topk": topk,
             "page_size": page,
             "batch_size": tokens,
             "context_len": context,
             "tags": [definition.name],
         }
-    batch, max_pages = _need(definition, axes, "batch_size", "max_num_pages")
-    if (const["num_index_heads"], const["index_head_dim"]) != (64, 128):
+    batch, max_pages = _need(definition, axes, where[1], "batch_size", "max_num_pages")
+    if (const.get("num_index_heads"), const.get("index_head_dim")) != (64, 128):
         raise ImportError_(f"definition {definition.name}: the V3.2 indexer has 64 heads of 128")
+    page, topk = _sizes(definition, where[0], "page_size", "topk")
     return {
         "op": "indexer",
         "model": "v3.2",
         "num_heads": const["num_index_heads"],
-        "topk": const["topk"],
-        "page_size": const["page_size"],
+        "topk": topk,
+        "page_size": page,
         "batch_size": batch,
-        "context_len": max(const["topk"], max_pages * const["page_size"]),
+        "context_len": max(topk, max_pages * page),
         "tags": [definition.name],
     }
 
 
-def _need(definition, axes: dict, *names: str) -> list[int]:
+def _sizes(definition, where: str, *names: str) -> list[int]:
+    """The definition's constant axes `names`, each a positive size."""
+    const = definition.const_axes
+    found = []
+    for n in names:
+        value = const.get(n)
+        if type(value) is not int or value < 1:
+            what = "missing" if value is None else f"{value!r}"
+            raise ImportError_(
+                f"{where or definition.name}: axes.{n}: {what}, expected a positive size"
+            )
+        found.append(value)
+    return found
+
+
+def _need(definition, axes: dict, where: str, *names: str) -> list[int]:
     missing = [n for n in names if n not in axes]
     if missing:
-        raise ImportError_(f"definition {definition.name}: a workload lacks axes {missing}")
-    return [int(axes[n]) for n in names]
+        raise ImportError_(
+            f"{where or definition.name}: workload.axes lacks {', '.join(missing)} "
+            f"(definition {definition.name})"
+        )
+    for n in names:
+        if type(axes[n]) is not int or axes[n] < 1:
+            raise ImportError_(
+                f"{where or definition.name}: workload.axes.{n}: {axes[n]!r}, "
+                "expected a positive size"
+            )
+    return [axes[n] for n in names]

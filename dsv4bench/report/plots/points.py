@@ -13,30 +13,48 @@ from matplotlib.transforms import blended_transform_factory
 from dsv4bench.report.plots import axes as ax_
 from dsv4bench.report.plots import canvas
 from dsv4bench.report.plots.axes import percent
-from dsv4bench.report.plots.style import FAILED_LABEL, PANEL_H, colors_for
+from dsv4bench.report.plots.style import FAILED_LABEL, PANEL_H, PANEL_W, colors_for
 
 ROW_H = 0.28  # inches per series row
+CHAR_W = 0.068  # inches per character of a row label (font.size 9)
 
 
 def point_figure(title: str, panels, max_cols: int = 3, *, ncols=None, legend=None):
-    """Panels (lines.Panel) whose series have at most one point each, as dot charts."""
+    """Panels (lines.Panel) whose series have at most one point each, as dot charts. Where
+    every panel has the same rows, only the first column names them; the figure is as wide
+    as its panels plus their row labels (long labels collapsed the panels to nothing)."""
     ncols = min(ncols or max_cols, max(len(panels), 1))
     nrows = -(-max(len(panels), 1) // ncols)
     rows = max((len(p.series) for p in panels), default=1)
     height = max(PANEL_H * 0.75, 1.3 + ROW_H * rows)
-    fig, axes = canvas.figure(nrows, ncols, title, panel_h=height)
+    labels = [_row_labels(p, bool(_at(p))) for p in panels]
+    shared = len({tuple(lab) for lab in labels}) == 1
+    label_w = CHAR_W * max((len(x) for lab in labels for x in lab), default=0)
+    width = ncols * PANEL_W + label_w * (1 if shared else ncols)
+    fig, axes = canvas.figure(nrows, ncols, title, width=width, panel_h=height)
     palette = colors_for(s.label for p in panels for s in p.series)
     handles: dict[str, object] = {}
     if legend:  # what colors and markers mean beyond the labels on the axis
         handles = {
             lab: Line2D([], [], **{"linestyle": "none", **style}) for lab, style in legend.items()
         }
-    for ax, panel in zip(axes, panels, strict=False):
+    for i, (ax, panel) in enumerate(zip(axes, panels, strict=False)):
         _dot_panel(ax, panel, palette, handles)
+        if shared and i % ncols:
+            ax.tick_params(labelleft=False)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     canvas.shared_legend(fig, handles)
     return fig
+
+
+def values_text(ys: list[float], fmt) -> str:
+    """What a row writes beside its markers: each distinct value once, lowest first (several
+    values written at their own markers overlapped), a range past three."""
+    distinct = sorted(set(ys))
+    if len(distinct) > 3:
+        return f"{fmt(distinct[0])} .. {fmt(distinct[-1])} ({len(ys)} values)"
+    return ", ".join(fmt(y) for y in distinct)
 
 
 def _at(panel) -> str:
@@ -84,9 +102,10 @@ def _dot_panel(ax, panel, palette: dict, handles: dict) -> None:
         color = s.color or palette[s.label]
         for y in s.ys:
             ax.plot([y], [i], linestyle="none", marker=s.marker, color=color, ms=6.5)
+        if s.ys:  # one text a row, beside its rightmost marker
             ax.annotate(
-                percent(y) if panel.ypercent else f"{y:.3g}",
-                (y, i),
+                values_text(s.ys, percent if panel.ypercent else (lambda y: f"{y:.3g}")),
+                (max(s.ys), i),
                 xytext=(5, 0),
                 textcoords="offset points",
                 va="center",
