@@ -49,10 +49,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsv4bench.backends import library, paged_rows
+from dsv4bench.backends import paged_rows
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -61,6 +60,7 @@ from dsv4bench.backends.base import (
     pad_sink,
     resolve_heads,
 )
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output, prefill_output
 
@@ -252,7 +252,7 @@ def split_pool(rows, d_qk: int):
 # ---- the backend ----------------------------------------------------------------------------
 
 
-class FA3(LibraryBackend):
+class FA3(library.LibraryBackend):
     name = "fa3"
     description = "FlashAttention-3 (vLLM/sgl-kernel build) as sparse MLA over a bf16 cache"
     archs = ("sm90",)

@@ -22,10 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -35,6 +33,7 @@ from dsv4bench.backends.base import (
     pad_sink,
     resolve_heads,
 )
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import ROUTES, Case
 from dsv4bench.cases.output import Output, prefill_output
 from dsv4bench.measure import hardware
@@ -247,7 +246,7 @@ def _poison(out):
     return None if out is None else (lambda: out.fill_(float("nan")))
 
 
-class FlashMLA(LibraryBackend):
+class FlashMLA(library.LibraryBackend):
     name = "flashmla"
     description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
     archs = ("sm90", "sm100")

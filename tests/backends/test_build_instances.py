@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from dsv4bench import backends
-from dsv4bench.backends import Unsupported, deepgemm, flashmla, library
+from dsv4bench.backends import Unsupported, deepgemm, flashmla
 from dsv4bench.backends.builds import PINNABLE
+from dsv4bench.backends.toolchains import library
 from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.kernels.store import kernels_dir
 from tests.factories import load_scenario

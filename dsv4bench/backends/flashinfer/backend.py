@@ -76,27 +76,28 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dsv4bench.backends.base import (
     Backend,
     HeadRule,
-    LazyOps,
     Prepared,
     Provider,
     Unsupported,
     check_cache_width,
     fp8_cache_reason,
-    pinned_release_reason,
     resolve_heads,
 )
 from dsv4bench.backends.flashinfer import sm90, sm100, sm120, topk
 from dsv4bench.backends.flashinfer.convert import KV_DTYPES, apply_length
+from dsv4bench.backends.toolchains.library import (
+    LazyOps,
+    on_sys_path,
+    pinned_release_reason,
+    site_folder,
+)
 from dsv4bench.cases.case import Case
-from dsv4bench.kernels.store import kernels_dir
 from dsv4bench.measure import hardware
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
@@ -152,26 +153,10 @@ class KernelOps:
     names: dict = field(default_factory=dict)
 
 
-def _site(lib: str | None) -> Path | None:
-    """The site folder (flashinfer + apache-tvm-ffi) of a `kernels fetch` build: `lib`'s, else,
-    when no flashinfer is installed, the kernels folder's newest; None to import as installed."""
-    if lib:
-        site = Path(lib) / "site"
-        if not (site / "flashinfer/__init__.py").is_file():
-            raise Unsupported(f"FlashInfer build not found: no site/flashinfer in {lib}")
-        return site
-    if "flashinfer" in sys.modules or importlib.util.find_spec("flashinfer") is not None:
-        return None
-    found = sorted(kernels_dir().glob("flashinfer-*/site/flashinfer/__init__.py"), reverse=True)
-    return found[0].parents[1] if found else None
-
-
 def discover(lib: str | None = None) -> KernelOps:
     """Import flashinfer (from `lib`'s build, an installed package, or the kernels folder) and
     look up the four entry points (missing ones stay None)."""
-    site = _site(lib)
-    if site is not None and str(site) not in sys.path:
-        sys.path.insert(0, str(site))
+    on_sys_path(site_folder(lib, "flashinfer", "flashinfer-*", "FlashInfer"))
     try:
         fi = importlib.import_module("flashinfer")
     except ModuleNotFoundError as e:

@@ -33,10 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -45,6 +43,7 @@ from dsv4bench.backends.base import (
     resolve_heads,
 )
 from dsv4bench.backends.sglang_triton import call, sources
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 
 ENV_LIB = "DSV4BENCH_SGLANG_TRITON_LIB"
@@ -162,7 +161,7 @@ def head_rule(case: Case, entry: Entry) -> HeadRule:
     return HeadRule("sglang Triton DSA", None, case.num_heads)
 
 
-class SglangTriton(LibraryBackend):
+class SglangTriton(library.LibraryBackend):
     name = "sglang-triton"
     description = "sglang's Triton sparse MLA kernels (sm120 V4 decode, V3.2 DSA decode/prefill)"
     archs = ("sm90", "sm120")

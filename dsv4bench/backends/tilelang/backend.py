@@ -35,10 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -46,6 +44,7 @@ from dsv4bench.backends.base import (
     resolve_heads,
 )
 from dsv4bench.backends.tilelang import call, runtime
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import ROUTES, Case
 
 ENV_LIB = "DSV4BENCH_TILELANG_LIB"
@@ -157,7 +156,7 @@ def index_width(case: Case) -> int:
     return call.round_up(width, call.INDEX_BLOCK)
 
 
-class TileLang(LibraryBackend):
+class TileLang(library.LibraryBackend):
     name = "tilelang"
     description = "sglang's TileLang sparse MLA kernel (bf16 KV, V3.2), prefill and decode"
     archs = ("sm90",)
