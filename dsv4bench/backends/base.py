@@ -94,6 +94,11 @@ class Backend:
     # "CUDA graphs", "batch invariance"), each read from the adapter's code or the kernel's
     # API; a test fails for a registered backend that leaves one out.
     capabilities: dict[str, str] = {}
+    # What the serving presets read (serving/presets.py kv_options): its kernels read a bf16
+    # cache only (a bf16 candidate only), or its prefill gathers and casts the cache to an
+    # e4m3 workspace on every call (an FP8 candidate only: the dequant part is its own).
+    bf16_kv: bool = False
+    cast_every_call: bool = False
 
     @property
     def base(self) -> str:

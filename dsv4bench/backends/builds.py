@@ -13,17 +13,18 @@ from dsv4bench.backends.base import Backend
 from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.kernels.store import kernels_dir
 
-# libraries whose backend takes a build's folder as its `lib` option
-PINNABLE = (
-    "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk", "sglang-triton"
-)  # fmt: skip
+
+def pinnable(make: Callable[[], Backend]) -> bool:
+    """Whether a table entry is a backend class with a `lib` option (a build's folder)."""
+    return isinstance(make, type) and "lib" in make.options
 
 
 def build_instances(table: dict[str, Callable[[], Backend]]) -> dict[str, Callable[[], Backend]]:
-    """Build name -> factory of its library's backend with `lib` = the build's folder."""
+    """Build name -> factory of its library's backend with `lib` = the build's folder, for
+    every library whose backend is pinnable (has a `lib` option)."""
     folder = kernels_dir()
     return {
         name: partial(table[library], lib=str(folder / name))
         for name, library in known_builds()
-        if library in PINNABLE and library in table
+        if library in table and pinnable(table[library])
     }

@@ -64,7 +64,7 @@ from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output, prefill_output
 
-ENV_LIB = "DSV4BENCH_FA3_LIB"
+ENV_LIB = library.lib_env("fa3")
 LIB_FILE = "_vllm_fa3_C.abi3.so"
 DEFAULT_GLOB = ".kernels/fa3-vllm-*/" + LIB_FILE  # a fetched build (or an older packing's .xz)
 NOT_FOUND = (
@@ -266,6 +266,11 @@ class FA3(library.LibraryBackend):
         "batch invariance": "not promised: num_splits is left to FA3's heuristic, which reads "
         "the batch",
     }
+
+    @property
+    def bf16_kv(self) -> bool:
+        """Its kernels read a bf16 cache only (kv_dtype bf16): engines keep the cache in bf16."""
+        return self.kv_dtype == "bf16"
 
     def __init__(self, lib: str | None = None, kv_dtype: str = "bf16", ops=None):
         if kv_dtype not in KV_DTYPES:

@@ -38,7 +38,7 @@ from dsv4bench.cases.case import ROUTES, Case
 from dsv4bench.cases.output import Output, prefill_output
 from dsv4bench.measure import hardware
 
-ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
+ENV_LIB = library.lib_env("flashmla")
 LIB_FILE = "_flashmla_C.abi3.so"
 # sgl-flash-mla 1.0.0: torch.ops.flash_mla_legacy holds the sm90 kernels upstream dropped
 LEGACY_GLOB = "_C_legacy*.so"

@@ -328,3 +328,21 @@ def test_report_has_the_presets_section(tmp_path):
         "| 81 | 1.06x |" in md
     )
     assert any(f.name.startswith("presets-tpot-v3") for f in files)
+
+
+def test_kv_options_are_the_backends_own_declarations():
+    from dsv4bench import backends
+    from dsv4bench.backends.base import Backend
+
+    class Casting(Backend):
+        name = "dsv4-test-casting"
+        cast_every_call = True
+
+    backends.register(Casting())
+    try:
+        assert pz.kv_options("dsv4-test-casting", "sparse-prefill", "ttft") == ("fp8",)
+    finally:
+        backends._REGISTRY.pop("dsv4-test-casting")
+    assert pz.kv_options("flashinfer", "sparse-prefill", "ttft") == ("bf16",)
+    assert pz.kv_options("flashinfer-e4m3", "sparse-prefill", "ttft") == ("bf16", "fp8")
+    assert pz.kv_options("flashmla", "sparse-prefill", "ttft") == ("bf16", "fp8")

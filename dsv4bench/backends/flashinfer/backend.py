@@ -225,6 +225,11 @@ class FlashInfer(Backend):
         "batch invariance": "not promised: the sm90 plan splits KV by the batch's work",
     }
 
+    @property
+    def bf16_kv(self) -> bool:
+        """Its kernels read a bf16 cache only (kv_dtype bf16): engines keep the cache in bf16."""
+        return self.kv_dtype == "bf16"
+
     def __init__(
         self,
         ops: KernelOps | Callable | None = None,

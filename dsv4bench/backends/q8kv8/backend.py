@@ -127,6 +127,8 @@ class Q8KV8(Backend):
     ops = ("prefill",)
     layouts = ("v32", "v4")
     options = {"lib": None, "time_q_cast": False}
+    # sglang 0.5.23 (flashmla_sparse_q8) gathers and casts the cache to e4m3 on every call
+    cast_every_call = True
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
         "lse out": "yes: lse fp32 (s_q, h_q), natural log",

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.toolchains.library import build_folder, package_dir
+from dsv4bench.backends.toolchains.library import build_folder, lib_env, package_dir
 from dsv4bench.backends.toolchains.nvcc import missing_tvm_ffi, tvm_ffi_includes
 from dsv4bench.kernels.catalog import Q8KV8_CSRC
 
-ENV_LIB = "DSV4BENCH_Q8KV8_LIB"
+ENV_LIB = lib_env("q8kv8")
 KERNEL_FILES = ("entry.cuh", "kernel.cuh", "params.h", "config.h")
 CUTLASS_PROBE = "cute/tensor.hpp"
 HOW = "dsv4bench kernels fetch sglang==0.5.23 (or --backend-opt q8kv8.lib=BUILD)"

@@ -3,7 +3,7 @@ sources, sglang's header-only sgl_kernel library, apache-tvm-ffi (headers, libtv
 Python loader) and nvcc. Each missing piece is one line (Unsupported), so `backends`, `plan`
 and the rows say it.
 
-Where from, in order: the `lib` option or $DSV4BENCH_SGL_TOPK_LIB (a `kernels fetch` build
+Where from, in order: the `lib` option or $DSV4BENCH_SGLANG_TOPK_LIB (a `kernels fetch` build
 folder: csrc/, include/, site/tvm_ffi/), else the kernels folder's newest sglang-topk build, else
 installed packages (sglang's kernels/jit folder, tvm_ffi)."""
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.toolchains.library import build_folder, package_dir
+from dsv4bench.backends.toolchains.library import build_folder, lib_env, package_dir
 from dsv4bench.backends.toolchains.nvcc import missing_tvm_ffi, tvm_ffi_includes
 from dsv4bench.kernels.catalog import SGL_TOPK_JIT, SGL_TOPK_SOURCES
 
-ENV_LIB = "DSV4BENCH_SGL_TOPK_LIB"
+ENV_LIB = lib_env("sglang-topk")
 HEADER_PROBE = "include/sgl_kernel/deepseek_v4/topk_impl.cuh"
 HOW = "dsv4bench kernels fetch sglang==0.5.23 (or --backend-opt sglang-topk.lib=BUILD)"
 WHAT = "sglang's top-k"
@@ -83,6 +83,6 @@ def from_installed() -> Sources:
 
 
 def discover(lib: str | None = None) -> Sources:
-    """`lib` or $DSV4BENCH_SGL_TOPK_LIB, else the kernels folder's newest build, else installed."""
+    """`lib` or $DSV4BENCH_SGLANG_TOPK_LIB, else the newest build there, else installed."""
     pattern = f"sglang-topk-*/{SGL_TOPK_SOURCES[0]}"
     return build_folder(lib, ENV_LIB, pattern, from_build, from_installed)

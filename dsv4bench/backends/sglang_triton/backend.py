@@ -46,7 +46,7 @@ from dsv4bench.backends.sglang_triton import call, sources
 from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 
-ENV_LIB = "DSV4BENCH_SGLANG_TRITON_LIB"
+ENV_LIB = library.lib_env("sglang-triton")
 BUILD_GLOB = ".kernels/sglang-triton-*/"
 FETCH_HINT = "dsv4bench kernels fetch sglang"
 NOT_FOUND = (

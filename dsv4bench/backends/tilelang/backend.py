@@ -47,7 +47,7 @@ from dsv4bench.backends.tilelang import call, runtime
 from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import ROUTES, Case
 
-ENV_LIB = "DSV4BENCH_TILELANG_LIB"
+ENV_LIB = library.lib_env("tilelang")
 KERNEL_FILE = "tilelang_kernel.py"
 DEFAULT_GLOB = ".kernels/tilelang-sglang-*/" + KERNEL_FILE
 NOT_FOUND = (

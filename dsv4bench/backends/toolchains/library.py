@@ -26,6 +26,7 @@ builds of one library side by side) use instead of `discover`.
 For a family's own use (the public names, each documented below):
   LibraryBackend, LazyOps   a backend over one library (option `lib`), its ops found once
   pinned_release_reason     a pinned kernels-folder build the catalog does not know
+  lib_env                   the environment variable a backend's `lib` option falls back on
   build_folder              a `kernels fetch` build folder: `lib`, $ENV, the newest, else a fallback
   package_dir               an installed package's folder, found without importing it
   site_folder, on_sys_path  a build's site/ folder (a package and its requirements) put first
@@ -302,6 +303,12 @@ def unpack_tar(path: Path, marker: str) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.replace(dest)
     return dest
+
+
+def lib_env(name: str) -> str:
+    """The environment variable naming a backend's library or build folder when its `lib`
+    option does not: DSV4BENCH_<NAME>_LIB (`sglang-topk` -> DSV4BENCH_SGLANG_TOPK_LIB)."""
+    return f"DSV4BENCH_{name.upper().replace('-', '_')}_LIB"
 
 
 # ---- build folders and site folders --------------------------------------------------------
