@@ -73,7 +73,6 @@ NOT_FOUND = (
 )
 D_V = 512
 QK_COLS = 64  # columns given as q/k: V3.2's rope, V4's first 64 latent columns
-KV_DTYPES = ("bf16", "e4m3")
 FP8_REASON = (
     "FA3 refuses an FP8 cache for head_dim_v 512 ('HeaddimV > 256 requires fp16 and bf16'); "
     "engines run it on a bf16 cache: kv_dtype bf16"
@@ -273,8 +272,8 @@ class FA3(library.LibraryBackend):
         return self.kv_dtype == "bf16"
 
     def __init__(self, lib: str | None = None, kv_dtype: str = "bf16", ops=None):
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+        if kv_dtype not in paged_rows.KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {paged_rows.KV_DTYPES}, got {kv_dtype!r}")
         self.kv_dtype = kv_dtype
         self._find_with(lib, ops, discover)
 

@@ -31,7 +31,7 @@ from dsv4bench.serving.aggregate import ENVELOPE
 Q8KV8_V4 = "q8kv8-qcast"
 # the instances the presets name that no registry holds, by the backend each is built from
 PRESET_INSTANCES = {Q8KV8_V4: "q8kv8"}
-KV_DTYPES = ("bf16", "fp8")
+ENGINE_KV_DTYPES = ("bf16", "fp8")  # the cache dtypes an engine keeps
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ def kv_options(backend: str, route: str, metric: str) -> tuple[str, ...]:
         return ("fp8",)
     if metric == "tpot" or route in DECODE_ROUTES or route != "sparse-prefill":
         return ("fp8",)
-    return KV_DTYPES
+    return ENGINE_KV_DTYPES
 
 
 def _route(row: dict) -> str:

@@ -90,7 +90,8 @@ from dsv4bench.backends.base import (
     resolve_heads,
 )
 from dsv4bench.backends.flashinfer import sm90, sm100, sm120, topk
-from dsv4bench.backends.flashinfer.convert import KV_DTYPES, apply_length
+from dsv4bench.backends.flashinfer.convert import WORKSPACE_BYTES, apply_length
+from dsv4bench.backends.paged_rows import KV_DTYPES
 from dsv4bench.backends.toolchains.library import (
     LazyOps,
     on_sys_path,
@@ -105,7 +106,6 @@ ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and 
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
 DSV4_OLD_HEADS = (64, 128)  # trtllm-gen DSv4 before 0.6.14 (flashinfer-ai/flashinfer#3545)
 DSV4_SMALL_HEADS_SINCE = (0, 6, 14)
-WORKSPACE_BYTES = 128 << 20  # what FlashInfer's tests and vLLM allocate (zeroed)
 
 # (module, function) candidates per kernel, newest location first
 CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
