@@ -12,8 +12,8 @@ import pytest
 from dsv4bench import serving as sv
 from dsv4bench.cases import topk_case
 from dsv4bench.measure import split
-from dsv4bench.report import indexer_share
 from dsv4bench.report.render import Report
+from dsv4bench.report.sections import indexer_share
 from dsv4bench.scenarios import load_text
 from tests.factories import case_row
 
