@@ -62,7 +62,8 @@ REASON_CHARS = 300  # the most of a load failure's one-line reason (an exception
 
 
 class Backend:
-    """Subclass, set the class attributes, implement supports() and prepare().
+    """Subclass, set the class attributes, implement supports() and prepare_case() (with
+    prepare_reason(): what prepare() checks first).
 
     Adding a kernel means adding one such class and registering it (see registry).
 
@@ -162,6 +163,19 @@ class Backend:
         return ""
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        """The case made ready on `device`: Unsupported with prepare_reason()'s reason, if it
+        gives one, else prepare_case() (a subclass may override prepare() whole instead)."""
+        reason = self.prepare_reason(case, device)
+        if reason:
+            raise Unsupported(reason)
+        return self.prepare_case(case, inputs, device)
+
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        """Why the case cannot run on `device`, checked first by prepare(); None: it can."""
+        return None
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
+        """The case made ready, its reasons checked (prepare_reason)."""
         raise NotImplementedError
 
 

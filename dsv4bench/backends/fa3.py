@@ -296,10 +296,10 @@ class FA3(library.LibraryBackend):
             return "FA3 sparse MLA needs topk + extra_topk > 0"
         return padded_heads(case)[1]
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        reason = self.case_reason(case)
-        if reason:
-            raise Unsupported(reason)
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.case_reason(case)
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         ops = self.kernel_ops()
         return prepare_call(case, inputs, device, ops)
 

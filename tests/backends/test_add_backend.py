@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 import dsv4bench.backends
 from dsv4bench import backends
 from dsv4bench.backends import registry
@@ -101,3 +103,23 @@ def test_the_worked_example_registers_and_matches_the_oracle(
     for name in ("dsv4bench.backends.enginetopk", "dsv4bench.backends.enginetopk.backend"):
         sys.modules.pop(name, None)
     sys.modules.pop("dsv4bench_enginetopk", None)
+
+
+def test_prepare_checks_its_reason_before_the_case_is_made():
+    from dsv4bench.backends.base import Backend, Prepared, Unsupported
+
+    made = []
+
+    class Picky(Backend):
+        name = "picky"
+
+        def prepare_reason(self, case, device):
+            return "too big" if case == "big" else None
+
+        def prepare_case(self, case, inputs, device):
+            made.append(case)
+            return Prepared(run=lambda: None)
+
+    with pytest.raises(Unsupported, match="too big"):
+        Picky().prepare("big", {}, "cpu")
+    assert made == [] and Picky().prepare("small", {}, "cpu").run() is None and made == ["small"]

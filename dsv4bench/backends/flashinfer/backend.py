@@ -298,12 +298,13 @@ class FlashInfer(Backend):
             return reason
         return (sm100 if arch == "sm100" else sm120).supports(case)
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        self.kernel_ops()  # Unsupported first when FlashInfer is absent
+        return self.supports(case, self.arch or hardware.arch_of(device))
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         ops = self.kernel_ops()
         arch = self.arch or hardware.arch_of(device)
-        reason = self.supports(case, arch)
-        if reason:
-            raise Unsupported(reason)
         if case.op == "topk":
             fn = getattr(ops, f"topk_{case.form}", None)
             return topk.prepare(case, inputs, device, fn, ops.provider.version)

@@ -183,12 +183,12 @@ class Q8KV8(Backend):
             return f"sglang's V4 Q8KV8 path takes at most {V4_MAX_HEADS} local heads"
         return resolve_heads(case, head_rule(case))[1]
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.supports(case, "sm90")
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         import torch
 
-        reason = self.supports(case, "sm90")
-        if reason:
-            raise Unsupported(reason)
         heads = resolve_heads(case, head_rule(case))[0]
         q, kv, indices = inputs["q"], inputs["kv"], inputs["indices"]
         length, sink = inputs.get("topk_length"), inputs.get("attn_sink")

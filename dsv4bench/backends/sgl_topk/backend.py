@@ -95,12 +95,12 @@ class SglangTopK(Backend):
             return f"sglang's top-k v2 takes a power-of-two page size, not {page}"
         return None
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.supports(case, "sm90")
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         import torch
 
-        reason = self.supports(case, "sm90")
-        if reason:
-            raise Unsupported(reason)
         x = inputs
         logits, k = x["logits"], case.topk
         if logits.dtype != torch.float32 or logits.stride(1) != 1:

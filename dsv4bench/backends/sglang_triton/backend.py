@@ -242,10 +242,10 @@ class SglangTriton(library.LibraryBackend):
             return None
         return fp8_cache_reason(case, "this backend's bf16 pool conversion")
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        reason = self.case_reason(case)
-        if reason:
-            raise Unsupported(reason)
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.case_reason(case)
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         heads = resolve_heads(case, head_rule(case, self.entry))[0]
         fn = self.kernel_ops().fn
         if self.entry.layout == "v4":

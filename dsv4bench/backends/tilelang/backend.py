@@ -238,9 +238,9 @@ class TileLang(library.LibraryBackend):
             )
         return padded_heads(case)[1]
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        reason = self.case_reason(case)
-        if reason:
-            raise Unsupported(reason)
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.case_reason(case)
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         heads = padded_heads(case)[0]
         return call.prepare_call(case, inputs, device, self.kernel_ops().sparse_fwd, heads)
