@@ -34,12 +34,12 @@ class Shape:
     times: dict[str, float] = field(default_factory=dict)  # backend -> ranked ms (ok rows)
     others: dict[str, str] = field(default_factory=dict)  # backend -> status, when not ok
     events: dict[str, float] = field(default_factory=dict)  # backend -> timed-call median ms
-    basis: str = "events"  # what `times` holds (timers.TIMERS)
+    basis: str = "events"  # what `times` holds (timers.PREFERENCE)
     timings: dict[str, dict] = field(default_factory=dict)  # backend -> its row's timing
     run: str = ""  # the run its rows come from
 
     def rank_by_gpu_time(self) -> None:
-        """times := the first of timers.TIMERS that every ok backend of the shape measured."""
+        """times := the first of timers.PREFERENCE that every ok backend of the shape measured."""
         rows = {b: {"timing": t} for b, t in self.timings.items()}
         found = timers.shared(list(rows.values()))
         if found:
