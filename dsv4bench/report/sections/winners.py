@@ -6,7 +6,7 @@ A shape is one case_id (the problem: op, model, heads, batch or chunk, s_q, ...)
 a ratio never divides times of two runs, and a case measured in several runs has a line per
 run. Only `ok` rows count: an incorrect or unsupported backend never wins, and the oracle
 (`torch`) is a baseline, never a candidate. Backends are ranked by GPU time where every one of
-a shape measured it (report/timers.py): the profiler's kernel makespan (timer
+a shape measured it (rows/timers.py): the profiler's kernel makespan (timer
 `profiler`/`both`), else the CUDA-graph replay (`graph: true`), else the CUDA-events median.
 Events sit a fixed ~2.8 us above the makespan below 50 us (launch and event overhead), so at
 20-40 us they partly rank launch overheads; the events figure stays beside the GPU time.
