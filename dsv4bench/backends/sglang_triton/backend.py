@@ -105,15 +105,8 @@ class SglangTritonOps:
 
 def build_folder(lib: str | None) -> Path | None:
     """The build folder the chain picks: `lib`, $ENV_LIB, the kernels folder's newest."""
-    import os
-
-    named = lib or os.environ.get(ENV_LIB)
-    if named:
-        return Path(named).expanduser()
-    builds = library.kernel_builds(
-        library.LibrarySpec("sglang Triton", NOT_FOUND, kernels=(BUILD_GLOB,))
-    )
-    return Path(builds[0].path) if builds else None
+    pattern = BUILD_GLOB.removeprefix(".kernels/")
+    return library.build_folder(lib, ENV_LIB, pattern, lambda folder: folder, lambda: None)
 
 
 def missing_reason(lib: str | None) -> str | None:

@@ -326,7 +326,7 @@ def build_folder(
     whose first part is the build's folder), else fallback() (e.g. installed packages)."""
     explicit = lib or (os.environ.get(env_var) if env_var else None)
     if explicit:
-        return from_folder(Path(explicit))
+        return from_folder(Path(explicit).expanduser())
     root = kernels_dir()
     found = sorted(root.glob(pattern), reverse=True)
     if found:
