@@ -30,8 +30,9 @@ import math
 
 import torch
 
+from reference.layouts import E4M3_MAX
+
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
 P_BLOCK = 64  # B_TOPK: the top-k entries of one online-softmax step
 LOG2E = 1.0 / math.log(2.0)
 BLOCK_BYTES = 256 * 2**20

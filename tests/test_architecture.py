@@ -136,3 +136,52 @@ def test_only_the_scenario_loader_imports_yaml():
             if any(n == "yaml" or n.startswith("yaml.") for n in names):
                 importers.add(path.relative_to(PACKAGE).as_posix())
     assert importers == {"scenarios/read.py"}
+
+
+BACKENDS = "dsv4bench.backends"
+TOOLCHAINS = f"{BACKENDS}.toolchains"
+SHARED = (f"{BACKENDS}.base", f"{BACKENDS}.paged_rows")  # what every family may read
+REGISTRATION = {BACKENDS, f"{BACKENDS}.registry", f"{BACKENDS}.builds"}  # they list families
+
+
+def family(module: str) -> str | None:
+    """The backend family of a module of dsv4bench/backends/ (`q8kv8` of its jit.py,
+    `flashmla` of flashmla.py); None for the shared modules, the toolchains and registration."""
+    if not module.startswith(BACKENDS + ".") or module in REGISTRATION or module in SHARED:
+        return None
+    name = module.split(".")[2]
+    return None if name == "toolchains" else name
+
+
+def test_a_family_imports_only_base_paged_rows_the_toolchains_and_itself():
+    against = []
+    for name, path in MODULES.items():
+        own = family(name)
+        if own is None:
+            continue
+        for dep in _imports(path):
+            if not dep.startswith(BACKENDS) or dep in SHARED or family(dep) == own:
+                continue
+            if dep != TOOLCHAINS and not dep.startswith(TOOLCHAINS + "."):
+                against.append(f"{name} -> {dep}")
+    assert not against, against
+
+
+def test_the_toolchains_import_only_base_and_kernels():
+    against = []
+    for name, path in MODULES.items():
+        if name != TOOLCHAINS and not name.startswith(TOOLCHAINS + "."):
+            continue
+        for dep in _imports(path):
+            if dep.startswith(TOOLCHAINS) or dep == f"{BACKENDS}.base":
+                continue
+            if room(dep) != "kernels":
+                against.append(f"{name} -> {dep}")
+    assert not against, against
+
+
+def test_the_family_rule_sees_a_family_reaching_into_another():
+    assert family("dsv4bench.backends.sgl_topk.backend") == "sgl_topk"
+    assert family("dsv4bench.backends.q8kv8.jit") != family("dsv4bench.backends.sgl_topk.jit")
+    assert family("dsv4bench.backends.toolchains.nvcc") is None
+    assert family("dsv4bench.backends.flashmla") == "flashmla"

@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsv4bench.report import winners  # noqa: E402
 from dsv4bench.report.load import is_probe, load_rows, load_runs  # noqa: E402
+from dsv4bench.report.sections import winners  # noqa: E402
 from dsv4bench.report.sections.workloads import ragged_ratios  # noqa: E402
 from dsv4bench.rows import timers  # noqa: E402
 

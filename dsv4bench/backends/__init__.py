@@ -54,6 +54,7 @@ __all__ = [
     "load_plugin",
     "names",
     "parse_option",
+    "pinnable_libraries",
     "register",
     "setup",
 ]
@@ -95,6 +96,14 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "vllm-ops": VllmOps,
     }
     return {**table, **build_instances(table)}  # one instance per known build
+
+
+def pinnable_libraries() -> set[str]:
+    """The shipped backends with a `lib` option: each kernels-folder build of their library is
+    a backend instance of its own (builds.py)."""
+    from dsv4bench.backends.builds import pinnable
+
+    return {name for name, make in shipped().items() if pinnable(make)}
 
 
 registry.ship(shipped)

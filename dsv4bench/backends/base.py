@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dsv4bench.cases.case import CACHE_OPS, Case, Tolerance, padding_count
 from dsv4bench.cases.output import Output
-from dsv4bench.kernels.known import release_reason
 from reference.layout_table import FP8_LAYOUTS, LAYOUTS
 
 
@@ -60,40 +58,12 @@ class Unsupported(Exception):
     """Raised by prepare() when a case turns out to be beyond the backend (reason = message)."""
 
 
-class LazyOps:
-    """A kernel library's ops, found once: injected ones, a factory's, or `discover()`'s.
-
-    Why they could not be found is remembered and raised again as Unsupported on every get."""
-
-    def __init__(self, source, discover: Callable[[], Any]):
-        self._source, self._discover = source, discover
-        self.reset()
-
-    def reset(self) -> None:
-        self._ops, self._error = None, None
-
-    @property
-    def loaded(self) -> bool:
-        """Whether get() has the ops at hand without searching (found, or injected)."""
-        return self._ops is not None or self._source is not None
-
-    def get(self):
-        if self._ops is None and self._error is None:
-            src = self._source
-            try:
-                if src is None:
-                    self._ops = self._discover()
-                else:
-                    self._ops = src() if callable(src) else src
-            except Unsupported as e:
-                self._error = str(e)
-        if self._error is not None:
-            raise Unsupported(self._error)
-        return self._ops
+REASON_CHARS = 300  # the most of a load failure's one-line reason (an exception's text)
 
 
 class Backend:
-    """Subclass, set the class attributes, implement supports() and prepare().
+    """Subclass, set the class attributes, implement supports() and prepare_case() (with
+    prepare_reason(): what prepare() checks first).
 
     Adding a kernel means adding one such class and registering it (see registry).
 
@@ -125,6 +95,11 @@ class Backend:
     # "CUDA graphs", "batch invariance"), each read from the adapter's code or the kernel's
     # API; a test fails for a registered backend that leaves one out.
     capabilities: dict[str, str] = {}
+    # What the serving presets read (serving/presets.py kv_options): its kernels read a bf16
+    # cache only (a bf16 candidate only), or its prefill gathers and casts the cache to an
+    # e4m3 workspace on every call (an FP8 candidate only: the dequant part is its own).
+    bf16_kv: bool = False
+    cast_every_call: bool = False
 
     @property
     def base(self) -> str:
@@ -188,6 +163,19 @@ class Backend:
         return ""
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+        """The case made ready on `device`: Unsupported with prepare_reason()'s reason, if it
+        gives one, else prepare_case() (a subclass may override prepare() whole instead)."""
+        reason = self.prepare_reason(case, device)
+        if reason:
+            raise Unsupported(reason)
+        return self.prepare_case(case, inputs, device)
+
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        """Why the case cannot run on `device`, checked first by prepare(); None: it can."""
+        return None
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
+        """The case made ready, its reasons checked (prepare_reason)."""
         raise NotImplementedError
 
 
@@ -268,45 +256,3 @@ def pad_sink(sink, heads: int):
     y = sink.float().new_full((heads,), float("-inf"))
     y[: sink.shape[0]] = sink
     return y
-
-
-class LibraryBackend(Backend):
-    """A backend over one kernel library: option `lib` (a file; None: discover(lib) searches),
-    found lazily once; setting `lib` searches again. Builds that register the same torch op
-    namespace cannot share a process, so an explicit `lib` is its own worker (process_key)."""
-
-    def _find_with(self, lib: str | None, ops, discover: Callable[[str | None], Any]) -> None:
-        self._lib = lib
-        # injected ops (or a factory of them) instead of discovery
-        self._found = LazyOps(ops, lambda: discover(self._lib))
-
-    @property
-    def lib(self) -> str | None:
-        return self._lib
-
-    @lib.setter
-    def lib(self, value: str | None) -> None:
-        self._lib = value
-        self._found.reset()
-
-    def kernel_ops(self):
-        return self._found.get()
-
-    def provider(self) -> Provider:
-        return self.kernel_ops().provider
-
-    def supports(self, case: Case, arch: str) -> str | None:
-        return super().supports(case, arch) or self.build_reason()
-
-    def build_reason(self) -> str | None:
-        # a kernels-folder build of a release the catalog does not know (read, not loaded)
-        return pinned_release_reason(self._lib)
-
-    def process_key(self) -> str:
-        return f"{self.base}.lib={self._lib}" if self._lib else ""
-
-
-def pinned_release_reason(lib: str | None) -> str | None:
-    """Why the kernels-folder build at `lib` (its build.json) is no release the catalog knows;
-    None for no `lib`, a known release, or a library file named by hand."""
-    return release_reason(Path(lib)) if lib else None

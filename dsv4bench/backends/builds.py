@@ -13,21 +13,21 @@ from dsv4bench.backends.base import Backend
 from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.kernels.store import kernels_dir, read_builds
 
-# libraries whose backend takes a build's folder as its `lib` option
-PINNABLE = (
-    "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk",
-    "sglang-triton", "vllm-triton", "sglang-ops", "vllm-ops",
-)  # fmt: skip
+
+def pinnable(make: Callable[[], Backend]) -> bool:
+    """Whether a table entry is a backend class with a `lib` option (a build's folder)."""
+    return isinstance(make, type) and "lib" in make.options
 
 
 def build_instances(table: dict[str, Callable[[], Backend]]) -> dict[str, Callable[[], Backend]]:
-    """Build name -> factory of its library's backend with `lib` = the build's folder: every
-    build of a tested release, and every other build the kernels folder holds (a release
-    fetched the week it came out, planned as an untested release)."""
+    """Build name -> factory of its library's backend with `lib` = the build's folder, for
+    every library whose backend is pinnable (has a `lib` option): every build of a tested
+    release, and every other build the kernels folder holds (a release fetched the week it came
+    out, planned as an untested release)."""
     folder = kernels_dir()
     fetched = [(b.name, b.library) for b in read_builds(folder)] if folder.is_dir() else []
     return {
         name: partial(table[library], lib=str(folder / name))
-        for name, library in [*known_builds(), *fetched]
-        if library in PINNABLE and library in table
+        for name, library in known_builds()
+        if library in table and pinnable(table[library])
     }

@@ -48,15 +48,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     Backend,
-    LazyOps,
     Prepared,
     Provider,
     Unsupported,
-    pinned_release_reason,
 )
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
@@ -280,7 +278,7 @@ class DeepGEMM(Backend):
     def __init__(self, module=None, lib: str | None = None, next_n_rule: bool = True):
         self.lib = lib
         self.next_n_rule = bool(next_n_rule)
-        self._found = LazyOps(module, lambda: discover(self.lib))
+        self._found = library.LazyOps(module, lambda: discover(self.lib))
 
     def process_key(self) -> str:
         return f"{self.base}.lib={self.lib}" if self.lib else ""  # one deep_gemm a process
@@ -288,7 +286,7 @@ class DeepGEMM(Backend):
     def build_reason(self) -> str | None:
         if not self.lib:
             return None
-        return static_api(Path(self.lib)) or pinned_release_reason(self.lib)
+        return static_api(Path(self.lib)) or library.pinned_release_reason(self.lib)
 
     def provider(self) -> Provider:
         dg = self._found.get()

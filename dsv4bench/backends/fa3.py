@@ -49,10 +49,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsv4bench.backends import library, paged_rows
+from dsv4bench.backends import paged_rows
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -61,10 +60,11 @@ from dsv4bench.backends.base import (
     pad_sink,
     resolve_heads,
 )
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output, prefill_output
 
-ENV_LIB = "DSV4BENCH_FA3_LIB"
+ENV_LIB = library.lib_env("fa3")
 LIB_FILE = "_vllm_fa3_C.abi3.so"
 DEFAULT_GLOB = ".kernels/fa3-vllm-*/" + LIB_FILE  # a fetched build (or an older packing's .xz)
 NOT_FOUND = (
@@ -73,7 +73,6 @@ NOT_FOUND = (
 )
 D_V = 512
 QK_COLS = 64  # columns given as q/k: V3.2's rope, V4's first 64 latent columns
-KV_DTYPES = ("bf16", "e4m3")
 FP8_REASON = (
     "FA3 refuses an FP8 cache for head_dim_v 512 ('HeaddimV > 256 requires fp16 and bf16'); "
     "engines run it on a bf16 cache: kv_dtype bf16"
@@ -252,7 +251,7 @@ def split_pool(rows, d_qk: int):
 # ---- the backend ----------------------------------------------------------------------------
 
 
-class FA3(LibraryBackend):
+class FA3(library.LibraryBackend):
     name = "fa3"
     description = "FlashAttention-3 (vLLM/sgl-kernel build) as sparse MLA over a bf16 cache"
     archs = ("sm90",)
@@ -267,9 +266,14 @@ class FA3(LibraryBackend):
         "the batch",
     }
 
+    @property
+    def bf16_kv(self) -> bool:
+        """Its kernels read a bf16 cache only (kv_dtype bf16): engines keep the cache in bf16."""
+        return self.kv_dtype == "bf16"
+
     def __init__(self, lib: str | None = None, kv_dtype: str = "bf16", ops=None):
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+        if kv_dtype not in paged_rows.KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {paged_rows.KV_DTYPES}, got {kv_dtype!r}")
         self.kv_dtype = kv_dtype
         self._find_with(lib, ops, discover)
 
@@ -292,10 +296,10 @@ class FA3(LibraryBackend):
             return "FA3 sparse MLA needs topk + extra_topk > 0"
         return padded_heads(case)[1]
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        reason = self.case_reason(case)
-        if reason:
-            raise Unsupported(reason)
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.case_reason(case)
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         ops = self.kernel_ops()
         return prepare_call(case, inputs, device, ops)
 

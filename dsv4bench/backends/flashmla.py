@@ -22,10 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import flashmla_policy, library
+from dsv4bench.backends import flashmla_policy
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -35,11 +34,12 @@ from dsv4bench.backends.base import (
     pad_sink,
     resolve_heads,
 )
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import ROUTES, Case
 from dsv4bench.cases.output import Output, prefill_output
 from dsv4bench.measure import hardware
 
-ENV_LIB = "DSV4BENCH_FLASHMLA_LIB"
+ENV_LIB = library.lib_env("flashmla")
 LIB_FILE = "_flashmla_C.abi3.so"
 # sgl-flash-mla 1.0.0: torch.ops.flash_mla_legacy holds the sm90 kernels upstream dropped
 LEGACY_GLOB = "_C_legacy*.so"
@@ -247,7 +247,7 @@ def _poison(out):
     return None if out is None else (lambda: out.fill_(float("nan")))
 
 
-class FlashMLA(LibraryBackend):
+class FlashMLA(library.LibraryBackend):
     name = "flashmla"
     description = "FlashMLA sparse MLA: FP8-cache decode kernel and bf16 sparse prefill kernel"
     archs = ("sm90", "sm100")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 CONVERT_CHUNK = 1 << 16  # cache tokens dequantized at once
+KV_DTYPES = ("bf16", "e4m3")  # the plain-row dtypes FA3 and FlashInfer read
 
 
 def row_lists(idx, length=None, limit: int | None = None):

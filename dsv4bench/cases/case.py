@@ -50,7 +50,7 @@ def padding_count(head_padding: str) -> int | None:
     return int(head_padding) if head_padding.isdigit() else None
 
 
-TIMERS = ("events", "profiler", "both")  # Timing.timer
+TIMER_MODES = ("events", "profiler", "both")  # Timing.timer: which passes time a call
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`dsv4bench import vllm-bench CONFIG.yaml --out SCENARIO.yaml`: one of vLLM's attention
 benchmark configs (benchmarks/attention_benchmarks/configs/) as a suite scenario
-(scenarios/vllm_config.py), checked by loading it before it is written."""
+(interop/vllm/config.py), checked by loading it before it is written."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_parser(verbs) -> None:
 
 def cmd_import_vllm(args) -> int:
     from dsv4bench import backends, scenarios
-    from dsv4bench.scenarios.vllm_config import ConfigError, convert
+    from dsv4bench.interop.vllm.config import ConfigError, convert
 
     path = Path(args.config)
     if not path.is_file():

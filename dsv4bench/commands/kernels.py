@@ -77,7 +77,7 @@ def _fetch(args) -> int:
 
 
 def _list(args) -> int:
-    from dsv4bench.backends.builds import PINNABLE
+    from dsv4bench.backends import pinnable_libraries
     from dsv4bench.kernels.instances import default_builds
     from dsv4bench.kernels.store import scan, verify
 
@@ -90,12 +90,13 @@ def _list(args) -> int:
             print(f"no builds in {root} (dsv4bench kernels fetch, or kernels unpack)")
         return 0
     defaults = default_builds(builds)
+    pinnable = pinnable_libraries()
     for b in builds:
         problems = verify(root, b)
         whole = "damaged: " + problems[0] if problems else "ok"
         default = f" (default {b.library})" if defaults.get(b.library) == b.name else ""
         role = "(a runtime, no backend)"
-        if b.library in PINNABLE:
+        if b.library in pinnable:
             role = f"-> backend {b.name}{default}"
         print(
             f"{b.name:28} {b.library} {b.library_version:12} from {b.package}=={b.version:12} "

@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from dsv4bench.cases.case import TIMERS
+from dsv4bench.cases.case import TIMER_MODES
 
 RANGE = "dsv4bench::run"
 DEFAULT_L2_BYTES = 256 * 2**20  # when torch does not report the L2 size
@@ -88,8 +88,8 @@ def measure(
     CUDA-graph replay times (see graph_times) beside the eager ones."""
     import torch
 
-    if timer not in TIMERS:
-        raise ValueError(f"timer must be one of {', '.join(TIMERS)}, not {timer!r}")
+    if timer not in TIMER_MODES:
+        raise ValueError(f"timer must be one of {', '.join(TIMER_MODES)}, not {timer!r}")
     if iters < 1:
         raise ValueError(f"iters must be >= 1, not {iters}")
     dev = torch.device(device)

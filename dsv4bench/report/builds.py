@@ -1,6 +1,6 @@
 """Instances of one backend side by side (two FlashMLA builds in one run): per instance its
 measured limits, its speed against the first instance (geometric mean of time ratios over the
-cases both ran ok, each pair by the timer both rows measured: report/timers.py) and its
+cases both ran ok, each pair by the timer both rows measured: rows/timers.py) and its
 accuracy (largest cos_diff)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from dsv4bench.report import plots, winners
+from dsv4bench.report import plots
 from dsv4bench.report.doc import Doc
 from dsv4bench.report.load import load_runs, run_labels
 from dsv4bench.report.sections import (
@@ -29,6 +29,7 @@ from dsv4bench.report.sections import (
     run_info,
     serving,
     serving_backends,
+    winners,
     workloads,
 )
 
@@ -42,7 +43,7 @@ SECTIONS = (
     serving_backends.serving_backends,  # the same points per backend, and the envelope
     presets.engine_presets,  # engines' defaults against the envelope (issue 19)
     kernels.kernels,  # kernel throughput
-    _winners,  # which backend is fastest per shape (report/winners.py)
+    _winners,  # which backend is fastest per shape (report/sections/winners.py)
     accuracy.accuracy,
     limits.crash_boundary,
     builds.builds,  # instances of one backend side by side (two FlashMLA builds)

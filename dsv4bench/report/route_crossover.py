@@ -31,7 +31,7 @@ class Crossover:
     heads: list[int]
     ms: dict[int, dict[str, float]] = field(default_factory=dict)  # heads -> route -> ms (ok)
     failed: dict[int, dict[str, str]] = field(default_factory=dict)  # heads -> route -> status
-    timer: str = "events"  # the timer every ok row of this crossover measured (timers.TIMERS)
+    timer: str = "events"  # the timer every ok row of this crossover measured (timers.PREFERENCE)
 
     def ratio(self, heads: int, route: str) -> float | None:
         """route's time / sparse-prefill's at this head count (< 1: the decode route wins)."""

@@ -171,7 +171,8 @@ class ServingRow(Row):
     parts: list = field(default_factory=list)
     label: str | None = None
     env: dict | None = None
-    timer: str | None = None  # what the parts' times are (rows.timers); None: events (older rows)
+    # the timing key the parts' times are (rows.timers; older rows: its name); None: events
+    timer: str | None = None
     # the same parts' events medians summed, beside value_ms (older rows: None)
     events_ms: float | None = None
 

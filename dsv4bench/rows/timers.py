@@ -1,7 +1,7 @@
 """Which of a row's times a report shows, ranks and divides: the same everywhere, the winners'.
 
 A row may carry three figures of its timed call (timing): the profiler's kernel makespan, the
-CUDA-graph replay and the CUDA-events median. A report uses the first of TIMERS that the rows
+CUDA-graph replay and the CUDA-events median. A report uses the first of PREFERENCE that the rows
 it sets side by side all measured, and shows the events median beside it (events sit ~2.8 us
 above the makespan below 50 us: launch and event overhead). Reference rows of the oracle skip
 the profiler pass, so they read by events.
@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 
 # (timing key, name in a table), in order of preference
-TIMERS = (
+PREFERENCE = (
     ("profiler_ms", "profiler makespan"),
     ("graph_ms", "graph replay"),
     ("median_ms", "events"),
 )
 EVENTS = "median_ms"
+NAMES = dict(PREFERENCE)  # timing key -> its name in a table
 
 
 def value(row: dict | None, key: str) -> float | None:
@@ -27,8 +28,8 @@ def value(row: dict | None, key: str) -> float | None:
 
 
 def shared(rows: list[dict]) -> tuple[str, str] | None:
-    """The first of TIMERS that every row measured (key, name), or None."""
-    for key, name in TIMERS:
+    """The first of PREFERENCE that every row measured (key, name), or None."""
+    for key, name in PREFERENCE:
         if rows and all(value(r, key) is not None for r in rows):
             return key, name
     return None
@@ -50,8 +51,10 @@ def events_ms(row: dict | None) -> float | None:
 
 
 def point_timer(point: dict) -> str:
-    """The timer a serving point sums its parts by (older rows name none: events)."""
-    return str(point.get("timer") or TIMERS[-1][1])
+    """The name of the timer a serving point sums its parts by: its `timer`, a timing key
+    (rows written before the key was stored hold the name itself; older ones none: events)."""
+    timer = str(point.get("timer") or EVENTS)
+    return NAMES.get(timer, timer)
 
 
 def point_events_ms(point: dict) -> float | None:
@@ -59,4 +62,4 @@ def point_events_ms(point: dict) -> float | None:
     where that is the events sum (older rows)."""
     if point.get("events_ms") is not None:
         return float(point["events_ms"])
-    return point.get("value_ms") if point_timer(point) == TIMERS[-1][1] else None
+    return point.get("value_ms") if point_timer(point) == NAMES[EVENTS] else None

@@ -18,7 +18,7 @@ from dsv4bench.cases.case import (
     ROUTES,
     SCALE_CONVENTIONS,
     SPLIT_PAGE,
-    TIMERS,
+    TIMER_MODES,
     TOPK_FORMS,
     VALUES,
     Case,
@@ -185,7 +185,7 @@ class Parser:
             warmup=self.integer(m["warmup"], 0) if "warmup" in m else t.warmup,
             iters=self.integer(m["iters"], 1) if "iters" in m else t.iters,
             flush_l2=self.boolean(m["flush_l2"]) if "flush_l2" in m else t.flush_l2,
-            timer=self.choice(m["timer"], TIMERS, "timer") if "timer" in m else t.timer,
+            timer=self.choice(m["timer"], TIMER_MODES, "timer") if "timer" in m else t.timer,
             timeout_s=self.number(timeout, positive=True) if timeout else t.timeout_s,
         )
 
@@ -533,8 +533,8 @@ def validate_case(case: Case) -> str | None:
         return f"timing.iters: expected a positive integer, got {t.iters!r}"
     if not isinstance(t.flush_l2, bool):
         return f"timing.flush_l2: expected true or false, got {t.flush_l2!r}"
-    if t.timer not in TIMERS:
-        return f"timing.timer: expected one of {', '.join(TIMERS)}, got {t.timer!r}"
+    if t.timer not in TIMER_MODES:
+        return f"timing.timer: expected one of {', '.join(TIMER_MODES)}, got {t.timer!r}"
     if not positive_number(t.timeout_s):
         return f"timing.timeout_s: expected a positive number, got {t.timeout_s!r}"
     for name in ("cos_diff", "lse_abs"):

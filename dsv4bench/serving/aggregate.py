@@ -27,7 +27,7 @@ def _usable(row: dict | None, key: str) -> bool:
     return row is not None and row.get("status") == "ok" and timers.value(row, key) is not None
 
 
-EVENTS = (timers.EVENTS, dict(timers.TIMERS)[timers.EVENTS])
+EVENTS = (timers.EVENTS, timers.NAMES[timers.EVENTS])
 
 
 def run_timer(plan: ServingPlan, rows: list[dict]) -> tuple[str, str]:
@@ -212,7 +212,7 @@ def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]
         parts=parts,
         label=LABEL_INDEXER if spec.indexer else LABEL,
         env=env,
-        timer=timer[1],
+        timer=timer[0],
         events_ms=events if ok else None,
     ).to_dict()
 

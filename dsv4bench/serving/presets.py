@@ -19,20 +19,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsv4bench import backends as registry
+from dsv4bench.backends.base import Backend
 from dsv4bench.rows import ORACLE_BACKENDS
 from dsv4bench.scenarios.serving_spec import DECODE_ROUTES
 from dsv4bench.serving.aggregate import ENVELOPE
 
-BF16_KV = ("fa3", "flashinfer")  # backends whose kernels read a bf16 cache only
-# backends whose prefill gathers and casts the cache to an e4m3 workspace on every call, so the
-# dequant part is theirs whatever the cache dtype (sglang 0.5.23 flashmla_sparse_q8): an FP8
-# candidate only (the dequant op writes bf16: an upper bound on their e4m3 write)
-CAST_EVERY_CALL = ("q8kv8", "q8kv8-qcast")
 # V4's q8kv8 as sglang runs it: the kernel with its per-call q cast timed in (an instance of
 # q8kv8 with time_q_cast, defined by scenarios/serving/presets_q8kv8_v4_flash_sm90.yaml and
 # scenarios/compare/q8kv8_sm90.yaml)
 Q8KV8_V4 = "q8kv8-qcast"
-KV_DTYPES = ("bf16", "fp8")
+# the instances the presets name that no registry holds, by the backend each is built from
+PRESET_INSTANCES = {Q8KV8_V4: "q8kv8"}
+ENGINE_KV_DTYPES = ("bf16", "fp8")  # the cache dtypes an engine keeps
 
 
 @dataclass(frozen=True)
@@ -374,14 +373,28 @@ def point_key(row: dict) -> tuple:
     return (row.get("batch_size"), row.get("context_len"))
 
 
+def engine_backend(name: str) -> Backend | None:
+    """The backend a serving row names (an instance the presets name: its base), for the
+    facts it declares (Backend.bf16_kv, Backend.cast_every_call); None if unknown."""
+    try:
+        return registry.get(PRESET_INSTANCES.get(name, name))
+    except KeyError:
+        return None
+
+
 def kv_options(backend: str, route: str, metric: str) -> tuple[str, ...]:
-    if backend in BF16_KV:
+    """The KV dtypes an engine keeping the cache in them could run `backend` with: a bf16
+    cache only for kernels that read bf16 only; FP8 only for a prefill that casts the cache on
+    every call anyway (the dequant op writes bf16: an upper bound on its e4m3 write), for the
+    decode routes and whatever is not the sparse prefill; else both."""
+    declared = engine_backend(backend)
+    if declared is not None and declared.bf16_kv:
         return ("bf16",)
-    if backend in CAST_EVERY_CALL:
+    if declared is not None and declared.cast_every_call:
         return ("fp8",)
     if metric == "tpot" or route in DECODE_ROUTES or route != "sparse-prefill":
         return ("fp8",)
-    return KV_DTYPES
+    return ENGINE_KV_DTYPES
 
 
 def _route(row: dict) -> str:

@@ -39,7 +39,7 @@ def best_pair(advice: dict[str, PhaseAdvice]) -> tuple[str, float, float] | None
     if set(advice) != set(METRICS):
         return None
     best = {}
-    for kv in pz.KV_DTYPES:
+    for kv in pz.ENGINE_KV_DTYPES:
         sums = {}
         for metric, a in advice.items():
             r = pz.rank(a.phase, kv)

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from dsv4bench import backends
-from dsv4bench.backends import Unsupported, deepgemm, flashmla, library
-from dsv4bench.backends.builds import PINNABLE
+from dsv4bench.backends import Unsupported, deepgemm, flashmla
+from dsv4bench.backends.toolchains import library
 from dsv4bench.kernels.catalog import known_builds
 from dsv4bench.kernels.store import kernels_dir
 from tests.factories import load_scenario
@@ -18,7 +18,12 @@ from tests.factories import load_scenario
 
 def test_every_pinnable_build_is_an_instance():
     names = backends.names()
-    pinned = [(n, lib) for n, lib in known_builds() if lib in PINNABLE]
+    pinnable = backends.pinnable_libraries()
+    assert pinnable == {
+        "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk",
+        "sglang-triton",
+    }  # fmt: skip
+    pinned = [(n, lib) for n, lib in known_builds() if lib in pinnable]
     assert {
         "flashmla-vllm-0.33.0",
         "flashmla-sgl-1.0.0",

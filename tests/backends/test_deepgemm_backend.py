@@ -11,9 +11,10 @@ import textwrap
 import pytest
 import torch
 
-from dsv4bench.backends import Unsupported, library
+from dsv4bench.backends import Unsupported
 from dsv4bench.backends import deepgemm as dgb
 from dsv4bench.backends.deepgemm import DeepGEMM
+from dsv4bench.backends.toolchains import library
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases import indexer_case, inputs
 from dsv4bench.measure import hardware

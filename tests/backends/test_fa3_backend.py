@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from dsv4bench import backends
-from dsv4bench.backends import fa3, library
+from dsv4bench.backends import fa3
 from dsv4bench.backends.base import Provider, Unsupported
+from dsv4bench.backends.toolchains import library
 from dsv4bench.backends.torch_ref import oracle_call
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.inputs import make_inputs

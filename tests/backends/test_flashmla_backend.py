@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4bench.backends import flashmla, library
+from dsv4bench.backends import flashmla
 from dsv4bench.backends.base import Provider, Unsupported
 from dsv4bench.backends.flashmla import FlashMLA, KernelOps, ops_from_namespace, padded_heads
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 from reference.layout_table import LAYOUTS
 from tests.factories import load_scenario

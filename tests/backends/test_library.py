@@ -1,4 +1,4 @@
-"""The discovery chain for library backends (backends/library.py) with fake sources, fake
+"""The discovery chain for library backends (backends/toolchains/library.py) with fake sources, fake
 packages and fake library files: the order of the sources, an explicit file winning, the
 kernels folder's newest build, what a not-found reason names, and listing every build."""
 
@@ -10,9 +10,10 @@ import tarfile
 
 import pytest
 
-from dsv4bench.backends import deepgemm, fa3, flashmla, library
+from dsv4bench.backends import deepgemm, fa3, flashmla
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.library import Absent, Build, LibrarySpec, Source
+from dsv4bench.backends.toolchains import library
+from dsv4bench.backends.toolchains.library import Absent, Build, LibrarySpec, Source
 
 
 def _source(label: str, found=None, error: Exception | None = None, kind: str = "package"):

@@ -12,7 +12,8 @@ import torch
 
 from dsv4bench.backends.base import Unsupported
 from dsv4bench.backends.q8kv8 import jit, sources
-from dsv4bench.backends.q8kv8.backend import DECLARED, Q8KV8, Toolchain, entry
+from dsv4bench.backends.q8kv8.backend import DECLARED, Q8KV8, entry
+from dsv4bench.backends.toolchains import nvcc as toolchain_nvcc
 from dsv4bench.cases import inputs
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import judge, metrics
@@ -191,7 +192,7 @@ def test_no_nvcc_is_one_line(tmp_path, monkeypatch):
     folder = _build(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
-    monkeypatch.delenv(sources.ENV_NVCC, raising=False)
+    monkeypatch.delenv(toolchain_nvcc.ENV_NVCC, raising=False)
     backend = Q8KV8(lib=str(folder))
     assert "no nvcc" in backend.build_reason()
     with pytest.raises(Unsupported, match="no nvcc"):
@@ -201,7 +202,7 @@ def test_no_nvcc_is_one_line(tmp_path, monkeypatch):
 def test_a_whole_build_and_nvcc_give_a_provider(tmp_path, monkeypatch):
     folder = _build(tmp_path)
     monkeypatch.setenv(
-        sources.ENV_NVCC, _nvcc(tmp_path, "echo 'Cuda compilation tools, release 13.0'\n")
+        toolchain_nvcc.ENV_NVCC, _nvcc(tmp_path, "echo 'Cuda compilation tools, release 13.0'\n")
     )
     assert Q8KV8(lib=str(folder)).build_reason() is None
     prov = Q8KV8(lib=str(folder)).provider()
@@ -214,13 +215,13 @@ def test_failing_nvcc_raises_its_last_lines_once(tmp_path, monkeypatch):
         'case "$1" in --version) echo "release 13.0";; '
         '*) echo "kernel.cuh(12): error: boom" >&2; exit 2;; esac\n'
     )
-    monkeypatch.setenv(sources.ENV_NVCC, _nvcc(tmp_path, script))
-    chain = Toolchain(str(folder))
+    monkeypatch.setenv(toolchain_nvcc.ENV_NVCC, _nvcc(tmp_path, script))
+    chain = jit.toolchain(str(folder))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    with pytest.raises(jit.CompileError, match="rc 2.*error: boom"):
+    with pytest.raises(toolchain_nvcc.CompileError, match="rc 2.*error: boom"):
         chain.module("cuda")
-    monkeypatch.setenv(sources.ENV_NVCC, "/nonexistent")  # not asked again: the same error
-    with pytest.raises(jit.CompileError, match="boom"):
+    monkeypatch.setenv(toolchain_nvcc.ENV_NVCC, "/nonexistent")  # not asked again: the same error
+    with pytest.raises(toolchain_nvcc.CompileError, match="boom"):
         chain.module("cuda")
 
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.q8kv8 import sources as q8_sources
 from dsv4bench.backends.sgl_topk import jit, sources
 from dsv4bench.backends.sgl_topk.backend import POISON, SglangTopK
+from dsv4bench.backends.toolchains import nvcc as toolchain_nvcc
 from dsv4bench.cases import inputs
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import judge
@@ -229,7 +229,7 @@ def test_no_nvcc_is_one_line(tmp_path, monkeypatch):
     backend = SglangTopK(lib=str(_build(tmp_path)))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
-    monkeypatch.delenv(q8_sources.ENV_NVCC, raising=False)
+    monkeypatch.delenv(toolchain_nvcc.ENV_NVCC, raising=False)
     reason = backend.build_reason()
     assert "sglang's top-k is built on first use by nvcc: no nvcc" in reason
 
@@ -275,13 +275,13 @@ def test_failing_nvcc_is_remembered_with_its_last_lines(tmp_path, monkeypatch):
         'case "$1" in --version) echo "release 13.0";; '
         '*) echo "topk_v2.cuh(12): error: boom" >&2; exit 2;; esac\n'
     )
-    monkeypatch.setenv(q8_sources.ENV_NVCC, _nvcc(tmp_path, script))
+    monkeypatch.setenv(toolchain_nvcc.ENV_NVCC, _nvcc(tmp_path, script))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     backend = SglangTopK(lib=str(_build(tmp_path)))
     case = _case(POINTS["v4-nextn2"], "ragged")
     x = inputs.make_inputs(case, "cpu")
     with pytest.raises(RuntimeError, match="rc 2.*error: boom"):
         backend.prepare(case, x, "cpu")
-    monkeypatch.setenv(q8_sources.ENV_NVCC, "/nonexistent")  # not asked again: the same error
+    monkeypatch.setenv(toolchain_nvcc.ENV_NVCC, "/nonexistent")  # not asked again: the same error
     with pytest.raises(RuntimeError, match="boom"):
         backend.prepare(case, x, "cpu")

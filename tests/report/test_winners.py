@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4bench.report import winners
+from dsv4bench.report.sections import winners
 from tests.factories import V4, make_case
 
 

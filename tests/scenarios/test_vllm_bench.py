@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsv4bench import backends, scenarios
-from dsv4bench.scenarios.vllm_config import ConfigError, convert
+from dsv4bench.interop.vllm.config import ConfigError, convert
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "vllm" / "mla_sparse_decode.yaml"

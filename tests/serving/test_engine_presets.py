@@ -382,3 +382,21 @@ def test_the_report_says_where_its_fastest_candidate_is_incorrect(tmp_path):
         "only: incorrect on 1 of 2 fa3 cases of these runs: values outliers at prefill v3.2 "
         "h64 t1024." in md
     )
+
+
+def test_kv_options_are_the_backends_own_declarations():
+    from dsv4bench import backends
+    from dsv4bench.backends.base import Backend
+
+    class Casting(Backend):
+        name = "dsv4-test-casting"
+        cast_every_call = True
+
+    backends.register(Casting())
+    try:
+        assert pz.kv_options("dsv4-test-casting", "sparse-prefill", "ttft") == ("fp8",)
+    finally:
+        backends._REGISTRY.pop("dsv4-test-casting")
+    assert pz.kv_options("flashinfer", "sparse-prefill", "ttft") == ("bf16",)
+    assert pz.kv_options("flashinfer-e4m3", "sparse-prefill", "ttft") == ("bf16", "fp8")
+    assert pz.kv_options("flashmla", "sparse-prefill", "ttft") == ("bf16", "fp8")

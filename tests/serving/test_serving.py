@@ -514,16 +514,17 @@ def test_a_point_sums_the_timer_every_row_of_the_run_measured():
     oracle = case_row(case.case_id, "torch", 9.0)
     out = {r["backend"]: r for r in sv.aggregate(p, [fast, oracle])}
     kern, torch = out["kern"], out["torch"]
-    assert kern["value_ms"] == pytest.approx(61 * 0.4) and kern["timer"] == "profiler makespan"
+    assert kern["value_ms"] == pytest.approx(61 * 0.4) and kern["timer"] == "profiler_ms"
     assert kern["events_ms"] == pytest.approx(61 * 0.5)
     assert kern["parts"][0]["ms"] == 0.4 and kern["parts"][0]["events_ms"] == 0.5
     assert torch["value_ms"] == torch["events_ms"] == pytest.approx(61 * 9.0)
-    assert torch["timer"] == "events" and torch["status"] == "ok"
+    assert torch["timer"] == "median_ms" and torch["status"] == "ok"
     assert "events_ms" not in torch["parts"][0]  # its ms is the events median
     # a kernel row without a makespan: the run's points all sum events
     other = case_row(case.case_id, "other", 0.7)
     out = {r["backend"]: r for r in sv.aggregate(p, [fast, oracle, other])}
-    assert out["kern"]["value_ms"] == pytest.approx(61 * 0.5) and out["kern"]["timer"] == "events"
+    kern = out["kern"]
+    assert kern["value_ms"] == pytest.approx(61 * 0.5) and kern["timer"] == "median_ms"
 
 
 def test_helper_parts_take_fastest_ok_row():

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import library
+from dsv4bench.backends.toolchains import library
 
 
 @dataclass(frozen=True)

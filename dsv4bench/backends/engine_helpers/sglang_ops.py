@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from dsv4bench.backends.base import LibraryBackend, Prepared, Provider, Unsupported
+from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard, sglang_files
+from dsv4bench.backends.toolchains.library import LibraryBackend
 from dsv4bench.cases.case import SPLIT_PAGE, Case
 from dsv4bench.cases.output import Output
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from dsv4bench.backends.base import LibraryBackend, Prepared, Provider, Unsupported
+from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard, vllm_files
+from dsv4bench.backends.toolchains.library import LibraryBackend
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 

@@ -76,27 +76,29 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dsv4bench.backends.base import (
     Backend,
     HeadRule,
-    LazyOps,
     Prepared,
     Provider,
     Unsupported,
     check_cache_width,
     fp8_cache_reason,
-    pinned_release_reason,
     resolve_heads,
 )
 from dsv4bench.backends.flashinfer import sm90, sm100, sm120, topk
-from dsv4bench.backends.flashinfer.convert import KV_DTYPES, apply_length
+from dsv4bench.backends.flashinfer.convert import WORKSPACE_BYTES, apply_length
+from dsv4bench.backends.paged_rows import KV_DTYPES
+from dsv4bench.backends.toolchains.library import (
+    LazyOps,
+    on_sys_path,
+    pinned_release_reason,
+    site_folder,
+)
 from dsv4bench.cases.case import Case
-from dsv4bench.kernels.store import kernels_dir
 from dsv4bench.measure import hardware
 
 NOT_FOUND = "FlashInfer not found: pip install flashinfer-python (sparse MLA: sm90, sm100, sm120)"
@@ -104,7 +106,6 @@ ARCH_REASON = "FlashInfer's sparse MLA kernels run on sm90 (FA3 MLA), sm100 and 
 HEADS = (8, 16, 32, 64, 128)  # query heads every FlashInfer sparse MLA decode kernel takes
 DSV4_OLD_HEADS = (64, 128)  # trtllm-gen DSv4 before 0.6.14 (flashinfer-ai/flashinfer#3545)
 DSV4_SMALL_HEADS_SINCE = (0, 6, 14)
-WORKSPACE_BYTES = 128 << 20  # what FlashInfer's tests and vLLM allocate (zeroed)
 
 # (module, function) candidates per kernel, newest location first
 CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -152,26 +153,10 @@ class KernelOps:
     names: dict = field(default_factory=dict)
 
 
-def _site(lib: str | None) -> Path | None:
-    """The site folder (flashinfer + apache-tvm-ffi) of a `kernels fetch` build: `lib`'s, else,
-    when no flashinfer is installed, the kernels folder's newest; None to import as installed."""
-    if lib:
-        site = Path(lib) / "site"
-        if not (site / "flashinfer/__init__.py").is_file():
-            raise Unsupported(f"FlashInfer build not found: no site/flashinfer in {lib}")
-        return site
-    if "flashinfer" in sys.modules or importlib.util.find_spec("flashinfer") is not None:
-        return None
-    found = sorted(kernels_dir().glob("flashinfer-*/site/flashinfer/__init__.py"), reverse=True)
-    return found[0].parents[1] if found else None
-
-
 def discover(lib: str | None = None) -> KernelOps:
     """Import flashinfer (from `lib`'s build, an installed package, or the kernels folder) and
     look up the four entry points (missing ones stay None)."""
-    site = _site(lib)
-    if site is not None and str(site) not in sys.path:
-        sys.path.insert(0, str(site))
+    on_sys_path(site_folder(lib, "flashinfer", "flashinfer-*", "FlashInfer"))
     try:
         fi = importlib.import_module("flashinfer")
     except ModuleNotFoundError as e:
@@ -239,6 +224,11 @@ class FlashInfer(Backend):
         "CUDA graphs": "yes: plan() and every conversion in prepare(), the call is run()",
         "batch invariance": "not promised: the sm90 plan splits KV by the batch's work",
     }
+
+    @property
+    def bf16_kv(self) -> bool:
+        """Its kernels read a bf16 cache only (kv_dtype bf16): engines keep the cache in bf16."""
+        return self.kv_dtype == "bf16"
 
     def __init__(
         self,
@@ -308,12 +298,13 @@ class FlashInfer(Backend):
             return reason
         return (sm100 if arch == "sm100" else sm120).supports(case)
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        self.kernel_ops()  # Unsupported first when FlashInfer is absent
+        return self.supports(case, self.arch or hardware.arch_of(device))
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         ops = self.kernel_ops()
         arch = self.arch or hardware.arch_of(device)
-        reason = self.supports(case, arch)
-        if reason:
-            raise Unsupported(reason)
         if case.op == "topk":
             fn = getattr(ops, f"topk_{case.form}", None)
             return topk.prepare(case, inputs, device, fn, ops.provider.version)

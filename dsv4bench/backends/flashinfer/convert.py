@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 
-KV_DTYPES = ("bf16", "e4m3")  # plain-row dtypes for trtllm-gen
+from dsv4bench.backends.paged_rows import CONVERT_CHUNK, KV_DTYPES
+
 SWA_WIDTH = 128  # trtllm-gen DSv4: the first 128 index columns are the window (SWA) pool
 INDEX_ALIGN = 4  # trtllm-gen loads indices 16 bytes at a time
 SM120_PAGE = 64  # the sm120 decode kernels read 64-token pages
-CONVERT_CHUNK = 1 << 16  # cache tokens dequantized at once while building plain rows
+# what FlashInfer's tests recommend and vLLM allocates (_WORKSPACE_BYTES), zeroed
+WORKSPACE_BYTES = 128 << 20
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -28,9 +28,9 @@ from dsv4bench.backends.flashinfer.convert import (
 )
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
+from reference.layouts import E4M3_MAX
 
 TRTLLM_MIN_TOPK = 128
-E4M3_MAX = 448.0
 
 
 def supports(case: Case) -> str | None:

@@ -69,8 +69,10 @@ from dsv4bench.backends.base import (
     pad_sink,
     resolve_heads,
 )
+from dsv4bench.backends.flashinfer.convert import WORKSPACE_BYTES
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
+from reference.layouts import E4M3_MAX
 
 D_CKV = 512
 KPE_DIM = {576: 64, 512: 0}  # d_qk -> head_dim_kpe
@@ -89,9 +91,6 @@ V32_E4M3_READS = {
     "rope; its error is info.conversion)",
     "q": "bf16, not quantized (plan q_data_type bfloat16)",
 }
-E4M3_MAX = 448.0
-WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommendation and vLLM's _WORKSPACE_BYTES
-KV_DTYPES = ("bf16", "e4m3")
 # FlashInfer's MLA planner reserves this many work items (scheduler.cuh, max_total_num_works,
 # "adjust it later") and does not check it: with one work per query row, a plan of more rows
 # overflows and rows past the limit stay unwritten (measured: 32768 rows -> half NaN; 17000
@@ -368,8 +367,8 @@ def prepare(case: Case, inputs: dict, device: str, wrapper_cls, kv_dtype: str,
 
 
 def _check(case: Case, kv_dtype: str, past_planner_limit: bool) -> None:
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    if kv_dtype not in paged_rows.KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {paged_rows.KV_DTYPES}, got {kv_dtype!r}")
     reason = supports(case, past_planner_limit)
     if reason:
         raise Unsupported(reason)

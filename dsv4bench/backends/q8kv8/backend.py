@@ -49,14 +49,14 @@ from collections.abc import Callable
 from dsv4bench.backends.base import (
     Backend,
     HeadRule,
-    LazyOps,
     Prepared,
     Provider,
     Unsupported,
     fp8_cache_reason,
     resolve_heads,
 )
-from dsv4bench.backends.q8kv8 import jit, sources
+from dsv4bench.backends.q8kv8 import jit
+from dsv4bench.backends.toolchains.compiled import Toolchain
 from dsv4bench.cases.case import Case, Tolerance
 from dsv4bench.cases.output import Output
 from reference.fp8_attention import sparse_mla_prefill_fp8, to_e4m3
@@ -120,39 +120,6 @@ def _stream(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-class Toolchain:
-    """The kernel's sources and nvcc found (no build), then the module built and loaded once;
-    a failed build is remembered, so later cases fail at once with the same lines."""
-
-    def __init__(self, lib: str | None):
-        self.lib = lib
-        self._found = LazyOps(None, self._find)
-        self._module, self._error, self.build_info = None, None, {}
-
-    def _find(self):
-        return sources.discover(self.lib), sources.find_nvcc()
-
-    def provider(self) -> Provider:
-        src, nvcc = self._found.get()
-        return Provider("sglang q8kv8 (JIT)", f"sglang {src.version}", f"{src.label}: {src.csrc}")
-
-    def module(self, device):
-        import torch
-
-        if self._error is not None:
-            raise self._error
-        if self._module is None:
-            src, nvcc = self._found.get()
-            try:
-                capability = torch.cuda.get_device_capability(device)
-                path, self.build_info = jit.build(src, nvcc, capability)
-            except jit.CompileError as e:
-                self._error = e
-                raise
-            self._module = jit.load(src, path)
-        return self._module
-
-
 class Q8KV8(Backend):
     name = "q8kv8"
     description = "sglang's FP8 x FP8 sparse MLA prefill (SM90), built by nvcc from its sources"
@@ -160,6 +127,8 @@ class Q8KV8(Backend):
     ops = ("prefill",)
     layouts = ("v32", "v4")
     options = {"lib": None, "time_q_cast": False}
+    # sglang 0.5.23 (flashmla_sparse_q8) gathers and casts the cache to e4m3 on every call
+    cast_every_call = True
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {
         "lse out": "yes: lse fp32 (s_q, h_q), natural log",
@@ -177,7 +146,7 @@ class Q8KV8(Backend):
     ):
         self.lib, self.time_q_cast = lib, time_q_cast
         self._module = module  # injected (tests): the three entries by name
-        self._toolchain = toolchain or Toolchain(lib)
+        self._toolchain = toolchain or jit.toolchain(lib)
 
     def process_key(self) -> str:
         # its own tvm_ffi: never in a process that imported another (FlashInfer's)
@@ -193,13 +162,7 @@ class Q8KV8(Backend):
 
     def build_reason(self) -> str | None:
         """A missing piece (sources, CUTLASS, tvm-ffi, nvcc), found without building."""
-        if self._module is not None:
-            return None
-        try:
-            self._toolchain.provider()
-        except Unsupported as e:
-            return str(e)
-        return None
+        return None if self._module is not None else self._toolchain.reason()
 
     def supports(self, case: Case, arch: str) -> str | None:
         reason = super().supports(case, arch)
@@ -220,12 +183,12 @@ class Q8KV8(Backend):
             return f"sglang's V4 Q8KV8 path takes at most {V4_MAX_HEADS} local heads"
         return resolve_heads(case, head_rule(case))[1]
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.supports(case, "sm90")
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         import torch
 
-        reason = self.supports(case, "sm90")
-        if reason:
-            raise Unsupported(reason)
         heads = resolve_heads(case, head_rule(case))[0]
         q, kv, indices = inputs["q"], inputs["kv"], inputs["indices"]
         length, sink = inputs.get("topk_length"), inputs.get("attn_sink")
@@ -287,7 +250,7 @@ class Q8KV8(Backend):
             "operands": "q, kv e4m3 at identity scales (sglang 0.5.23)",
             "timed": "q cast + kernel" if self.time_q_cast else "kernel",
             **({"kv_zero_rows": topk} if kind == "dispatch" else {}),
-            **self._toolchain.build_info,
+            **self._toolchain.info(),
         }
         return Prepared(
             run=run,

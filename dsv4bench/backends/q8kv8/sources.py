@@ -8,18 +8,15 @@ else installed packages (sglang's csrc, FlashInfer's bundled CUTLASS, tvm_ffi)."
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.toolchains.library import build_folder, lib_env, package_dir
+from dsv4bench.backends.toolchains.nvcc import missing_tvm_ffi, tvm_ffi_includes
 from dsv4bench.kernels.catalog import Q8KV8_CSRC
-from dsv4bench.kernels.store import kernels_dir
 
-ENV_LIB = "DSV4BENCH_Q8KV8_LIB"
-ENV_NVCC = "DSV4BENCH_NVCC"
+ENV_LIB = lib_env("q8kv8")
 KERNEL_FILES = ("entry.cuh", "kernel.cuh", "params.h", "config.h")
 CUTLASS_PROBE = "cute/tensor.hpp"
 HOW = "dsv4bench kernels fetch sglang==0.5.23 (or --backend-opt q8kv8.lib=BUILD)"
@@ -39,22 +36,7 @@ class Sources:
 
     @property
     def includes(self) -> list[Path]:
-        return [
-            self.csrc,
-            self.cutlass,
-            self.tvm_ffi / "include",
-            self.tvm_ffi / "3rdparty" / "dlpack" / "include",
-        ]
-
-
-def missing_tvm_ffi(root: Path) -> list[str]:
-    """What an nvcc build against tvm-ffi needs and `root` (a tvm_ffi package) lacks."""
-    missing = []
-    if not (root / "include" / "tvm" / "ffi" / "function.h").is_file():
-        missing.append("tvm-ffi headers (include/tvm/ffi/function.h)")
-    if not any((root / "lib").glob("libtvm_ffi.*")):
-        missing.append("libtvm_ffi (tvm_ffi/lib)")
-    return missing
+        return [self.csrc, self.cutlass, *tvm_ffi_includes(self.tvm_ffi)]
 
 
 def _check(src: Sources) -> Sources:
@@ -85,16 +67,6 @@ def from_build(folder: Path) -> Sources:
     )
 
 
-def package_dir(name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def from_installed() -> Sources:
     """sglang's sources, FlashInfer's CUTLASS and tvm_ffi as installed (never imported here)."""
     sglang, flashinfer, tvm = (package_dir(n) for n in ("sglang", "flashinfer", "tvm_ffi"))
@@ -116,27 +88,5 @@ def from_installed() -> Sources:
 
 
 def discover(lib: str | None = None) -> Sources:
-    explicit = lib or os.environ.get(ENV_LIB)
-    if explicit:
-        return from_build(Path(explicit))
-    builds = sorted(kernels_dir().glob("q8kv8-*/csrc/entry.cuh"), reverse=True)
-    if builds:
-        return from_build(builds[0].parents[1])
-    return from_installed()
-
-
-def find_nvcc(what: str = "Q8KV8") -> str:
-    """$DSV4BENCH_NVCC, nvcc on PATH, $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc."""
-    explicit = os.environ.get(ENV_NVCC)
-    if explicit:
-        if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
-            raise Unsupported(f"{what} is built by nvcc: ${ENV_NVCC}={explicit} is no program")
-        return explicit
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    for candidate in (shutil.which("nvcc"), str(Path(cuda_home) / "bin" / "nvcc")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    raise Unsupported(
-        f"{what} is built on first use by nvcc: no nvcc on PATH or in {cuda_home}/bin "
-        f"(install the CUDA toolkit, or set ${ENV_NVCC})"
-    )
+    """`lib` or $DSV4BENCH_Q8KV8_LIB, else the kernels folder's newest build, else installed."""
+    return build_folder(lib, ENV_LIB, "q8kv8-*/csrc/entry.cuh", from_build, from_installed)

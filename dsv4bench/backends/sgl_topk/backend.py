@@ -26,10 +26,8 @@ windows start at column 0.
 
 from __future__ import annotations
 
-from dsv4bench.backends.base import Backend, LazyOps, Prepared, Provider, Unsupported
-from dsv4bench.backends.q8kv8.jit import CompileError
-from dsv4bench.backends.q8kv8.sources import find_nvcc
-from dsv4bench.backends.sgl_topk import jit, sources
+from dsv4bench.backends.base import Backend, Prepared, Provider, Unsupported
+from dsv4bench.backends.sgl_topk import jit
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
@@ -45,41 +43,6 @@ FORMS = {
 
 def module_spec(case: Case) -> jit.ModuleSpec:
     return jit.fast_topk(case.topk) if case.form == "plain" else jit.topk_v2()
-
-
-class Toolchain:
-    """The sources and nvcc found (no build), then each module built and loaded once; a
-    failed build is remembered, so later cases fail at once with the same lines."""
-
-    def __init__(self, lib: str | None):
-        self.lib = lib
-        self._found = LazyOps(None, self._find)
-        self._modules: dict[str, object] = {}
-        self._errors: dict[str, Exception] = {}
-        self.build_info: dict[str, dict] = {}
-
-    def _find(self):
-        return sources.discover(self.lib), find_nvcc(sources.WHAT)
-
-    def provider(self) -> Provider:
-        src, _ = self._found.get()
-        return Provider("sglang top-k (JIT)", f"sglang {src.version}", f"{src.label}: {src.jit}")
-
-    def module(self, spec: jit.ModuleSpec, device):
-        import torch
-
-        if spec.name in self._errors:
-            raise self._errors[spec.name]
-        if spec.name not in self._modules:
-            src, nvcc = self._found.get()
-            try:
-                capability = torch.cuda.get_device_capability(device)
-                path, self.build_info[spec.name] = jit.build(src, spec, nvcc, capability)
-            except (CompileError, Unsupported) as e:
-                self._errors[spec.name] = e
-                raise
-            self._modules[spec.name] = jit.load(src, path)
-        return self._modules[spec.name]
 
 
 class SglangTopK(Backend):
@@ -98,7 +61,7 @@ class SglangTopK(Backend):
     def __init__(self, lib: str | None = None, modules: dict | None = None):
         self.lib = lib
         self._injected = modules  # tests: module name ("fast_topk_512", "topk_v2") -> module
-        self._toolchain = Toolchain(lib)
+        self._toolchain = jit.toolchain(lib)
 
     def process_key(self) -> str:
         # its own tvm_ffi: never in a process that imported another (FlashInfer's)
@@ -111,13 +74,7 @@ class SglangTopK(Backend):
 
     def build_reason(self) -> str | None:
         """A missing piece (sources, tvm-ffi, nvcc), found without building."""
-        if self._injected is not None:
-            return None
-        try:
-            self._toolchain.provider()
-        except Unsupported as e:
-            return str(e)
-        return None
+        return None if self._injected is not None else self._toolchain.reason()
 
     def supports(self, case: Case, arch: str) -> str | None:
         reason = super().supports(case, arch)
@@ -138,12 +95,12 @@ class SglangTopK(Backend):
             return f"sglang's top-k v2 takes a power-of-two page size, not {page}"
         return None
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.supports(case, "sm90")
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         import torch
 
-        reason = self.supports(case, "sm90")
-        if reason:
-            raise Unsupported(reason)
         x = inputs
         logits, k = x["logits"], case.topk
         if logits.dtype != torch.float32 or logits.stride(1) != 1:
@@ -194,7 +151,7 @@ class SglangTopK(Backend):
                     fn(logits, lengths, row_starts, offsets, out)
                     return out
 
-        info.update(self._toolchain.build_info.get(spec.name, {}))
+        info.update(self._toolchain.info(spec))
         return Prepared(run=run, finish=finish, poison=lambda: out.fill_(POISON), info=info)
 
     def _module(self, spec: jit.ModuleSpec, device):
@@ -202,7 +159,7 @@ class SglangTopK(Backend):
             if spec.name not in self._injected:
                 raise Unsupported(f"no injected module {spec.name}")
             return self._injected[spec.name]
-        return self._toolchain.module(spec, device)
+        return self._toolchain.module(device, spec)
 
 
 def _add_starts(local, starts):

@@ -2,7 +2,7 @@
 module that includes the kernel source and exports its entry points with
 TVM_FFI_DLL_EXPORT_TYPED_FUNC, nvcc with load_jit's defaults (-DSGL_CUDA_ARCH, -std=c++20 -O3
 --expt-relaxed-constexpr, the sm_90a target), one cached .so per (sources, wrapper, flags,
-nvcc), loaded with tvm_ffi. The cache and lock are the Q8KV8 build's (q8kv8/jit.py).
+nvcc), loaded with tvm_ffi (compiling, caching and loading: toolchains/nvcc.py).
 
 Modules (only the wrappers this backend calls):
   fast_topk_<k>  sglang/kernels/ops/attention/fast_topk.py _jit_fast_topk_module:
@@ -16,19 +16,17 @@ use_pdl is is_arch_support_pdl(): true from sm90 on."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.q8kv8.jit import cache_dir as _cache_dir
-from dsv4bench.backends.q8kv8.jit import compile_cached, nvcc_version
+from dsv4bench.backends.base import Provider, Unsupported
+from dsv4bench.backends.sgl_topk import sources
 from dsv4bench.backends.sgl_topk.sources import WHAT, Sources
+from dsv4bench.backends.toolchains import nvcc as toolchain_nvcc
+from dsv4bench.backends.toolchains.compiled import Toolchain
 
-FFI_HEADERS = ("container/tensor.h", "dtype.h", "error.h", "extra/c_env_api.h", "function.h")
 FLAGS = (
     "-std=c++20",
     "-O3",
@@ -48,15 +46,8 @@ class ModuleSpec:
     exports: tuple[tuple[str, str], ...]  # (name Python calls, C++ function)
 
     def wrapper(self) -> str:
-        return "\n".join(
-            [
-                *(f"#include <tvm/ffi/{h}>" for h in FFI_HEADERS),
-                f'#include "{self.source}"',
-                "namespace sglang {",
-                *(f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({n}, ({f}));" for n, f in self.exports),
-                "}  // namespace sglang",
-                "",
-            ]
+        return toolchain_nvcc.ffi_wrapper(
+            self.source, self.exports, "sglang", close="}  // namespace sglang"
         )
 
 
@@ -93,37 +84,35 @@ def command(nvcc: str, src: Sources, capability, wrapper: Path, out: Path) -> li
 def cache_key(src: Sources, spec: ModuleSpec, cmd: list[str], version: str) -> str:
     """The kernel source, every sgl_kernel header, the wrapper, the command line and nvcc's
     version: a change to any builds anew."""
-    h = hashlib.sha256()
     files = [src.jit / "csrc" / spec.source, *sorted((src.jit / "include").rglob("*"))]
-    for path in files:
-        if path.is_file():
-            h.update(str(path.relative_to(src.jit)).encode() + path.read_bytes())
-    h.update(spec.wrapper().encode())
-    h.update(" ".join(cmd[1:]).encode())  # the nvcc path aside: a version says what it is
-    h.update(version.encode())
-    return h.hexdigest()[:16]
+    named = [(str(p.relative_to(src.jit)), p) for p in files]
+    return toolchain_nvcc.cache_key(named, spec.wrapper(), cmd, version)
 
 
 def build(
     src: Sources, spec: ModuleSpec, nvcc: str, capability, run: Callable = subprocess.run
 ) -> tuple[Path, dict]:
     """The module file (built now, or found in the cache) and what the row records."""
-    version = nvcc_version(nvcc, WHAT)
+    version = toolchain_nvcc.nvcc_version(nvcc, WHAT)
     probe = command(nvcc, src, capability, Path("wrapper.cu"), Path("module.so"))
     stem = f"sgl-{spec.name}-{cache_key(src, spec, probe, version)}"
-    return compile_cached(
-        _cache_dir(src, "sglang-topk"), stem, spec.wrapper(),
+    return toolchain_nvcc.compile_cached(
+        toolchain_nvcc.cache_dir(src.cache, "sglang-topk"), stem, spec.wrapper(),
         lambda wrapper, out: command(nvcc, src, capability, wrapper, out),
         f"sglang {spec.name} from {src.label}", version, run,
     )  # fmt: skip
 
 
-def load(src: Sources, module: Path):
-    """The module, through the tvm_ffi beside the headers it was built against."""
-    if src.site is not None and str(src.site) not in sys.path:
-        sys.path.insert(0, str(src.site))
-    try:
-        import tvm_ffi
-    except Exception as e:  # a broken or absent runtime is a reason, not a crash
-        raise Unsupported(f"{WHAT}: cannot import tvm_ffi: {type(e).__name__}: {e}") from e
-    return tvm_ffi.load_module(str(module))
+def describe(src: Sources) -> Provider:
+    return Provider("sglang top-k (JIT)", f"sglang {src.version}", f"{src.label}: {src.jit}")
+
+
+def toolchain(lib: str | None) -> Toolchain:
+    """The sources (`lib`: a build folder) and nvcc found once, each ModuleSpec built once."""
+    return Toolchain(
+        WHAT,
+        lambda: sources.discover(lib),
+        describe,
+        lambda src, nvcc, capability, spec: build(src, spec, nvcc, capability),
+        lambda src, module: toolchain_nvcc.load(module, src.site, WHAT),
+    )

@@ -3,22 +3,21 @@ sources, sglang's header-only sgl_kernel library, apache-tvm-ffi (headers, libtv
 Python loader) and nvcc. Each missing piece is one line (Unsupported), so `backends`, `plan`
 and the rows say it.
 
-Where from, in order: the `lib` option or $DSV4BENCH_SGL_TOPK_LIB (a `kernels fetch` build
+Where from, in order: the `lib` option or $DSV4BENCH_SGLANG_TOPK_LIB (a `kernels fetch` build
 folder: csrc/, include/, site/tvm_ffi/), else the kernels folder's newest sglang-topk build, else
 installed packages (sglang's kernels/jit folder, tvm_ffi)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
-from dsv4bench.backends.q8kv8.sources import missing_tvm_ffi, package_dir
+from dsv4bench.backends.toolchains.library import build_folder, lib_env, package_dir
+from dsv4bench.backends.toolchains.nvcc import missing_tvm_ffi, tvm_ffi_includes
 from dsv4bench.kernels.catalog import SGL_TOPK_JIT, SGL_TOPK_SOURCES
-from dsv4bench.kernels.store import kernels_dir
 
-ENV_LIB = "DSV4BENCH_SGL_TOPK_LIB"
+ENV_LIB = lib_env("sglang-topk")
 HEADER_PROBE = "include/sgl_kernel/deepseek_v4/topk_impl.cuh"
 HOW = "dsv4bench kernels fetch sglang==0.5.23 (or --backend-opt sglang-topk.lib=BUILD)"
 WHAT = "sglang's top-k"
@@ -37,12 +36,7 @@ class Sources:
 
     @property
     def includes(self) -> list[Path]:
-        return [
-            self.jit / "csrc",
-            self.jit / "include",
-            self.tvm_ffi / "include",
-            self.tvm_ffi / "3rdparty" / "dlpack" / "include",
-        ]
+        return [self.jit / "csrc", self.jit / "include", *tvm_ffi_includes(self.tvm_ffi)]
 
 
 def _check(src: Sources) -> Sources:
@@ -89,10 +83,6 @@ def from_installed() -> Sources:
 
 
 def discover(lib: str | None = None) -> Sources:
-    explicit = lib or os.environ.get(ENV_LIB)
-    if explicit:
-        return from_build(Path(explicit))
-    builds = sorted(kernels_dir().glob(f"sglang-topk-*/{SGL_TOPK_SOURCES[0]}"), reverse=True)
-    if builds:
-        return from_build(builds[0].parents[2])
-    return from_installed()
+    """`lib` or $DSV4BENCH_SGLANG_TOPK_LIB, else the newest build there, else installed."""
+    pattern = f"sglang-topk-*/{SGL_TOPK_SOURCES[0]}"
+    return build_folder(lib, ENV_LIB, pattern, from_build, from_installed)

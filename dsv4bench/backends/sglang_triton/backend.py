@@ -33,10 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -45,9 +43,10 @@ from dsv4bench.backends.base import (
     resolve_heads,
 )
 from dsv4bench.backends.sglang_triton import call, sources
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import Case
 
-ENV_LIB = "DSV4BENCH_SGLANG_TRITON_LIB"
+ENV_LIB = library.lib_env("sglang-triton")
 BUILD_GLOB = ".kernels/sglang-triton-*/"
 FETCH_HINT = "dsv4bench kernels fetch sglang"
 NOT_FOUND = (
@@ -106,15 +105,8 @@ class SglangTritonOps:
 
 def build_folder(lib: str | None) -> Path | None:
     """The build folder the chain picks: `lib`, $ENV_LIB, the kernels folder's newest."""
-    import os
-
-    named = lib or os.environ.get(ENV_LIB)
-    if named:
-        return Path(named).expanduser()
-    builds = library.kernel_builds(
-        library.LibrarySpec("sglang Triton", NOT_FOUND, kernels=(BUILD_GLOB,))
-    )
-    return Path(builds[0].path) if builds else None
+    pattern = BUILD_GLOB.removeprefix(".kernels/")
+    return library.build_folder(lib, ENV_LIB, pattern, lambda folder: folder, lambda: None)
 
 
 def missing_reason(lib: str | None) -> str | None:
@@ -162,7 +154,7 @@ def head_rule(case: Case, entry: Entry) -> HeadRule:
     return HeadRule("sglang Triton DSA", None, case.num_heads)
 
 
-class SglangTriton(LibraryBackend):
+class SglangTriton(library.LibraryBackend):
     name = "sglang-triton"
     description = "sglang's Triton sparse MLA kernels (sm120 V4 decode, V3.2 DSA decode/prefill)"
     archs = ("sm90", "sm120")
@@ -243,10 +235,10 @@ class SglangTriton(LibraryBackend):
             return None
         return fp8_cache_reason(case, "this backend's bf16 pool conversion")
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        reason = self.case_reason(case)
-        if reason:
-            raise Unsupported(reason)
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.case_reason(case)
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         heads = resolve_heads(case, head_rule(case, self.entry))[0]
         fn = self.kernel_ops().fn
         if self.entry.layout == "v4":

@@ -1,6 +1,6 @@
 """sglang's Triton sparse MLA files, loaded out of a `sglang-triton-<v>` build folder (`dsv4bench
 kernels fetch sglang`: the files of sglang/kernels/ops/attention/ under their own relative paths)
-without importing sglang.
+without importing sglang (toolchains/pyfiles.py loads them).
 
 The files run unchanged (their sha256 is in the build's build.json). What they import from
 sglang is answered while each loads, and only then:
@@ -22,18 +22,16 @@ instead of running edited code.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import sys
 import types
 from pathlib import Path
 
 from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.toolchains import pyfiles
 from dsv4bench.kernels.catalog import SGLANG_TRITON, SGLANG_TRITON_DSV4
 
 PREFIX = "dsv4bench_sglang_triton"  # the loaded files' module names start with it
-REASON_CHARS = 300
 SGLANG_ATTENTION = "sglang.kernels.ops.attention"
 DSV4_PACKAGE = SGLANG_TRITON_DSV4
 FILES = SGLANG_TRITON  # the build's files, relative to its folder (the catalog's BuildSpec)
@@ -83,26 +81,6 @@ def version_of(folder: Path) -> str:
         return f"folder {folder.name}"
 
 
-def _stub_modules(extra: dict[str, types.ModuleType]) -> dict[str, types.ModuleType]:
-    """SHIMS as modules (their parents as empty packages), plus `extra` real modules."""
-    stubs: dict[str, types.ModuleType] = {}
-    for name in [*SHIMS, *extra]:
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            sub = ".".join(parts[:i])
-            module = stubs.setdefault(sub, types.ModuleType(sub))
-            if not hasattr(module, "__path__"):
-                module.__path__ = []
-    for name, values in SHIMS.items():
-        for attr, value in values.items():
-            setattr(stubs[name], attr, value)
-    for name, module in extra.items():
-        stubs[name] = module
-        parent, _, leaf = name.rpartition(".")
-        setattr(stubs[parent], leaf, module)
-    return stubs
-
-
 class Loader:
     """Loads a build's files once each, under PREFIX names kept in sys.modules (Triton's JIT
     looks a kernel's source up through its module)."""
@@ -113,32 +91,7 @@ class Loader:
         self._modules: dict[str, types.ModuleType] = {}
 
     def _exec(self, name: str, path: Path, extra: dict, package_dir: Path | None = None):
-        stubs = _stub_modules(extra)
-        saved = {n: sys.modules.get(n) for n in stubs}
-        locations = [str(package_dir)] if package_dir is not None else None
-        spec = importlib.util.spec_from_file_location(
-            name, path, submodule_search_locations=locations
-        )
-        if spec is None or spec.loader is None:
-            raise Unsupported(f"cannot load {path} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules.update(stubs)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as e:
-            sys.modules.pop(name, None)
-            what = f"{type(e).__name__}: {e}"
-            if isinstance(e, ImportError) and (e.name or "").startswith("sglang"):
-                what += " (the file imports more of sglang than this backend stubs)"
-            raise Unsupported(f"cannot load sglang's {path.name}: {what}"[:REASON_CHARS]) from e
-        finally:
-            for n, old in saved.items():
-                if old is None:
-                    sys.modules.pop(n, None)
-                else:
-                    sys.modules[n] = old
-        return module
+        return pyfiles.load_file(name, path, SHIMS, extra, package_dir)
 
     def module(self, rel: str) -> types.ModuleType:
         """The loaded file `rel` (a FILES entry, or DSV4_PACKAGE for the package)."""
@@ -158,19 +111,10 @@ class Loader:
                     "dsa/triton_sparse_mla.py"
                 )
             name = f"{self.tag}.{rel.removesuffix('.py').replace('/', '.')}"
-            self._ensure_parents(name)
+            pyfiles.ensure_parents(name)
             module = self._exec(name, path, extra)
         self._modules[rel] = module
         return module
-
-    def _ensure_parents(self, name: str) -> None:
-        parts = name.split(".")
-        for i in range(1, len(parts)):
-            sub = ".".join(parts[:i])
-            if sub not in sys.modules:
-                pkg = types.ModuleType(sub)
-                pkg.__path__ = []
-                sys.modules[sub] = pkg
 
     def _dsv4_package(self) -> types.ModuleType:
         """dsv4/triton_sparse_decode as a package: its modules import each other relatively,
@@ -178,7 +122,7 @@ class Loader:
         sibling loaded here)."""
         folder = self.folder / DSV4_PACKAGE
         name = f"{self.tag}.dsv4_triton_sparse_decode"
-        self._ensure_parents(name)
+        pyfiles.ensure_parents(name)
         pkg = types.ModuleType(name)
         pkg.__path__ = [str(folder)]
         sys.modules[name] = pkg

@@ -35,10 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsv4bench.backends import library
 from dsv4bench.backends.base import (
     HeadRule,
-    LibraryBackend,
     Prepared,
     Provider,
     Unsupported,
@@ -46,9 +44,10 @@ from dsv4bench.backends.base import (
     resolve_heads,
 )
 from dsv4bench.backends.tilelang import call, runtime
+from dsv4bench.backends.toolchains import library
 from dsv4bench.cases.case import ROUTES, Case
 
-ENV_LIB = "DSV4BENCH_TILELANG_LIB"
+ENV_LIB = library.lib_env("tilelang")
 KERNEL_FILE = "tilelang_kernel.py"
 DEFAULT_GLOB = ".kernels/tilelang-sglang-*/" + KERNEL_FILE
 NOT_FOUND = (
@@ -157,7 +156,7 @@ def index_width(case: Case) -> int:
     return call.round_up(width, call.INDEX_BLOCK)
 
 
-class TileLang(LibraryBackend):
+class TileLang(library.LibraryBackend):
     name = "tilelang"
     description = "sglang's TileLang sparse MLA kernel (bf16 KV, V3.2), prefill and decode"
     archs = ("sm90",)
@@ -239,9 +238,9 @@ class TileLang(LibraryBackend):
             )
         return padded_heads(case)[1]
 
-    def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
-        reason = self.case_reason(case)
-        if reason:
-            raise Unsupported(reason)
+    def prepare_reason(self, case: Case, device: str) -> str | None:
+        return self.case_reason(case)
+
+    def prepare_case(self, case: Case, inputs: dict, device: str) -> Prepared:
         heads = padded_heads(case)[0]
         return call.prepare_call(case, inputs, device, self.kernel_ops().sparse_fwd, heads)

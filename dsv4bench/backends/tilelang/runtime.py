@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
-import shutil
-import sys
 import types
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.base import REASON_CHARS, Unsupported
+from dsv4bench.backends.toolchains import pyfiles
+from dsv4bench.backends.toolchains.library import on_sys_path
+from dsv4bench.backends.toolchains.nvcc import cuda_home_nvcc
 from dsv4bench.kernels.store import kernels_dir
 
 REQUIRED = ("tilelang", "z3", "tvm_ffi")  # modules TileLang cannot import without
@@ -37,12 +36,11 @@ RUNTIME_PREFIX = "tilelang-runtime-"
 DEPS_PREFIX = "tilelang-deps-"
 FETCH_HINT = "dsv4bench kernels fetch tilelang, or unpack its runtime and deps archives"
 NVCC_HINT = "TileLang compiles each kernel with it: set CUDA_HOME or put nvcc on PATH"
-REASON_CHARS = 300
 MODULE = "dsv4bench_sglang_tilelang_kernel"  # the name sglang's file is loaded under
 # what the kernel file imports from sglang, with the value each has on an NVIDIA GPU
-SGLANG_FLAGS = {
-    "sglang.kernels.ops.quantization.fp8_kernel": {"is_fp8_fnuz": False},
-    "sglang.srt.utils": {"is_hip": False, "is_gfx95_supported": False},
+SHIMS = {
+    "sglang.kernels.ops.quantization.fp8_kernel": {"is_fp8_fnuz": lambda: False},
+    "sglang.srt.utils": {"is_hip": lambda: False, "is_gfx95_supported": lambda: False},
 }
 
 
@@ -79,83 +77,25 @@ def _module_in(name: str, sites: tuple[Path, ...]) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def nvcc_path() -> str | None:
-    """The nvcc TileLang would find (tilelang/env.py _find_cuda_home): $CUDA_HOME or $CUDA_PATH,
-    else nvcc on PATH, else the nvidia-cuda-nvcc wheel's, else /usr/local/cuda's."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        nvcc = Path(home) / "bin" / "nvcc"
-        return str(nvcc) if nvcc.is_file() else None
-    on_path = shutil.which("nvcc")
-    if on_path:
-        return on_path
-    try:
-        files = metadata.files("nvidia-cuda-nvcc") or []
-    except metadata.PackageNotFoundError:
-        files = []
-    for file in files:
-        if file.name == "nvcc":
-            return str(file.locate())
-    default = Path("/usr/local/cuda/bin/nvcc")
-    return str(default) if default.is_file() else None
-
-
 def missing(runtime: Runtime) -> list[str]:
     """What TileLang lacks to compile a kernel, each with where to get it; [] when nothing."""
     gone = [m for m in REQUIRED if not _module_in(m, runtime.sites)]
     out = [f"{', '.join(gone)} ({FETCH_HINT})"] if gone else []
-    if nvcc_path() is None:
+    if cuda_home_nvcc() is None:  # the nvcc TileLang finds
         out.append(f"nvcc ({NVCC_HINT})")
     return out
 
 
 def import_tilelang(runtime: Runtime):
     """The tilelang module, its runtime's site folders first on sys.path."""
-    for site in reversed(runtime.sites):
-        if str(site) not in sys.path:
-            sys.path.insert(0, str(site))
+    on_sys_path(*runtime.sites)
     try:
         return importlib.import_module("tilelang")
     except Exception as e:  # a broken install, a library built for another glibc or CUDA
         raise Unsupported(f"cannot import tilelang: {type(e).__name__}: {e}"[:REASON_CHARS]) from e
 
 
-def _stubs() -> dict[str, types.ModuleType]:
-    """Modules answering the kernel file's sglang imports: SGLANG_FLAGS' names and parents."""
-    stubs: dict[str, types.ModuleType] = {}
-    for name, flags in SGLANG_FLAGS.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            module = stubs.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-            module.__path__ = []  # a package holding nothing but its stub children
-        for flag, value in flags.items():
-            setattr(stubs[name], flag, lambda value=value: value)
-    return stubs
-
-
 def load_kernel_file(path: Path) -> types.ModuleType:
     """sglang's kernel file as a module of its own (MODULE), its sglang imports answered by
-    stubs that are gone again once it is loaded."""
-    stubs = _stubs()
-    saved = {name: sys.modules.get(name) for name in stubs}
-    spec = importlib.util.spec_from_file_location(MODULE, path)
-    if spec is None or spec.loader is None:
-        raise Unsupported(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.update(stubs)
-    sys.modules[MODULE] = module  # what inspect (and tilelang.jit) look a function's file up by
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(MODULE, None)
-        what = f"{type(e).__name__}: {e}"
-        if isinstance(e, ImportError) and (e.name or "").startswith("sglang"):
-            what += " (the kernel file imports more of sglang than this backend stubs)"
-        raise Unsupported(f"cannot load sglang's {path.name}: {what}"[:REASON_CHARS]) from e
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
-    return module
+    stubs (SHIMS) that are gone again once it is loaded."""
+    return pyfiles.load_file(MODULE, path, SHIMS)

@@ -2,8 +2,9 @@
 
 Each Rule says where it applies (kernel, KV source, head count, d_qk), the launch shape it
 gives, and the A/B measurement that chose it (`chose`: the sweep files, under results/ unless
-named otherwise; tools/triton_attention_sweep.py ran them on an H100). `config_for` takes the
-first rule that fits, so within a (kernel, source) group the rules run from few heads to any.
+named otherwise; a per-run sweep script, since removed (de8a158), ran them on an H100).
+`config_for` takes the first rule that fits, so within a (kernel, source) group the rules run
+from few heads to any.
 
 The Gluon producer/consumer kernel (a GPU whose Triton has Gluon) takes the FP8 caches at
 every head count and the bf16 rows of sparse prefill; narrow rules (up to 16 or 32 heads)

@@ -1,5 +1,5 @@
 """Kernel throughput: GPU time, TFLOP/s and fraction of peak per case family, all by the timer
-the winners rank by (report/timers.py: the profiler's makespan where a row has it), the events
+the winners rank by (rows/timers.py: the profiler's makespan where a row has it), the events
 median beside.
 
 Functions take `rep`, the report being built (dsv4bench.report.render.Report).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dsv4bench.report import indexer_share, plots
+from dsv4bench.report import plots
 from dsv4bench.report.fmt import (
     code_span,
     fmt_num,
@@ -21,6 +21,7 @@ from dsv4bench.report.load import (
     param,
     short,
 )
+from dsv4bench.report.sections import indexer_share
 from dsv4bench.rows import timers
 
 

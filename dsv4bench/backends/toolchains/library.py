@@ -1,6 +1,7 @@
-"""The one discovery chain for kernels that come as libraries (FlashMLA, FA3, DeepGEMM, and
-every later library backend): where a build can come from, in which order, and what a row
-says about the one found.
+"""A prebuilt kernel library or package: the one discovery chain (lib option, env, packages,
+engines, kernels folder, a site folder) for kernels that come as libraries (FlashMLA, FA3,
+DeepGEMM, FlashInfer, and every later library backend): where a build can come from, in which
+order, and what a row says about the one found.
 
 Sources (SOURCES), in the order `discover` tries them:
   file     a library file named by the backend's `lib` option or its environment variable: an
@@ -21,6 +22,15 @@ its ops come from `discover(spec, lib)`; the Provider its loader returns is what
 sources hold, in the chain's order of preference (newest first within the kernels folder), and
 `load_build(spec, build)` loads one of them: what instances that pin one build each (several
 builds of one library side by side) use instead of `discover`.
+
+For a family's own use (the public names, each documented below):
+  LibraryBackend, LazyOps   a backend over one library (option `lib`), its ops found once
+  pinned_release_reason     a pinned kernels-folder build the catalog does not know
+  lib_env                   the environment variable a backend's `lib` option falls back on
+  build_folder              a `kernels fetch` build folder: `lib`, $ENV, the newest, else a fallback
+  package_dir               an installed package's folder, found without importing it
+  site_folder, on_sys_path  a build's site/ folder (a package and its requirements) put first
+                            on sys.path, when the package is not installed
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import importlib.util
 import lzma
 import os
 import shutil
+import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,14 +48,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dsv4bench.backends.base import Provider, Unsupported
+from dsv4bench.backends.base import REASON_CHARS, Backend, Provider, Unsupported
+from dsv4bench.kernels.known import release_reason
 from dsv4bench.kernels.store import kernels_dir
 
 SOURCES = ("file", "package", "engine", "kernels")
-CHECKOUT = Path(__file__).resolve().parents[2]  # its .kernels/ is the kernels folder
+CHECKOUT = Path(__file__).resolve().parents[3]  # its .kernels/ is the kernels folder
 UNPACK_DIR = Path(os.environ.get("DSV4BENCH_UNPACK_DIR", "/tmp/dsv4-kernels"))
 PROBLEM_CHARS = 200  # one source's failure, within the not-found reason
-REASON_CHARS = 300  # a load failure's one-line reason
 
 
 class Absent(Exception):
@@ -292,3 +303,143 @@ def unpack_tar(path: Path, marker: str) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.replace(dest)
     return dest
+
+
+def lib_env(name: str) -> str:
+    """The environment variable naming a backend's library or build folder when its `lib`
+    option does not: DSV4BENCH_<NAME>_LIB (`sglang-topk` -> DSV4BENCH_SGLANG_TOPK_LIB)."""
+    return f"DSV4BENCH_{name.upper().replace('-', '_')}_LIB"
+
+
+# ---- build folders and site folders --------------------------------------------------------
+
+
+def build_folder(
+    lib: str | None,
+    env_var: str,
+    pattern: str,
+    from_folder: Callable[[Path], Any],
+    fallback: Callable[[], Any],
+) -> Any:
+    """from_folder(the build folder `lib` or $env_var names), else from_folder(the kernels
+    folder's newest build matching `pattern`, a path under it such as "q8kv8-*/csrc/entry.cuh"
+    whose first part is the build's folder), else fallback() (e.g. installed packages)."""
+    explicit = lib or (os.environ.get(env_var) if env_var else None)
+    if explicit:
+        return from_folder(Path(explicit).expanduser())
+    root = kernels_dir()
+    found = sorted(root.glob(pattern), reverse=True)
+    if found:
+        return from_folder(root / found[0].relative_to(root).parts[0])
+    return fallback()
+
+
+def package_dir(name: str) -> Path | None:
+    """The folder of the installed package `name`, found without importing it; None if absent."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def site_folder(lib: str | None, package: str, builds: str, what: str) -> Path | None:
+    """The site/ folder (the package and its requirements) of a `kernels fetch` build: `lib`'s
+    (Unsupported if it holds no `package`), else, when `package` is neither imported nor
+    installed, the kernels folder's newest build matching `builds` (e.g. "flashinfer-*");
+    None: import the package as installed."""
+    if lib:
+        site = Path(lib) / "site"
+        if not (site / package / "__init__.py").is_file():
+            raise Unsupported(f"{what} build not found: no site/{package} in {lib}")
+        return site
+    if package in sys.modules or importlib.util.find_spec(package) is not None:
+        return None
+    found = sorted(kernels_dir().glob(f"{builds}/site/{package}/__init__.py"), reverse=True)
+    return found[0].parents[1] if found else None
+
+
+def on_sys_path(*sites: Path | None) -> None:
+    """Put the site folders first on sys.path (the first given first), once each."""
+    for site in reversed(sites):
+        if site is not None and str(site) not in sys.path:
+            sys.path.insert(0, str(site))
+
+
+# ---- a backend over one library ------------------------------------------------------------
+
+
+class LazyOps:
+    """A kernel library's ops, found once: injected ones, a factory's, or `discover()`'s.
+
+    Why they could not be found is remembered and raised again as Unsupported on every get."""
+
+    def __init__(self, source, discover: Callable[[], Any]):
+        self._source, self._discover = source, discover
+        self.reset()
+
+    def reset(self) -> None:
+        self._ops, self._error = None, None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether get() has the ops at hand without searching (found, or injected)."""
+        return self._ops is not None or self._source is not None
+
+    def get(self):
+        if self._ops is None and self._error is None:
+            src = self._source
+            try:
+                if src is None:
+                    self._ops = self._discover()
+                else:
+                    self._ops = src() if callable(src) else src
+            except Unsupported as e:
+                self._error = str(e)
+        if self._error is not None:
+            raise Unsupported(self._error)
+        return self._ops
+
+
+class LibraryBackend(Backend):
+    """A backend over one kernel library: option `lib` (a file; None: discover(lib) searches),
+    found lazily once; setting `lib` searches again. Builds that register the same torch op
+    namespace cannot share a process, so an explicit `lib` is its own worker (process_key)."""
+
+    def _find_with(self, lib: str | None, ops, discover: Callable[[str | None], Any]) -> None:
+        self._lib = lib
+        # injected ops (or a factory of them) instead of discovery
+        self._found = LazyOps(ops, lambda: discover(self._lib))
+
+    @property
+    def lib(self) -> str | None:
+        return self._lib
+
+    @lib.setter
+    def lib(self, value: str | None) -> None:
+        self._lib = value
+        self._found.reset()
+
+    def kernel_ops(self):
+        return self._found.get()
+
+    def provider(self) -> Provider:
+        return self.kernel_ops().provider
+
+    def supports(self, case, arch: str) -> str | None:
+        return super().supports(case, arch) or self.build_reason()
+
+    def build_reason(self) -> str | None:
+        # a kernels-folder build of a release the catalog does not know (read, not loaded)
+        return pinned_release_reason(self._lib)
+
+    def process_key(self) -> str:
+        return f"{self.base}.lib={self._lib}" if self._lib else ""
+
+
+def pinned_release_reason(lib: str | None) -> str | None:
+    """Why the kernels-folder build at `lib` (its build.json) is no release the catalog knows;
+    None for no `lib`, a known release, or a library file named by hand."""
+    return release_reason(Path(lib)) if lib else None

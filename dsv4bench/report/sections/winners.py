@@ -6,7 +6,7 @@ A shape is one case_id (the problem: op, model, heads, batch or chunk, s_q, ...)
 a ratio never divides times of two runs, and a case measured in several runs has a line per
 run. Only `ok` rows count: an incorrect or unsupported backend never wins, and the oracle
 (`torch`) is a baseline, never a candidate. Backends are ranked by GPU time where every one of
-a shape measured it (report/timers.py): the profiler's kernel makespan (timer
+a shape measured it (rows/timers.py): the profiler's kernel makespan (timer
 `profiler`/`both`), else the CUDA-graph replay (`graph: true`), else the CUDA-events median.
 Events sit a fixed ~2.8 us above the makespan below 50 us (launch and event overhead), so at
 20-40 us they partly rank launch overheads; the events figure stays beside the GPU time.
@@ -34,12 +34,12 @@ class Shape:
     times: dict[str, float] = field(default_factory=dict)  # backend -> ranked ms (ok rows)
     others: dict[str, str] = field(default_factory=dict)  # backend -> status, when not ok
     events: dict[str, float] = field(default_factory=dict)  # backend -> timed-call median ms
-    basis: str = "events"  # what `times` holds (timers.TIMERS)
+    basis: str = "events"  # what `times` holds (timers.PREFERENCE)
     timings: dict[str, dict] = field(default_factory=dict)  # backend -> its row's timing
     run: str = ""  # the run its rows come from
 
     def rank_by_gpu_time(self) -> None:
-        """times := the first of timers.TIMERS that every ok backend of the shape measured."""
+        """times := the first of timers.PREFERENCE that every ok backend of the shape measured."""
         rows = {b: {"timing": t} for b, t in self.timings.items()}
         found = timers.shared(list(rows.values()))
         if found:
