@@ -28,6 +28,6 @@ def build_instances(table: dict[str, Callable[[], Backend]]) -> dict[str, Callab
     fetched = [(b.name, b.library) for b in read_builds(folder)] if folder.is_dir() else []
     return {
         name: partial(table[library], lib=str(folder / name))
-        for name, library in known_builds()
+        for name, library in [*known_builds(), *fetched]
         if library in table and pinnable(table[library])
     }

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.backends import flashmla_policy
 from dsv4bench.backends.base import (
     HeadRule,
     Prepared,
@@ -264,7 +263,7 @@ class FlashMLA(library.LibraryBackend):
         "lib": None,  # a FlashMLA op library (.so or its directory); None: discover()
         "batch_invariant": False,  # decode with enable_batch_invariant (no split-KV)
         # how an engine calls the sm90 prefill at 8/16/32 heads: "" pads to 64 (vLLM 0.33.0,
-        # sglang); "vllm-0.34.0" runs unpadded above the SM count (flashmla_policy.py)
+        # sglang); "vllm-0.34.0" runs unpadded above the SM count (POLICIES below)
         "small_heads": "",
     }
 
@@ -277,8 +276,8 @@ class FlashMLA(library.LibraryBackend):
     ):
         self._find_with(lib, ops, discover)
         self.batch_invariant = bool(batch_invariant)
-        if small_heads not in flashmla_policy.POLICIES:
-            known = ", ".join(repr(p) for p in flashmla_policy.POLICIES)
+        if small_heads not in POLICIES:
+            known = ", ".join(repr(p) for p in POLICIES)
             raise ValueError(f"small_heads must be one of {known}, got {small_heads!r}")
         self.small_heads = small_heads
 
@@ -341,13 +340,13 @@ class FlashMLA(library.LibraryBackend):
         if not self.small_heads or arch != "sm90":
             return self._prepare_prefill(case, inputs, ops, heads)
         tokens, sms = inputs["q"].shape[0], hardware.detect(device).sm_count or 0
-        if flashmla_policy.unpadded(self.small_heads, arch, case.num_heads, tokens, sms):
+        if unpadded(self.small_heads, arch, case.num_heads, tokens, sms):
             heads_used = case.num_heads
         else:
             heads_used = heads
         p = self._prepare_prefill(case, inputs, ops, heads_used)
-        if case.num_heads in flashmla_policy.SMALL_HEADS and sms:
-            text = flashmla_policy.rule_text(case.num_heads, tokens, sms, heads)
+        if case.num_heads in SMALL_HEADS and sms:
+            text = rule_text(case.num_heads, tokens, sms, heads)
             p.info["small_heads"] = f"{self.small_heads}: {text}"
         return p
 
@@ -448,3 +447,36 @@ def _pad_extra(x: dict, b: int) -> tuple[list, dict | None]:
         length = torch.full((b,), width, dtype=torch.int32, device=idx.device)
     why = "FlashMLA decode asserts extra_topk % 64 == 0: padded with -1 as engines do"
     return [cache, idx, length], {"from": width, "to": to, "extra_topk_length": width, "why": why}
+
+
+# How an engine release calls FlashMLA's Hopper sparse prefill at few heads per rank.
+#
+# vLLM 0.34.0 (vllm/v1/attention/backends/mla/flashmla_sparse.py,
+# FlashMLASparseImpl._should_use_bf16_small_head_kernel and _bf16_flash_mla_kernel): on the
+# sm90 family, at 8, 16 or 32 query heads, the call runs unpadded (FlashMLA's small-head kernels,
+# `launch_small_heads<512|576, ..., 16|32>`, in the same binary as 0.33.0's) when the call's tokens
+# exceed the SM count times 1 (times 2 at 32 heads) - "performance heuristics, not correctness
+# requirements" -, else it pads q to 64 heads (`prefill_padding = 64`) as 0.33.0 does always.
+
+VLLM_034 = "vllm-0.34.0"
+POLICIES = ("", VLLM_034)  # "": pad as the engine presets always did
+SMALL_HEADS = (8, 16, 32)
+
+
+def tokens_per_sm(num_heads: int) -> int:
+    return 2 if num_heads == 32 else 1
+
+
+def unpadded(policy: str, arch: str, num_heads: int, tokens: int, sm_count: int | None) -> bool:
+    """Whether `policy` runs this prefill call at its own head count (no padding)."""
+    if policy != VLLM_034 or arch != "sm90" or num_heads not in SMALL_HEADS or not sm_count:
+        return False
+    return tokens > sm_count * tokens_per_sm(num_heads)
+
+
+def rule_text(num_heads: int, tokens: int, sm_count: int, padded_to: int) -> str:
+    """What the policy did with one call, for the row's info."""
+    limit = sm_count * tokens_per_sm(num_heads)
+    if tokens > limit:
+        return f"{num_heads} heads unpadded: {tokens} tokens > {limit} (SMs x {limit // sm_count})"
+    return f"padded to {padded_to}: {tokens} tokens <= {limit} (SMs x {limit // sm_count})"

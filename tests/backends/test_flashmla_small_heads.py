@@ -1,6 +1,7 @@
 """FlashMLA option small_heads: vLLM 0.34.0's Hopper sparse prefill call at 8/16/32 heads,
 unpadded once the call's tokens exceed the SM count (twice it at 32 heads), else padded to 64
-(dsv4bench/backends/flashmla_policy.py, read from the 0.34.0 wheel's flashmla_sparse.py)."""
+(the small-head policies of dsv4bench/backends/flashmla.py, read from the 0.34.0 wheel's
+flashmla_sparse.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dsv4bench.backends import flashmla_policy
+from dsv4bench.backends import flashmla as flashmla_policy
 from dsv4bench.backends.base import Provider
 from dsv4bench.backends.flashmla import FlashMLA, KernelOps
 from dsv4bench.cases.case import Case
