@@ -43,7 +43,7 @@ ensure:
 # 3.5 minutes on 2 quiet cores: the 3-minute target is not met. Slowest: tests that start a
 # pytest, a run's workers or a listing command's kernel-loading child (2 CPU-s each: torch).
 test: install
-	$(PYTHON) -m pytest -q -rs --benchmark-disable -n 2 --dist loadfile -m "not slow and not gpu"
+	$(PYTHON) -m pytest -q -rs --benchmark-disable -n 2 --dist loadfile -m "not slow and not gpu and not slurm"
 
 # The tests marked `slow`, at full size: the oracle's memory bound at FlashMLA's prefill
 # benchmark shape (32768 tokens x 64 heads x top-640) on the CPU, and the serving model's
