@@ -13,7 +13,7 @@ import pytest
 
 from dsv4bench.backends import deepgemm
 from dsv4bench.cli import main
-from dsv4bench.commands.read import kernels_found
+from dsv4bench.commands.found import kernels_found
 from dsv4bench.kernels import catalog, fetch
 from dsv4bench.kernels.store import read_builds
 from tests.factories import load_scenario
