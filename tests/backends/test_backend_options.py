@@ -75,7 +75,10 @@ def test_command_line_options_are_typed_and_inherited_by_instances():
     [
         ("flashmla.lib", "expected BACKEND.OPTION=VALUE"),
         ("nope.x=1", "unknown backend 'nope'"),
-        ("flashmla.libb=x", "flashmla: unknown option 'libb' (options: lib, batch_invariant, small_heads)"),
+        (
+            "flashmla.libb=x",
+            "flashmla: unknown option 'libb' (options: lib, batch_invariant, small_heads)",
+        ),
         ("flashinfer.kv_dtype=fp16", "kv_dtype must be one of"),
         ("wrong.factor=big", "wrong.factor: expected float, got 'big'"),
         ("torch.x=1", "torch: unknown option 'x' (options: none)"),
