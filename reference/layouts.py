@@ -77,7 +77,8 @@ def _floor_pow2(x: torch.Tensor) -> torch.Tensor:
     return (x.contiguous().view(torch.int32) & ~0x7FFFFF).view(torch.float32)
 
 
-# "raw" is vLLM's writer; FlashMLA's test writer uses its V4 rule for V3.2 too.
+# "raw": amax / 448 as it is. "pow2": FlashMLA's test writer (its V4 rule for V3.2 too); vLLM
+# 0.33.0's writer matched it byte for byte on an H100 (results/sm90/studies/dsa-helpers).
 _V32_SCALE_RULES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "raw": lambda amax: _over_e4m3_max(amax).clamp_min(FLT_MIN),
     "pow2": lambda amax: torch.exp2(_ceil_log2(_V4_SCALE_RULES["flashmla"](amax)).float()),
@@ -300,7 +301,7 @@ def _decode_v32(records: torch.Tensor, scale_rounding: str | None) -> torch.Tens
 def quantize_v32(kv: torch.Tensor, block_size: int, scale: str = "pow2") -> torch.Tensor:
     """kv [N, 576] -> contiguous V3.2 cache (ceil(N / block_size), block_size, 1, 656) uint8.
 
-    scale "raw": amax/448 floored at FLT_MIN (vLLM's writer); "pow2": amax/448 floored at 1e-4
+    scale "raw": amax/448 floored at FLT_MIN; "pow2": amax/448 floored at 1e-4
     and rounded up to a power of two (FlashMLA's test writer). Slots past N stay zero bytes.
     """
     _check_kv(kv, V32_D_QK, "512 latent + 64 rope")

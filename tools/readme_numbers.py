@@ -304,6 +304,31 @@ def _envelope(status: str) -> str:
     return str(len(cells) if status == "all" else sum(c["status"] == status for c in cells))
 
 
+DSA = f"{STUDIES}/dsa-helpers/run"
+
+
+def _dsa_statuses() -> str:
+    n = Counter(r["status"] for r in _last_rows(DSA))
+    return ", ".join(f"{n[k]} {k}" for k in ("ok", "incorrect", "error", "unsupported"))
+
+
+def _dsa_span(a: str, op: str, b: str = "triton") -> str:
+    """a's time / b's on the dsa-helpers cases of `op` both ran ok (n pairs)."""
+    r = _pair_ratios(DSA, a, b, op=op)
+    return f"{span(r)} ({len(r)} cases)" if len(r) > 1 else f"{r[0]:.2f} (1 case)"
+
+
+def _dsa_cache_differ(backend: str) -> str:
+    """Differing bytes / bytes of the records written, per incorrect cache_write row."""
+    out = []
+    for r in _last_rows(DSA):
+        if r["backend"] == backend and r["op"] == "cache_write" and r["status"] == "incorrect":
+            p = r["params"]
+            written = p["batch_size"] * p["s_q"] * 656  # V3.2's 656-byte record per token
+            out.append(f"{r['accuracy']['bytes_differ']} of {written}")
+    return ", ".join(sorted(out))
+
+
 def _status_count(status: str) -> str:
     return str(sum(r.get("kind") == "case" and r.get("status") == status for r in rows(BASELINE)))
 
@@ -404,6 +429,16 @@ FIGURES: dict[str, Callable[[], str]] = {
         "flashmla sparse-prefill (fp8 KV)",
         (4096, 4096),
     ),  # fmt: skip
+    "dsa_statuses": _dsa_statuses,
+    "dsa_vllm_dequant": lambda: _dsa_span("vllm-ops-0.33.0", "dequant"),
+    "dsa_sglang_dequant": lambda: _dsa_span("sglang-ops-0.5.23", "dequant"),
+    "dsa_vllm_topk": lambda: _dsa_span("vllm-ops-0.33.0", "topk"),
+    "dsa_persistent_topk": lambda: _dsa_span("vllm-persistent-topk", "topk"),
+    "dsa_cooperative_topk": lambda: _dsa_span("vllm-cooperative-topk", "topk"),
+    "dsa_vllm_remap": lambda: _dsa_span("vllm-triton-0.33.0", "remap"),
+    "dsa_sglang_remap": lambda: _dsa_span("sglang-ops-0.5.23", "remap"),
+    "dsa_sglang_page_split": lambda: _dsa_span("sglang-ops-0.5.23", "page_split"),
+    "dsa_cache_differ": lambda: _dsa_cache_differ("vllm-ops-0.33.0"),
     "workload_rows": workload_rows,
     "ragged_ratio_range": ragged_ratio_range,
     "ragged_ratio_max_at": ragged_ratio_max_at,

@@ -42,7 +42,7 @@ _COUNT = itertools.count()
 def _concat(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False):
     assert kv_cache_dtype == "fp8_ds_mla" and kv_cache.dim() == 3 and not skip_scale
     keep = slot_mapping >= 0
-    records = encode(torch.cat([kv_c, k_pe], -1)[keep], "v32", "raw")
+    records = encode(torch.cat([kv_c, k_pe], -1)[keep], "v32", "pow2")  # as on the H100
     flat = kv_cache.view(-1, kv_cache.shape[-1])
     flat[slot_mapping[keep]] = records
     if FAKE["stray_byte"]:  # one byte past the cache's end
@@ -112,13 +112,14 @@ def _verdict(backend, case):
 
 
 def test_the_writer_is_called_as_vllm_calls_it(fake_ops):
-    case = make_case(op="cache_write", batch_size=2, s_q=3, context_len=40, page_size=16,
-                     scale_convention="raw", **V32)  # fmt: skip
+    # vLLM 0.33.0's writer matched the pow2 convention byte for byte on the H100
+    # (results/sm90/studies/dsa-helpers); raw fp32 scales (amax / 448) differ, counted
+    case = make_case(op="cache_write", batch_size=2, s_q=3, context_len=40, page_size=16, **V32)
     (status, why), info = _verdict(vllm_c.VllmOps(ops=fake_ops), case)
     assert (status, why) == ("ok", "") and "fp8_ds_mla" in info["kernel"]
-    # FlashMLA's power-of-two scales are not what vLLM writes: the bytes differ, counted
-    pow2 = make_case(op="cache_write", batch_size=2, s_q=3, context_len=40, page_size=16, **V32)
-    (status, why), _ = _verdict(vllm_c.VllmOps(ops=fake_ops), pow2)
+    raw = make_case(op="cache_write", batch_size=2, s_q=3, context_len=40, page_size=16,
+                    scale_convention="raw", **V32)  # fmt: skip
+    (status, why), _ = _verdict(vllm_c.VllmOps(ops=fake_ops), raw)
     assert status == "incorrect" and "cache bytes differ" in why
 
 
@@ -173,3 +174,26 @@ def test_what_it_declines():
     persistent = vllm_c.VllmOps(kernel="persistent", ops=(Provider("x"), None))
     plain = make_case(op="topk", topk=32, batch_size=2, context_len=256, form="plain", **V32)
     assert "k 512, 1024 or 2048" in persistent.supports(plain, "sm90")
+
+
+def test_cooperative_topk_declines_more_than_its_64_rows_beforehand():
+    # vLLM 0.33.0's cooperative_topk raised "supports <=64 rows" on a 2048-row chunk on the
+    # H100 (results/sm90/studies/dsa-helpers): an error row for a limit the adapter knows
+    cooperative = vllm_c.VllmOps(kernel="cooperative", ops=(Provider("x"), None))
+    persistent = vllm_c.VllmOps(kernel="persistent", ops=(Provider("x"), None))
+    chunk = make_case(op="topk", topk=512, tokens=65, context_len=1024, form="plain", **V32)
+    decode = make_case(op="topk", topk=512, batch_size=64, context_len=1024, form="plain", **V32)
+    assert "at most 64 rows, not 65" in cooperative.case_reason(chunk)
+    assert cooperative.case_reason(decode) is None
+    assert persistent.case_reason(chunk) is None
+
+
+def test_the_topk_instances_time_only_the_topk():
+    # the persistent/cooperative instances ran vllm-ops's cache_write and dequant again
+    # (the same kernels, duplicate rows): they declare the top-k alone
+    for kernel in ("persistent", "cooperative"):
+        backend = vllm_c.VllmOps(kernel=kernel, ops=(Provider("x"), None))
+        dequant = make_case(op="dequant", batch_size=1, context_len=256, **V32)
+        assert "has no dequant kernel (has: topk)" in backend.supports(dequant, "sm90")
+    per_row = vllm_c.VllmOps(ops=(Provider("x"), None))
+    assert per_row.ops == ("cache_write", "dequant", "topk")

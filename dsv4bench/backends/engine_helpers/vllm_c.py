@@ -3,7 +3,8 @@ stable libtorch ABI), loaded with torch.ops.load_library out of a `vllm-ops-<v>`
 called as vllm/_custom_ops.py and vllm/model_executor/layers/indexer_topk.py call them:
 
   cache_write  _C_cache_ops.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping,
-               "fp8_ds_mla", scale, False): V3.2's 656-byte records (vLLM's "raw" scales)
+               "fp8_ds_mla", scale, False): V3.2's 656-byte records (0.33.0 on H100: the
+               pow2 convention byte for byte, not raw amax / 448)
   dequant      _C_cache_ops.cp_gather_and_upconvert_fp8_kv_cache(src, dst, block_table,
                workspace_starts, batch_size, None): one request of every slot in order
   topk         (plain form) option `kernel`: "per-row" _C.top_k_per_row_decode (decode rows,
@@ -25,6 +26,7 @@ import torch
 from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard
 from dsv4bench.backends.toolchains.library import LibraryBackend
+from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
@@ -51,6 +53,7 @@ SCHEMAS = {
     "Tensor workspace, int k, int max_seq_len) -> ()",
 }
 KERNELS = ("per-row", "persistent", "cooperative")
+COOPERATIVE_MAX_ROWS = 64  # csrc/cooperative_topk.cu refuses more rows (vLLM 0.33.0)
 TOPK_WORKSPACE = 1024 * 1024  # indexer_topk.RADIX_TOPK_WORKSPACE_SIZE
 REASON_CHARS = 400
 
@@ -119,6 +122,8 @@ class VllmOps(LibraryBackend):
         if kernel not in KERNELS:
             raise ValueError(f"kernel {kernel!r} (one of {', '.join(KERNELS)})")
         self.kernel = kernel
+        if kernel != "per-row":  # an instance for the top-k: its cache ops are vllm-ops's own rows
+            self.ops = ("topk",)
         self._find_with(lib, ops, load)
 
     def provider(self) -> Provider:
@@ -135,6 +140,12 @@ class VllmOps(LibraryBackend):
             return f"vLLM's top-k ops return column indices (form plain), not form {case.form}"
         if case.op == "topk" and self.kernel != "per-row" and case.topk not in (512, 1024, 2048):
             return f"vLLM's {self.kernel}_topk takes k 512, 1024 or 2048, not {case.topk}"
+        rows = indexer_case.rows(case) if case.op == "topk" else 0
+        if self.kernel == "cooperative" and rows > COOPERATIVE_MAX_ROWS:
+            return (
+                f"vLLM's cooperative_topk takes at most {COOPERATIVE_MAX_ROWS} rows, not {rows} "
+                "(its own check, cooperative_topk.cu; persistent_topk takes more)"
+            )
         return None
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
