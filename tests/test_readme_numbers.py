@@ -82,3 +82,48 @@ def test_a_measured_figure_is_marked_or_dated_to_its_run(tmp_path):
     # the shipped findings and study READMEs hold none
     assert tool.undated() == []
     assert "docs/findings.md" in tool.DATED and len(tool.DATED) >= 20
+
+
+def _row(case: str, backend: str, graph_ms: float, median_ms: float) -> dict:
+    timing = {"graph_ms": graph_ms, "median_ms": median_ms}
+    return dict(kind="case", case_id=case, backend=backend, status="ok", params={}, timing=timing)
+
+
+def test_the_torch_topk_ratios_pair_rows_of_one_run_by_one_timer(monkeypatch):
+    """x torch.topk divides by the `torch-topk` row of the same case in the same run (never the
+    oracle's `torch` row, never another run's), both sides by the first timer both hold."""
+    tool = _tool()
+    runs = {
+        tool.TOPK_TT: [
+            _row("a", "torch-topk", 2.0, 1.0),
+            _row("a", "torch", 3.0, 9.0),
+            _row("a", "sglang-topk", 1.0, 5.0),
+            _row("b", "torch", 1.0, 1.0),  # no torch-topk row: no ratio
+            _row("b", "sglang-topk", 7.0, 7.0),
+        ],
+        # the older run: a torch-topk row here must never pair with the run above
+        tool.TOPK: [_row("b", "torch-topk", 0.5, 0.5), _row("b", "flashinfer", 1.0, 1.0)],
+    }
+    monkeypatch.setattr(tool, "rows", lambda path: runs.get(path, []))
+    assert tool.FIGURES["topk_oracle_tt_span"]() == "1.50-1.50"
+    assert tool.FIGURES["topk_sglang_tt_span"]() == "0.50-0.50"
+    assert tool.FIGURES["topk_sglang_tt_rows"]() == "1 of 1"
+    assert not any("flashinfer" in name and "tt" in name for name in tool.FIGURES)
+
+
+def test_the_161k_figure_counts_the_last_row_of_each_search(monkeypatch):
+    """A search rerun with the 161K probe replaces its older row; searches that never probed
+    164864 are not counted; a failed 161K probe counts against."""
+    tool = _tool()
+
+    def limit(case: str, probes: dict) -> dict:
+        return dict(kind="limit", case_id=case, backend="flashmla", status="ok", probes=probes)
+
+    rows = [
+        limit("old", {"131072": "ok", "1048576": "ok"}),
+        limit("a", {"131072": "ok", "262144": "ok"}),
+        limit("a", {"131072": "ok", "164864": "ok", "262144": "ok"}),
+        limit("b", {"131072": "ok", "164864": "crash"}),
+    ]
+    monkeypatch.setattr(tool, "rows", lambda path: rows)
+    assert tool.FIGURES["limit_161k"]() == "1 of 2"

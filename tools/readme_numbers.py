@@ -193,7 +193,8 @@ def _span3(values: list[float]) -> str:
     return f"{min(values):.3f}-{max(values):.2f}"
 
 
-TOPK = f"{STUDIES}/topk/run"
+TOPK = f"{STUDIES}/topk/run"  # tree 6b04eac: FlashInfer 0.7.2.post1's rows, no torch-topk
+TOPK_TT = f"{STUDIES}/topk/run-1c68753"  # torch.topk as engines call it beside the others
 SGLTRI = f"{STUDIES}/sglang-triton/compare"
 VLLM = f"{STUDIES}/vllm-bench/mla-sparse-decode"
 SPIN = f"{STUDIES}/sglang-triton/spin-check"
@@ -236,19 +237,25 @@ def _serving_split(run: str, metric: str, part: str, whole: str) -> str:
     return _percent_span(values) if whole == "indexer" else span(values)
 
 
-def _topk_pairs(a: str, b: str) -> list[tuple[dict, dict]]:
-    """(a's row, b's row) of each case both ran ok in the top-k run."""
+def _topk_pairs(a: str, b: str, run: str = TOPK) -> list[tuple[dict, dict]]:
+    """(a's row, b's row) of each case both ran ok in the top-k run `run`."""
     by: dict[str, dict[str, dict]] = {}
-    for r in _last_rows(TOPK):
+    for r in _last_rows(run):
         if r["status"] == "ok":
             by.setdefault(r["case_id"], {})[r["backend"]] = r
     return [(p[a], p[b]) for p in by.values() if a in p and b in p]
 
 
-def _topk_rows_of(a: str, b: str) -> str:
+def _topk_rows_of(a: str, b: str, run: str = TOPK) -> str:
     """'N of M': the cases a and b both ran ok, of a's ok rows."""
-    ok = sum(r["status"] == "ok" and r["backend"] == a for r in _last_rows(TOPK))
-    return f"{len(_topk_pairs(a, b))} of {ok}"
+    ok = sum(r["status"] == "ok" and r["backend"] == a for r in _last_rows(run))
+    return f"{len(_topk_pairs(a, b, run))} of {ok}"
+
+
+def _topk_ok_of(backend: str, run: str) -> str:
+    """'N of M': a backend's ok rows of all its rows in a top-k run."""
+    got = [r["status"] for r in _last_rows(run) if r["backend"] == backend]
+    return f"{got.count('ok')} of {len(got)}"
 
 
 def _topk_timer_flips(a: str, b: str) -> str:
@@ -281,15 +288,25 @@ def _indexer_share_batch1() -> str:
     return _percent_span([r["breakdown_ms"]["indexer"] / r["value_ms"] for r in batch1])
 
 
-def _topk_incorrect(backend: str) -> str:
-    return str(
-        sum(r["status"] == "incorrect" and r["backend"] == backend for r in _last_rows(TOPK))
-    )
+def _topk_incorrect(backend: str, run: str = TOPK) -> str:
+    return str(sum(r["status"] == "incorrect" and r["backend"] == backend for r in _last_rows(run)))
 
 
 def _failures_statuses() -> str:
     n = Counter(r["status"] for r in _last_rows(f"{STUDIES}/failures/shapes"))
     return ", ".join(f"{k} {n[k]}" for k in ("ok", "incorrect", "error", "crash", "unsupported"))
+
+
+def _limit_161k() -> str:
+    """'N of M': the context-limit searches that probed the engine issue's 161K (164864) and
+    found it ok, of those that probed it."""
+    last = {
+        (r["case_id"], r["backend"]): r
+        for r in rows(f"{STUDIES}/failures/context-limits")
+        if r.get("kind") == "limit"
+    }
+    probed = [r["probes"]["164864"] for r in last.values() if "164864" in (r.get("probes") or {})]
+    return f"{probed.count('ok')} of {len(probed)}"
 
 
 def _envelope(status: str) -> str:
@@ -460,7 +477,16 @@ FIGURES: dict[str, Callable[[], str]] = {
     "topk_flashinfer_sglang_median": lambda: _median(
         _pair_ratios(TOPK, "flashinfer", "sglang-topk")
     ),
-    "topk_flashinfer_torch_span": lambda: span(_pair_ratios(TOPK, "flashinfer", "torch")),
+    # x torch.topk: both sides rows of run-1c68753, the first timer both hold (graph replay)
+    "topk_tt_rows": lambda: _topk_ok_of("torch-topk", TOPK_TT),
+    "topk_oracle_tt_span": lambda: span(_pair_ratios(TOPK_TT, "torch", "torch-topk")),
+    "topk_triton_tt_rows": lambda: _topk_rows_of("torch-topk", "triton", TOPK_TT),
+    "topk_triton_tt_span": lambda: span(_pair_ratios(TOPK_TT, "triton", "torch-topk")),
+    "topk_triton_tt_median": lambda: _median(_pair_ratios(TOPK_TT, "triton", "torch-topk")),
+    "topk_sglang_tt_rows": lambda: _topk_rows_of("torch-topk", "sglang-topk", TOPK_TT),
+    "topk_sglang_tt_span": lambda: span(_pair_ratios(TOPK_TT, "sglang-topk", "torch-topk")),
+    "topk_sglang_tt_median": lambda: _median(_pair_ratios(TOPK_TT, "sglang-topk", "torch-topk")),
+    "topk_sglang_incorrect_tt": lambda: _topk_incorrect("sglang-topk", TOPK_TT),
     # the indexer's own top-k (its call less its logits alone) / the indexer's call, in %
     "topk_share_ttft": lambda: _serving_split("serving", "ttft", "indexer_topk", "indexer"),
     "topk_share_tpot": lambda: _serving_split("serving", "tpot", "indexer_topk", "indexer"),
@@ -468,7 +494,6 @@ FIGURES: dict[str, Callable[[], str]] = {
     "topk_share_tpot_v32": lambda: _serving_split("serving-v32", "tpot", "indexer_topk", "indexer"),
     # the fastest top-k kernel alone on the same rows / the indexer's own top-k
     "topk_alone_ratio": lambda: _serving_split("serving", "tpot", "topk_alone", "indexer_topk"),
-    "topk_fi_torch_rows": lambda: _topk_rows_of("flashinfer", "torch"),
     "topk_fi_sgl_flips": lambda: _topk_timer_flips("flashinfer", "sglang-topk"),
     "topk_fi_graph_eager": lambda: _topk_graph_eager("flashinfer"),
     "topk_indexer_share_b1": _indexer_share_batch1,
@@ -499,6 +524,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "vllm_fi_fm_span": lambda: span(_pair_ratios(VLLM, "flashinfer", "flashmla")),
     "vllm_fi_fm_median": lambda: _median(_pair_ratios(VLLM, "flashinfer", "flashmla")),
     "failures_statuses": _failures_statuses,
+    "limit_161k": _limit_161k,
     "spin_triton_flashmla_span": lambda: span(_pair_ratios(SPIN, "triton", "flashmla")),
     "spin_gap_rows": lambda: _gap_rows(SPIN),
     "baseline_gap_rows": lambda: _gap_rows(BASELINE),
