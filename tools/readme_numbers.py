@@ -549,7 +549,6 @@ FIGURES: dict[str, Callable[[], str]] = {
 }
 
 
-
 BUILDS = f"{STUDIES}/builds"
 
 
