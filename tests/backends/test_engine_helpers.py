@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4bench.backends.engine_helpers import guard, sglang_ops, vllm_files, vllm_triton
+from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.engine_helpers import (
+    guard,
+    sglang_files,
+    sglang_ops,
+    vllm_files,
+    vllm_triton,
+)
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.kernels import catalog
 from tests.factories import make_case
@@ -161,6 +168,47 @@ def test_reasons_name_what_is_missing(tmp_path):
     assert sgl.case_reason(v41, "sm100") is None
     with pytest.raises(ValueError, match="kv_layout 'v5'"):
         sglang_ops.SglangOps(kv_layout="v5")
+
+
+def test_a_build_folder_is_lib_then_the_backends_env_then_the_newest(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4BENCH_KERNELS", str(tmp_path))
+    monkeypatch.delenv("DSV4BENCH_VLLM_TRITON_LIB", raising=False)
+    assert vllm_triton.PLACE.folder(None) is None
+    for version in ("0.32.0", "0.33.0"):
+        (tmp_path / f"vllm-triton-{version}").mkdir()
+    assert vllm_triton.PLACE.folder(None) == tmp_path / "vllm-triton-0.33.0"
+    monkeypatch.setenv("DSV4BENCH_VLLM_TRITON_LIB", str(tmp_path / "named"))
+    assert vllm_triton.PLACE.folder(None) == tmp_path / "named"
+    assert vllm_triton.PLACE.folder(str(tmp_path / "lib")) == tmp_path / "lib"
+    assert sglang_ops.PLACE.env == "DSV4BENCH_SGLANG_OPS_LIB"
+
+
+def test_vllms_file_loads_with_its_stubs_and_a_newer_import_is_the_reason(tmp_path):
+    (tmp_path / "mla").mkdir()
+    path = tmp_path / vllm_files.SPARSE_UTILS
+    path.write_text("from vllm.utils.math_utils import cdiv\nBLOCKS = cdiv(7, 2)\n")
+    assert vllm_files.sparse_utils(tmp_path).BLOCKS == 4 and "vllm" not in sys.modules
+    newer = tmp_path / "newer"
+    (newer / "mla").mkdir(parents=True)
+    (newer / vllm_files.SPARSE_UTILS).write_text("from vllm.v2 import thing\n")
+    with pytest.raises(Unsupported, match="load vLLM's sparse_utils.py: .*imports more of vLLM"):
+        vllm_files.sparse_utils(newer)
+
+
+def test_sglangs_files_get_the_builds_kv_layout_and_the_stubbed_arch(tmp_path):
+    (tmp_path / "dsv4").mkdir()
+    (tmp_path / "dsv4/kv_layout.py").write_text("class KVLayout:\n    V4 = 'v4'\n")
+    (tmp_path / "dsv4/dequant_k_cache.py").write_text(
+        "from sglang.kernels.jit.utils import get_jit_cuda_arch, is_hip_runtime\n"
+        "from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout\n"
+        "from sglang.srt.utils import is_hip\n"
+        "ARCH = get_jit_cuda_arch().major, is_hip_runtime(), is_hip()\n"
+    )
+    files = sglang_files.files(tmp_path)
+    module = files.module("dsv4/dequant_k_cache.py")
+    assert module.KVLayout is files.module("dsv4/kv_layout.py").KVLayout
+    major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 10
+    assert (major, False, False) == module.ARCH and "sglang" not in sys.modules
 
 
 def test_the_catalog_builds_hold_the_files_the_loaders_read():

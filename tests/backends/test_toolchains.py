@@ -70,6 +70,8 @@ def test_stubs_answer_imports_while_a_file_loads_and_are_gone_after(tmp_path):
     path.write_text("from engine_x.more import thing\n")
     with pytest.raises(Unsupported, match="imports more of engine_x than this backend stubs"):
         pyfiles.load_file("dsv4_test_kernel2", path, {}, engine="engine_x")
+    with pytest.raises(Unsupported, match="cannot load Engine X's kernel.py: .* more of Engine X"):
+        pyfiles.load_file("dsv4_test_kernel3", path, {}, engine="engine_x", label="Engine X")
     sys.modules.pop("dsv4_test_kernel", None)
 
 

@@ -1,9 +1,9 @@
-"""What the engine helper backends share: where a build folder is (option `lib`, an environment
-variable, the kernels folder's newest build of the library) and why it cannot load."""
+"""What the engine helper backends share: where a build folder is (option `lib`, the backend's
+environment variable, the kernels folder's newest build of the library: toolchains/library.py's
+build_folder) and why it cannot load."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,23 +13,22 @@ from dsv4bench.backends.toolchains import library
 @dataclass(frozen=True)
 class BuildPlace:
     label: str  # "vLLM's Triton remap"
-    glob: str  # ".kernels/vllm-triton-*/" (the kernels folder's builds of the library)
-    env: str  # the environment variable naming a folder
+    glob: str  # "vllm-triton-*/" (the kernels folder's builds of the library)
     fetch: str  # the command that brings one
     files: tuple[str, ...]  # what the folder must hold
     backend: str  # the backend's name (its `lib` option)
+
+    @property
+    def env(self) -> str:
+        """The environment variable naming a folder: DSV4BENCH_VLLM_TRITON_LIB."""
+        return library.lib_env(self.backend)
 
     def not_found(self) -> str:
         also = f"or pass --backend-opt {self.backend}.lib=FOLDER ({self.env})"
         return f"{self.label} not found: {self.fetch}, {also}"
 
     def folder(self, lib: str | None) -> Path | None:
-        named = lib or os.environ.get(self.env)
-        if named:
-            return Path(named).expanduser()
-        spec = library.LibrarySpec(self.label, self.not_found(), kernels=(self.glob,))
-        builds = library.kernel_builds(spec)
-        return Path(builds[0].path) if builds else None
+        return library.build_folder(lib, self.env, self.glob, lambda folder: folder, lambda: None)
 
     def missing_reason(self, lib: str | None) -> str | None:
         """Why the build cannot load, known without loading it; None if its files are there."""

@@ -1,12 +1,17 @@
 """sglang's helper kernel files, loaded out of a `sglang-ops-<v>` build folder without importing
-sglang, by the sglang-triton backend's loader (backends/sglang_triton/sources.py: its stubs
-SHIMS answer `is_hip`, `is_fp8_fnuz`, `is_gfx95_supported`, the sm120 environ). Beyond those,
-dsv4/dequant_k_cache.py imports:
-  sglang.kernels.ops.attention.dsv4.kv_layout   the build's own kv_layout.py
+sglang (toolchains/pyfiles.py loads them). What they import of sglang while they load is
+answered by the build's own dsv4/kv_layout.py (`sglang.kernels.ops.attention.dsv4.kv_layout`)
+and by stubs (SHIMS) holding the value each name has on an NVIDIA GPU:
+  sglang.srt.utils                              is_hip() False, is_gfx95_supported() False
+  sglang.kernels.ops.quantization.fp8_kernel    is_fp8_fnuz() False
+  sglang.srt.environ                            envs.SGLANG_SM120_FLASHMLA_BACKEND.get() =
+      "torch" (read once at import by flash_mla_sm120.py; its page split kernel is called
+      directly, so the dispatcher it picks is never run here)
   sglang.kernels.jit.utils                      is_hip_runtime() False; get_jit_cuda_arch():
       the device's (major, minor) as sglang's own body reads it (torch.cuda), and on a machine
       without CUDA (Triton's interpreter) (10, 0), so that the V4.1 path its SM100 check
       guards runs there too
+A later release that imports more of sglang fails to load with the missing name in the reason.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from dsv4bench.backends.sglang_triton.sources import SGLANG_ATTENTION, Loader
+from dsv4bench.backends.toolchains import pyfiles
 from dsv4bench.kernels.catalog import SGLANG_OPS
 
+PREFIX = "dsv4bench_sglang_ops"  # the loaded files' module names start with it
+SGLANG_ATTENTION = "sglang.kernels.ops.attention"
 FILES = SGLANG_OPS
 INTERPRETER_ARCH = (10, 0)
+SM120_BACKEND = "torch"  # what the environ stub answers for SGLANG_SM120_FLASHMLA_BACKEND
 
 
 def _arch():
@@ -31,31 +39,42 @@ def _arch():
     return types.SimpleNamespace(major=major, minor=minor, suffix="")
 
 
-def _jit_utils() -> types.ModuleType:
-    module = types.ModuleType("sglang.kernels.jit.utils")
-    module.is_hip_runtime = lambda: False
-    module.get_jit_cuda_arch = _arch
-    return module
+class _EnvVar:
+    def __init__(self, value):
+        self._value = value
+
+    def get(self):
+        return self._value
+
+
+SHIMS: pyfiles.Shims = {
+    "sglang.srt.utils": {"is_hip": lambda: False, "is_gfx95_supported": lambda: False},
+    "sglang.kernels.ops.quantization.fp8_kernel": {"is_fp8_fnuz": lambda: False},
+    "sglang.srt.environ": {
+        "envs": types.SimpleNamespace(SGLANG_SM120_FLASHMLA_BACKEND=_EnvVar(SM120_BACKEND))
+    },
+    "sglang.kernels.jit.utils": {"is_hip_runtime": lambda: False, "get_jit_cuda_arch": _arch},
+}
 
 
 class Files:
-    """The build's files, each loaded once (under the loader's PREFIX names)."""
+    """The build's files, each loaded once (under PREFIX names kept in sys.modules: Triton's
+    JIT looks a kernel's source up through its module)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.loader = Loader(folder)
+        self.tag = f"{PREFIX}_{abs(hash(str(folder.resolve()))):x}"
         self._modules: dict[str, types.ModuleType] = {}
 
     def module(self, rel: str) -> types.ModuleType:
         if rel in self._modules:
             return self._modules[rel]
-        extra: dict[str, types.ModuleType] = {}
+        real: dict[str, types.ModuleType] = {}
         if rel == "dsv4/dequant_k_cache.py":
-            extra[f"{SGLANG_ATTENTION}.dsv4.kv_layout"] = self.module("dsv4/kv_layout.py")
-            extra["sglang.kernels.jit.utils"] = _jit_utils()
-        name = f"{self.loader.tag}.ops.{rel.removesuffix('.py').replace('/', '.')}"
-        self.loader._ensure_parents(name)
-        module = self.loader._exec(name, self.folder / rel, extra)
+            real[f"{SGLANG_ATTENTION}.dsv4.kv_layout"] = self.module("dsv4/kv_layout.py")
+        name = f"{self.tag}.{rel.removesuffix('.py').replace('/', '.')}"
+        pyfiles.ensure_parents(name)
+        module = pyfiles.load_file(name, self.folder / rel, SHIMS, real)
         self._modules[rel] = module
         return module
 

@@ -32,8 +32,7 @@ from dsv4bench.cases.output import Output
 
 PLACE = common.BuildPlace(
     "sglang's DSA helper kernels",
-    ".kernels/sglang-ops-*/",
-    "DSV4BENCH_SGLANG_OPS_LIB",
+    "sglang-ops-*/",
     "dsv4bench kernels fetch sglang",
     sglang_files.FILES,
     "sglang-ops",

@@ -32,9 +32,8 @@ from dsv4bench.cases.output import Output
 
 SO = "_C_stable_libtorch.abi3.so"
 PLACE = common.BuildPlace(
-    "vLLM's _C library", ".kernels/vllm-ops-*/", "DSV4BENCH_VLLM_OPS_LIB",
-    "dsv4bench kernels fetch 'vllm[ops]'", (SO,), "vllm-ops",
-)  # fmt: skip
+    "vLLM's _C library", "vllm-ops-*/", "dsv4bench kernels fetch 'vllm[ops]'", (SO,), "vllm-ops"
+)
 SCHEMAS = {
     "_C_cache_ops.concat_and_cache_mla": "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, "
     "Tensor! kv_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor scale, "

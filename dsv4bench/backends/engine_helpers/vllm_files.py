@@ -1,8 +1,8 @@
 """vLLM's Triton index remap (vllm/v1/attention/backends/mla/sparse_utils.py), loaded out of a
-`vllm-triton-<v>` build folder without importing vLLM.
+`vllm-triton-<v>` build folder without importing vLLM (toolchains/pyfiles.py loads it).
 
 The file runs unchanged (its sha256 is in build.json). What it imports from vLLM is answered
-while it loads, by stubs (SHIMS below); a later release importing more fails to load with the
+while it loads, by stubs (shims() below); a later release importing more fails to load with the
 missing name in the reason. The stubs that matter at run time:
   vllm.triton_utils             tl, triton: the installed Triton
   vllm.model_executor.warmup.jit_warmup.kernel_launcher and
@@ -17,20 +17,18 @@ answers with an error if called.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
 import types
 from functools import wraps
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from dsv4bench.backends.base import Unsupported
+from dsv4bench.backends.toolchains import pyfiles
 
 PREFIX = "dsv4bench_vllm_triton"
 SPARSE_UTILS = "mla/sparse_utils.py"  # relative to the build's folder
 FILES = (SPARSE_UTILS,)
-REASON_CHARS = 300
 
 K = TypeVar("K")
 
@@ -99,7 +97,8 @@ def kernel_launcher(call_fn):
     return wrapper
 
 
-def _shims() -> dict[str, dict]:
+def shims() -> pyfiles.Shims:
+    """The stubs, {module name: {attribute: value}} (Triton imported only when one loads)."""
     import triton
     import triton.language as tl
 
@@ -125,19 +124,6 @@ def _shims() -> dict[str, dict]:
     }
 
 
-def _stub_modules() -> dict[str, types.ModuleType]:
-    stubs: dict[str, types.ModuleType] = {}
-    for name, values in _shims().items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            sub = ".".join(parts[:i])
-            module = stubs.setdefault(sub, types.ModuleType(sub))
-            module.__path__ = getattr(module, "__path__", [])
-        for attr, value in values.items():
-            setattr(stubs[name], attr, value)
-    return stubs
-
-
 _LOADED: dict[str, types.ModuleType] = {}
 
 
@@ -155,27 +141,6 @@ def sparse_utils(folder: Path) -> types.ModuleType:
     if not path.is_file():
         raise Unsupported(f"vLLM Triton build {folder} lacks {SPARSE_UTILS}")
     name = f"{PREFIX}_{abs(hash(key)):x}_sparse_utils"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise Unsupported(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    stubs = _stub_modules()
-    saved = {n: sys.modules.get(n) for n in stubs}
-    sys.modules.update(stubs)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        sys.modules.pop(name, None)
-        what = f"{type(e).__name__}: {e}"
-        if isinstance(e, ImportError) and (e.name or "").startswith("vllm"):
-            what += " (the file imports more of vLLM than this backend stubs)"
-        raise Unsupported(f"cannot load vLLM's {path.name}: {what}"[:REASON_CHARS]) from e
-    finally:
-        for n, old in saved.items():
-            if old is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = old
+    module = pyfiles.load_file(name, path, shims(), engine="vllm", label="vLLM")
     _LOADED[key] = module
     return module

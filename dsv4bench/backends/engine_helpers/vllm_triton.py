@@ -23,8 +23,7 @@ from dsv4bench.cases.output import Output
 
 PLACE = common.BuildPlace(
     "vLLM's Triton index remap",
-    ".kernels/vllm-triton-*/",
-    "DSV4BENCH_VLLM_TRITON_LIB",
+    "vllm-triton-*/",
     "dsv4bench kernels fetch 'vllm[ops]'",
     vllm_files.FILES,
     "vllm-triton",

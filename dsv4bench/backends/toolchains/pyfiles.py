@@ -67,11 +67,14 @@ def load_file(
     real: dict[str, types.ModuleType] | None = None,
     package_dir: Path | None = None,
     engine: str = "sglang",
+    label: str = "",
 ) -> types.ModuleType:
     """The file `path` as module `name`, kept in sys.modules (Triton's and TileLang's JITs look
     a kernel's source up through its module); `engine`'s imports answered by stub_modules(
     shims, real), which are gone again once it is loaded. package_dir: load it as a package
-    (an __init__.py) whose modules are found there. Unsupported, one line, if it fails."""
+    (an __init__.py) whose modules are found there. label: the engine as reasons name it
+    ("vLLM"; default `engine`). Unsupported, one line, if it fails."""
+    label = label or engine
     stubs = stub_modules(shims, real)
     saved = {n: sys.modules.get(n) for n in stubs}
     locations = [str(package_dir)] if package_dir is not None else None
@@ -87,8 +90,8 @@ def load_file(
         sys.modules.pop(name, None)
         what = f"{type(e).__name__}: {e}"
         if isinstance(e, ImportError) and (e.name or "").startswith(engine):
-            what += f" (the file imports more of {engine} than this backend stubs)"
-        raise Unsupported(f"cannot load {engine}'s {path.name}: {what}"[:REASON_CHARS]) from e
+            what += f" (the file imports more of {label} than this backend stubs)"
+        raise Unsupported(f"cannot load {label}'s {path.name}: {what}"[:REASON_CHARS]) from e
     finally:
         for n, old in saved.items():
             if old is None:
