@@ -20,6 +20,8 @@ token's top-k as global slots (page_table_1, -1 where invalid):
 
 from __future__ import annotations
 
+import math
+
 from dsv4bench.backends import paged_rows
 from dsv4bench.backends.base import pad_heads, pad_sink
 from dsv4bench.cases.case import Case
@@ -94,7 +96,7 @@ def v4_finish(case: Case, lse_kind: str):
         out, lse = raw[0], raw[1]
         t = out.shape[0]
         out = out.reshape(t, out.shape[-2], out.shape[-1])[:, :h]
-        lse = None if lse_kind != "keys" else lse.reshape(t, lse.shape[-1])[:, :h]
+        lse = None if lse_kind != "keys" else lse.reshape(t, math.prod(lse.shape[1:]))[:, :h]
         if lse is not None:
             lse = paged_rows.no_key_lse(lse.float())
         if case.op == "prefill":
