@@ -52,3 +52,22 @@ def version_of(folder: Path) -> str:
         return f"{build['package']} {build['version']}"
     except (OSError, ValueError, KeyError):
         return f"folder {folder.name}"
+
+
+class HelperBackend(library.LibraryBackend):
+    """What the engine helper backends share: the provider their loader found, the build's
+    reason (known without loading it), and supports() = the declarations, the case, the build."""
+
+    place: BuildPlace
+
+    def provider(self):
+        return self.kernel_ops()[0]
+
+    def build_reason(self) -> str | None:
+        return None if self._found.loaded else self.place.missing_reason(self.lib)
+
+    def supports(self, case, arch: str) -> str | None:
+        return super().supports(case, arch) or self.case_reason(case, arch) or self.build_reason()
+
+    def case_reason(self, case, arch: str = "cpu") -> str | None:
+        return None

@@ -26,7 +26,6 @@ import torch
 
 from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard, sglang_files
-from dsv4bench.backends.toolchains.library import LibraryBackend
 from dsv4bench.cases.case import SPLIT_PAGE, Case
 from dsv4bench.cases.output import Output
 
@@ -61,7 +60,8 @@ def load(lib: str | None):
     return provider, files
 
 
-class SglangOps(LibraryBackend):
+class SglangOps(common.HelperBackend):
+    place = PLACE
     name = "sglang-ops"
     description = "sglang's DSA helper kernels: FP8 dequant, top-k page-table remap, page split"
     archs = ("sm90", "sm100", "sm120")  # CPU tests: Triton's interpreter
@@ -82,15 +82,6 @@ class SglangOps(LibraryBackend):
             raise ValueError(f"kv_layout {kv_layout!r} (one of {', '.join(KV_LAYOUTS.values())})")
         self.kv_layout = kv_layout
         self._find_with(lib, ops, load)
-
-    def provider(self) -> Provider:
-        return self.kernel_ops()[0]
-
-    def build_reason(self) -> str | None:
-        return None if self._found.loaded else PLACE.missing_reason(self.lib)
-
-    def supports(self, case: Case, arch: str) -> str | None:
-        return super().supports(case, arch) or self.case_reason(case, arch) or self.build_reason()
 
     def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
         if case.op == "remap" and case.tokens:

@@ -25,7 +25,6 @@ import torch
 
 from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard
-from dsv4bench.backends.toolchains.library import LibraryBackend
 from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
@@ -102,7 +101,8 @@ def checked(table, name: str):
     return op
 
 
-class VllmOps(LibraryBackend):
+class VllmOps(common.HelperBackend):
+    place = PLACE
     name = "vllm-ops"
     description = "vLLM's _C ops: the fp8_ds_mla writer, gather+upconvert, the indexer top-k"
     archs = ("sm90", "sm100")
@@ -125,16 +125,7 @@ class VllmOps(LibraryBackend):
             self.ops = ("topk",)
         self._find_with(lib, ops, load)
 
-    def provider(self) -> Provider:
-        return self.kernel_ops()[0]
-
-    def build_reason(self) -> str | None:
-        return None if self._found.loaded else PLACE.missing_reason(self.lib)
-
-    def supports(self, case: Case, arch: str) -> str | None:
-        return super().supports(case, arch) or self.case_reason(case) or self.build_reason()
-
-    def case_reason(self, case: Case) -> str | None:
+    def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
         if case.op == "topk" and case.form != "plain":
             return f"vLLM's top-k ops return column indices (form plain), not form {case.form}"
         if case.op == "topk" and self.kernel != "per-row" and case.topk not in (512, 1024, 2048):

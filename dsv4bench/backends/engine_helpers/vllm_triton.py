@@ -17,7 +17,6 @@ import torch
 
 from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard, vllm_files
-from dsv4bench.backends.toolchains.library import LibraryBackend
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
@@ -59,7 +58,8 @@ def load(lib: str | None):
     return Provider(f"vllm {FUNCTION}", common.version_of(folder), where), fn
 
 
-class VllmTriton(LibraryBackend):
+class VllmTriton(common.HelperBackend):
+    place = PLACE
     name = "vllm-triton"
     description = "vLLM's Triton index remap (global slots, prefill workspace rows)"
     archs = ("sm90", "sm100", "sm120")  # CPU tests: Triton's interpreter
@@ -76,16 +76,7 @@ class VllmTriton(LibraryBackend):
         (Provider, function)."""
         self._find_with(lib, ops, load)
 
-    def provider(self) -> Provider:
-        return self.kernel_ops()[0]
-
-    def build_reason(self) -> str | None:
-        return None if self._found.loaded else PLACE.missing_reason(self.lib)
-
-    def supports(self, case: Case, arch: str) -> str | None:
-        return super().supports(case, arch) or self.case_reason(case) or self.build_reason()
-
-    def case_reason(self, case: Case) -> str | None:
+    def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
         if case.topk > SINGLE_TILE_MAX:
             return f"vLLM compacts rows wider than {SINGLE_TILE_MAX} across tiles, unordered"
         return None
