@@ -12,16 +12,15 @@ Triton kernels load nothing native of their own: they are asked here."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
+
+from dsv4bench.run.runner import child_env
 
 MARK = "@@dsv4bench-isolated@@ "  # an answer line: kernel libraries may print to stdout too
 IN_PROCESS = ("torch", "torch-topk", "reference-f64", "triton")  # only torch/Triton loaded
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 def in_process(backend) -> bool:
@@ -80,14 +79,13 @@ class Isolated:
         from dsv4bench import backends
 
         self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-isolated-")  # noqa: SIM115
-        path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dsv4bench.commands.isolated"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"},
+            env=child_env(),
         )
         setup = {"plugins": self.plugins, "instances": backends.configured()}
         self.proc.stdin.write(json.dumps(setup) + "\n")

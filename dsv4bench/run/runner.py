@@ -45,6 +45,13 @@ PROBE_FAILED = (*FAILED, "incorrect")
 _ROOT = Path(__file__).resolve().parents[2]
 
 
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Python child of the suite (a worker, a kernel-loading child): this
+    checkout first on PYTHONPATH, output unbuffered, `extra` on top."""
+    path = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, **(extra or {}), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
 @dataclass(frozen=True)
 class Job:
     case: Case
@@ -96,20 +103,14 @@ class Worker:
         `wait=False` returns at once (the process starts meanwhile); wait_ready() waits."""
         # An unnamed file (unlinked at once): no log is left behind, however the runner ends.
         self._stderr = tempfile.TemporaryFile(prefix="dsv4bench-worker-")  # noqa: SIM115
-        pythonpath = os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dsv4bench.run.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
-            env={
-                **os.environ,
-                **(env or {}),
-                "PYTHONPATH": pythonpath,
-                "PYTHONUNBUFFERED": "1",
-                PARENT_ENV: str(os.getpid()),  # the worker dies when this process does
-            },
+            # the worker dies when this process does
+            env=child_env({**(env or {}), PARENT_ENV: str(os.getpid())}),
             start_new_session=True,  # a kill takes the worker's children too
         )
         self.job_start = 0  # where the current job's stderr begins: messages quote only it
