@@ -2,7 +2,7 @@
 torch.library under the schemas vLLM 0.33.0's _C_stable_libtorch.abi3.so registers (the strings
 below, as `strings` prints them from the binary): argument handling, guard bytes, the schema
 check, the load failure's reason. A fake proves argument handling only; the rows of the real
-library come from the GPU (scenarios/engines/dsa_helpers_sm90.yaml)."""
+library come from the GPU (scenarios/sm90/dsa_helpers.yaml)."""
 
 from __future__ import annotations
 
