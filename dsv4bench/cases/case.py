@@ -14,6 +14,9 @@ TOPK_FORMS = (
     "page_table",
     "ragged",
 )  # how a topk case returns its picks (reference/topk.py)
+# a remap case's forms beside the default (global slots; tokens > 0: vLLM's prefill workspace):
+# dcp, one decode-context-parallel rank's slots of request-global top-k (reference/dcp.py)
+REMAP_FORMS = ("dcp",)
 # The ops that read the Case's KV cache (in `layout`): a backend must declare that layout.
 CACHE_OPS = ("decode", "prefill", "dequant", "page_split", "cache_write")
 SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
@@ -114,6 +117,9 @@ WORKLOAD_DEFAULTS = {
     "edge": "",
     "graph_batch": 0,
     "values": "normal",
+    "dcp_size": 1,
+    "dcp_rank": 0,
+    "dcp_interleave": 1,
 }
 
 
@@ -131,7 +137,9 @@ class Case:
     dequant: FP8 cache of `context_len * batch_size` tokens -> bf16 workspace.
     remap: request-local top-k of (batch_size * s_q) queries -> global slots; with tokens > 0,
       vLLM's prefill form: each request's last `tokens` queries -> rows of the sparse-prefill
-      workspace (chunks of 5 x context_len rows; cases/helper_cases.py).
+      workspace (chunks of 5 x context_len rows; cases/helper_cases.py); form dcp: the
+      queries' request-global top-k -> rank dcp_rank's cache slots, -1 where another of
+      dcp_size ranks holds the token (groups of dcp_interleave tokens; reference/dcp.py).
     cache_write: each request's last s_q tokens (bf16 latent + rope) -> their records in the
       `layout` cache at their slots (cases/helper_cases.py); judged byte for byte.
     page_split: a V4 cache of `context_len * batch_size` tokens in `page_size`-token pages ->
@@ -171,7 +179,12 @@ class Case:
     context_lens: tuple[int, ...] = ()
     ragged: str = ""
     index_pattern: str = "uniform"
-    form: str = ""  # topk only: plain | page_table | ragged; in params() only when set
+    form: str = ""  # topk: plain | page_table | ragged; remap: "" or dcp. In params() when set
+    # remap form dcp: the ranks the cache is dealt over, this call's rank, the tokens per group
+    # (vLLM's cp_kv_cache_interleave_size). In params() only when set.
+    dcp_size: int = 1
+    dcp_rank: int = 0
+    dcp_interleave: int = 1
     # A failure shape engines produce (EDGES; cases/edges.py), "" = none; graph_batch: the
     # captured batch a graph-pad or graph-refill case is padded to (> batch_size). In params()
     # only when set.

@@ -12,6 +12,7 @@ import torch
 from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.edges import ROW_KEYS
+from dsv4bench.cases.tensors import remap_pages
 from reference.layout_table import layout as layout_entry
 
 INT32, FP32, BF16, BYTES = torch.int32, torch.float32, torch.bfloat16, torch.uint8
@@ -158,7 +159,7 @@ def _remap(case: Case) -> dict[str, Shape]:
     b = case.batch_size
     return {
         "local_indices": Shape((b, case.s_q, case.topk), INT32),
-        "block_table": Shape((b, _pages(case.context_len, case.page_size)), INT32),
+        "block_table": Shape((b, remap_pages(case)), INT32),
     }
 
 

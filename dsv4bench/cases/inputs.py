@@ -67,6 +67,9 @@ from dsv4bench.cases.tensors import (
     query as _query,
 )
 from dsv4bench.cases.tensors import (
+    remap_pages,
+)
+from dsv4bench.cases.tensors import (
     sink as _sink,
 )
 from reference import indices as remap
@@ -231,7 +234,7 @@ def _remap(case: Case, device, g) -> dict:
     b, s_q = case.batch_size, case.s_q
     pos = (case.context_len - s_q + torch.arange(s_q, device=device)).repeat(b)
     local = _choose(pos + 1, case.topk, g).view(b, s_q, case.topk).to(torch.int32)
-    per_req = _pages(case.context_len, case.page_size)
+    per_req = remap_pages(case)
     return {"local_indices": local, "block_table": _block_table(b, per_req, device, g)}
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from dsv4bench.cases.case import SPLIT_PAGE, Case
 from dsv4bench.cases.output import Output, prefill_output
-from reference import attention, cache_write, indices, layouts, prefill_chunks, topk
+from reference import attention, cache_write, dcp, indices, layouts, prefill_chunks, topk
 
 
 def oracle_call(
@@ -62,23 +62,10 @@ def oracle_call(
                 x["k_cache"], scale_rounding=scale_rounding, layout=case.layout
             ).squeeze(1)
         )
-    if case.op == "remap" and case.tokens:
-        return lambda: Output(
-            prefill_chunks.remap(
-                x["local_indices"],
-                x["req_of_token"],
-                x["block_table"],
-                case.page_size,
-                x["prefill_request"],
-                x["workspace_starts"],
-            )
-        )
     if case.op == "cache_write":
         return lambda: Output(written_bytes(case, x))
     if case.op == "remap":
-        return lambda: Output(
-            indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
-        )
+        return lambda: Output(remapped(case, x))
     if case.op == "indexer":
         return lambda: indexer_call(case, x)
     if case.op == "topk":
@@ -86,6 +73,24 @@ def oracle_call(
     if case.op == "page_split":  # the (pages, 64, 1, 584) view: every token's bytes, no padding
         return lambda: Output(layouts.split_pages_v4(x["k_cache"], SPLIT_PAGE))
     raise ValueError(f"no oracle for op {case.op!r}")
+
+
+def remapped(case: Case, x: dict):
+    """A remap case's answer in its form: vLLM's prefill workspace rows (tokens > 0), one DCP
+    rank's slots (form dcp), else global slots."""
+    if case.tokens:
+        return prefill_chunks.remap(
+            x["local_indices"],
+            x["req_of_token"],
+            x["block_table"],
+            case.page_size,
+            x["prefill_request"],
+            x["workspace_starts"],
+        )
+    if case.form == "dcp":
+        ranks = case.dcp_size, case.dcp_rank, case.dcp_interleave
+        return dcp.local_slots(x["local_indices"], x["block_table"], case.page_size, *ranks)
+    return indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
 
 
 def written_bytes(case: Case, x: dict):

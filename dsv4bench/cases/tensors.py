@@ -8,11 +8,19 @@ import torch
 
 from dsv4bench.cases import patterns, values
 from dsv4bench.cases.case import Case
-from reference import layout_table, layouts
+from reference import dcp, layout_table, layouts
 
 
 def pages(n: int, page_size: int) -> int:
     return -(-n // page_size)
+
+
+def remap_pages(case: Case) -> int:
+    """A remap case's block-table width: the whole context's pages, or (form dcp) a rank's
+    (vLLM: cdiv(max_model_len, page_size * dcp_size); context_len plays max_model_len)."""
+    if case.form == "dcp":
+        return dcp.table_pages(case.context_len, case.page_size, case.dcp_size)
+    return pages(case.context_len, case.page_size)
 
 
 def cache(case: Case, n_tokens: int, device, g) -> tuple[torch.Tensor, int]:

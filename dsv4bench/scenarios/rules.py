@@ -15,6 +15,7 @@ from dsv4bench.cases.case import (
     EDGES,
     HEAD_PADDINGS,
     OPS,
+    REMAP_FORMS,
     ROUTES,
     SCALE_CONVENTIONS,
     SPLIT_PAGE,
@@ -28,7 +29,7 @@ from dsv4bench.cases.case import (
 )
 from dsv4bench.cases.patterns import PATTERNS
 from dsv4bench.scenarios import batch_entry, workloads
-from dsv4bench.scenarios.helper_rules import cache_write_problems
+from dsv4bench.scenarios.helper_rules import cache_write_problems, dcp_problems
 from dsv4bench.scenarios.read import (
     Node,
     Origin,
@@ -343,7 +344,10 @@ AXES: dict[str, Axis] = {
     "window": int_axis(0),
     "context_lens": Axis(workloads.context_lens),
     "index_pattern": enum_axis(PATTERNS, "index pattern"),
-    "form": enum_axis(TOPK_FORMS, "top-k form"),
+    "form": enum_axis(TOPK_FORMS + REMAP_FORMS, "form (top-k or remap)"),
+    "dcp_size": int_axis(1),
+    "dcp_rank": int_axis(0),
+    "dcp_interleave": int_axis(1),
     "edge": enum_axis(EDGES, "failure shape"),
     "graph_batch": int_axis(1),
     "values": enum_axis(VALUES, "value distribution"),
@@ -428,8 +432,11 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
             return [("tokens", f"{why}; this is a {v['op']} case")]
         if v["route"] != ROUTES[0]:
             return [("route", f"only prefill has a route; this is a {v['op']} case")]
-    if v["op"] != "topk" and v.get("form"):
-        return [("form", f"only topk has a form; this is a {v['op']} case")]
+    if v["op"] not in ("topk", "remap") and v.get("form"):
+        return [("form", f"only topk and remap have a form; this is a {v['op']} case")]
+    problems = dcp_problems(v)
+    if problems:
+        return problems
     if v["op"] == "page_split":
         problems = page_split_problems(v)
         if problems:

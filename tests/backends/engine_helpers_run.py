@@ -40,6 +40,15 @@ VLLM_TRITON = {
         **V32,
     ),
 }
+# the DCP form (triton_filter_and_convert_dcp_index): ranks of 2 and 4, token and page-part
+# groups, and dcp_size 1 (its delegation to the plain converter)
+DCP = dict(op="remap", form="dcp", topk=64, batch_size=3, s_q=2, context_len=200, page_size=16)
+VLLM_TRITON |= {
+    f"remap-dcp{size}-rank{rank}-group{group}": dict(
+        DCP, dcp_size=size, dcp_rank=rank, dcp_interleave=group, **V32
+    )
+    for size, rank, group in ((2, 1, 1), (4, 2, 4), (4, 0, 16), (1, 0, 1))
+}
 # the V4.1 conformance case: an interleaved cache read as block-split
 CONFORMANCE = {"conformance-v41-read-as-blocks": (dict(DEQUANT, layout="v41", **V4), "v41")}
 

@@ -5,6 +5,7 @@ launch binding that stands in for vLLM's warmup machinery; the reasons they decl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from dsv4bench.backends.engine_helpers import (
     vllm_triton,
 )
 from dsv4bench.cases.inputs import make_inputs
+from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.kernels import catalog
 from tests.factories import make_case
 
@@ -49,9 +51,11 @@ def _run(name: str, build: Path) -> dict:
     _build(vllm_triton.PLACE) is None,
     reason="needs a vllm-triton build: dsv4bench kernels fetch 'vllm[ops]'",
 )
-def test_vllms_remap_matches_the_oracle_in_both_forms():
+def test_vllms_remap_matches_the_oracle_in_its_three_forms():
+    from tests.backends.engine_helpers_run import VLLM_TRITON
+
     results = _run("vllm-triton", _build(vllm_triton.PLACE))
-    assert set(results) == {"remap", "remap-prefill"}
+    assert set(results) == set(VLLM_TRITON) and len([k for k in results if "dcp" in k]) == 4
     assert all(r["status"] == "ok" and r["mismatched"] == 0 for r in results.values()), results
 
 
@@ -229,3 +233,66 @@ def test_the_projects_triton_remap_declines_the_prefill_workspace_form():
     prefill = make_case(op="remap", topk=64, tokens=8, context_len=128, page_size=16, **V32)
     assert "prefill workspace" in TritonKernels().supports(prefill, "sm90")
     assert TritonKernels().supports(_remap_case(), "sm90") is None
+
+
+# ---- the DCP form: triton_filter_and_convert_dcp_index -------------------------------------
+
+
+def _dcp_case(**kw):
+    fields = dict(op="remap", form="dcp", topk=64, batch_size=2, s_q=2, context_len=128)
+    fields |= dict(page_size=16, dcp_size=4, dcp_rank=1, dcp_interleave=4) | kw
+    return make_case(**fields, **V32)
+
+
+def test_the_dcp_form_calls_vllms_function_as_flashmla_sparse_does():
+    from reference import dcp
+
+    calls = []
+
+    def fake(req, table, rows, **kw):  # vLLM's signature; the answer from the oracle
+        calls.append((req.clone(), table.shape, rows.shape, kw))
+        out = torch.empty_like(rows)
+        ranks = kw["dcp_size"], kw["dcp_rank"], kw["cp_kv_cache_interleave_size"]
+        slots = dcp.local_slots(rows[:, None], table[req.long()], kw["BLOCK_SIZE"], *ranks)
+        return out.copy_(slots[:, 0])
+
+    case = _dcp_case()
+    x = make_inputs(case, "cpu")
+    prepared = vllm_triton.VllmTriton(ops=(None, None, fake)).prepare(case, x, "cpu")
+    prepared.poison()  # the warm-up's output, filled and let go
+    got = prepared.finish(prepared.run())
+    assert torch.equal(got.out, oracle_call(case, x)().out)
+    req, table_shape, rows_shape, kw = calls[-1]
+    assert req.tolist() == [0, 0, 1, 1] and table_shape == (2, 2) and rows_shape == (4, 64)
+    assert kw["compact_valid_to_front"] is False and "return_valid_counts" not in kw
+    assert (kw["dcp_size"], kw["dcp_rank"], kw["cp_kv_cache_interleave_size"]) == (4, 1, 4)
+    assert kw["BLOCK_STRIDE_ROWS"] == kw["BLOCK_SIZE"] == 16 and kw["NUM_TOPK_TOKENS"] == 64
+    assert prepared.info["form"] == "dcp" and "no guard bytes" in prepared.info["output"]
+    last = prepared.run()
+    prepared.poison()
+    assert bool((last == vllm_triton.POISON).all())
+
+
+def test_a_build_without_the_dcp_function_declines_the_form_alone():
+    case = _dcp_case()
+    x = make_inputs(case, "cpu")
+    backend = vllm_triton.VllmTriton(ops=(None, _fake_remap(0)))
+    with pytest.raises(Unsupported, match="no triton_filter_and_convert_dcp_index"):
+        backend.prepare(case, x, "cpu")
+    assert backend.prepare(_remap_case(), make_inputs(_remap_case(), "cpu"), "cpu") is not None
+
+
+def test_the_other_remaps_decline_the_dcp_form_and_the_f64_one_agrees_with_the_oracle():
+    from dsv4bench.backends.f64.backend import ReferenceF64
+    from dsv4bench.backends.triton.backend import TritonKernels
+
+    case = _dcp_case(context_len=64, dcp_interleave=1)  # s_q 2 of 64 visible: -1 pads
+    assert "not one DCP rank's" in TritonKernels().supports(case, "sm90")
+    assert "no DCP form" in sglang_ops.SglangOps(lib="/none").case_reason(case)
+    wide = dataclasses.replace(case, topk=8192, context_len=8192)  # no compaction: any width
+    assert vllm_triton.VllmTriton(lib="/none").case_reason(wide) is None
+    x = make_inputs(case, "cpu")
+    want = oracle_call(case, x)().out
+    prepared = ReferenceF64().prepare(case, x, "cpu")
+    assert torch.equal(prepared.finish(prepared.run()).out, want)
+    assert bool((want == -1).any()) and bool((want >= 0).any())

@@ -13,7 +13,7 @@ from dsv4bench.measure import judge, metrics
 from dsv4bench.scenarios.read import ScenarioError
 from reference import prefill_chunks
 from reference.cache_write import cache_write
-from tests.factories import load_scenario, make_case
+from tests.factories import V32, load_scenario, make_case
 
 KNOWN = {"torch", "reference-f64"}
 
@@ -133,3 +133,27 @@ def test_scenario_rules_for_the_helper_ops():
 def test_input_bytes_and_moved_bytes_count_the_rows():
     case = _write_case()
     assert metrics.attention_bytes(case) == 6 * (2 * 576 + 656)
+
+
+def test_scenario_rules_for_the_dcp_form():
+    head = "name: h\narch: [cpu]\nbackends: [torch]\ncases:\n"
+    remap = "op: remap, model: v3.2, topk: 16, context_len: 64, page_size: 16"
+    ok = load_scenario(f"{head}  - {{{remap}, form: dcp, dcp_size: 4, dcp_rank: [0, 3]}}\n", KNOWN)
+    assert [(c.form, c.dcp_size, c.dcp_rank, c.dcp_interleave) for c in ok.cases] == [
+        ("dcp", 4, 0, 1),
+        ("dcp", 4, 3, 1),
+    ]
+    plain = make_case(op="remap", topk=16, context_len=64, page_size=16, **V32)
+    assert "dcp" not in plain.case_id and "dcp_size" not in plain.params()
+    bad = {
+        f"{remap}, form: dcp, dcp_size: 2, dcp_rank: 2": "expected dcp_rank < dcp_size (2), got 2",
+        f"{remap}, form: dcp, dcp_size: 2, dcp_interleave: 3": "a divisor of page_size (16), got 3",
+        f"{remap}, dcp_size: 2": "only remap's form dcp has dcp_size; this case has form ''",
+        f"{remap}, form: dcp, tokens: 8": "form dcp is the decode path's remap: expected tokens 0",
+        f"{remap}, form: plain": "a remap's form is one of dcp, got 'plain'",
+        "op: dequant, model: v3.2, context_len: 64, form: dcp": "only topk and remap have a form",
+    }
+    for line, message in bad.items():
+        with pytest.raises(ScenarioError) as info:
+            load_scenario(f"{head}  - {{{line}}}\n", KNOWN)
+        assert message in str(info.value) and "\n" not in str(info.value).strip(), info.value

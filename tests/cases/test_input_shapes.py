@@ -48,6 +48,9 @@ cases:
      context_lens: {lengths: [90, 2, 300]}, context_len: 300, page_size: 64}
   - {op: remap, model: v3.2, topk: 64, tokens: 40, batch_size: 3, context_len: 300,
      context_lens: {lengths: [300, 20, 290]}}
+  # one DCP rank's remap: the rank's block table (cdiv(300, 16 x 4) pages)
+  - {op: remap, model: v3.2, topk: 64, batch_size: 3, s_q: 2, context_len: 300, page_size: 16,
+     form: dcp, dcp_size: 4, dcp_rank: 3, dcp_interleave: 8}
 """
 
 

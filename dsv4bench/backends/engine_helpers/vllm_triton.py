@@ -28,6 +28,7 @@ PLACE = common.BuildPlace(
     "vllm-triton",
 )
 FUNCTION = "triton_convert_req_index_to_global_index"
+DCP_FUNCTION = "triton_filter_and_convert_dcp_index"  # the remap's form dcp
 BLOCK_N = 128  # vLLM's default column tile
 POISON = -2  # neither -1 nor a slot
 SINGLE_TILE_MAX = 4096  # _remap_tiling: one program per row up to this width (stable compaction)
@@ -55,7 +56,8 @@ def load(lib: str | None):
     if fn is None:
         raise Unsupported(f"vLLM's sparse_utils.py has no {FUNCTION} (another vLLM API?)")
     where = str((folder / vllm_files.SPARSE_UTILS).resolve())
-    return Provider(f"vllm {FUNCTION}", common.version_of(folder), where), fn
+    provider = Provider(f"vllm {FUNCTION}", common.version_of(folder), where)
+    return provider, fn, getattr(module, DCP_FUNCTION, None)
 
 
 class VllmTriton(common.HelperBackend):
@@ -73,10 +75,12 @@ class VllmTriton(common.HelperBackend):
 
     def __init__(self, lib: str | None = None, ops=None):
         """lib: a `vllm-triton-<v>` build folder (None: discover). ops: injected
-        (Provider, function)."""
+        (Provider, function[, the DCP function])."""
         self._find_with(lib, ops, load)
 
     def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
+        if case.form == "dcp":  # in place, no compaction: any width BLOCK_N tiles
+            return None
         if case.topk > SINGLE_TILE_MAX:
             return f"vLLM compacts rows wider than {SINGLE_TILE_MAX} across tiles, unordered"
         return None
@@ -85,7 +89,10 @@ class VllmTriton(common.HelperBackend):
         reason = self.case_reason(case)
         if reason:
             raise Unsupported(reason)
-        fn = self.kernel_ops()[1]
+        ops = self.kernel_ops()
+        if case.form == "dcp":
+            return prepare_dcp(case, inputs, ops[2] if len(ops) > 2 else None)
+        fn = ops[1]
         x = inputs
         local = x["local_indices"]
         shape = local.shape
@@ -125,3 +132,47 @@ class VllmTriton(common.HelperBackend):
         run()  # Triton compiles on the first call, outside the timed one
         poison = lambda: out.tensor.fill_(POISON)  # noqa: E731 - a kernel writing nothing fails
         return Prepared(run, finish, poison, info, buffers=(req, table, rows))
+
+
+def prepare_dcp(case: Case, x: dict, fn) -> Prepared:
+    """Form dcp: `triton_filter_and_convert_dcp_index` as FlashMLASparse's mixed batch calls
+    it under DCP (compact_valid_to_front=False, no counts: the other ranks' entries stay -1 in
+    place; BLOCK_STRIDE_ROWS the page: a cache of this layer's pages alone). It allocates its
+    output itself (torch.empty_like), so no guard bytes surround it; poison() fills the last
+    output and lets it go, so the next call's allocation most likely gets those bytes."""
+    if fn is None:
+        raise Unsupported(f"vLLM's sparse_utils.py has no {DCP_FUNCTION} (another vLLM API?)")
+    local = x["local_indices"]
+    shape = local.shape
+    rows = local.reshape(-1, case.topk).to(torch.int32).contiguous()
+    req = torch.arange(shape[0], dtype=torch.int32, device=rows.device)
+    req = req.repeat_interleave(shape[1])
+    table = x["block_table"].to(torch.int32).contiguous()
+    kw = dict(
+        dcp_size=case.dcp_size,
+        dcp_rank=case.dcp_rank,
+        cp_kv_cache_interleave_size=case.dcp_interleave,
+        BLOCK_SIZE=case.page_size,
+        BLOCK_STRIDE_ROWS=case.page_size,
+        NUM_TOPK_TOKENS=case.topk,
+        BLOCK_N=block_n(case.topk),
+        compact_valid_to_front=False,
+    )
+    last: list[torch.Tensor] = []
+
+    def run():
+        out = fn(req, table, rows, **kw)
+        last[:] = [out]
+        return out
+
+    def poison():
+        if last:
+            last.pop().fill_(POISON)
+
+    def finish(out) -> Output:
+        return Output(out.clone().view(shape))
+
+    info = {"kernel": f"vllm {DCP_FUNCTION}", "block_n": kw["BLOCK_N"], "form": "dcp"}
+    info["output"] = "the function's own allocation: no guard bytes"
+    run()  # Triton compiles on the first call, outside the timed one
+    return Prepared(run, finish, poison, info, buffers=(req, table, rows))

@@ -53,6 +53,10 @@ class ReferenceF64(Backend):
         x = inputs
         if case.op == "remap" and case.tokens:
             return Prepared(run=lambda: Output(_workspace_remap(x, case)))
+        if case.op == "remap" and case.form == "dcp":
+            return Prepared(
+                run=lambda: Output(_dcp_remap(x["local_indices"], x["block_table"], case))
+            )
         if case.op == "remap":
             return Prepared(run=lambda: Output(_remap(x["local_indices"], x["block_table"], case)))
         if case.op == "cache_write":
@@ -159,3 +163,33 @@ def _workspace_remap(x: dict, case: Case) -> torch.Tensor:
         for t, entries in enumerate(x["local_indices"].tolist())
     ]
     return torch.tensor(rows, dtype=x["local_indices"].dtype).reshape(x["local_indices"].shape)
+
+
+def dcp_shard(n: int, ranks: int, rank: int, group: int) -> list[int]:
+    """The request positions rank `rank` holds, in order: tokens 0..n-1 dealt to the ranks
+    `group` at a time, round-robin."""
+    shards: list[list[int]] = [[] for _ in range(ranks)]
+    dealer, left = 0, group
+    for p in range(n):
+        shards[dealer].append(p)
+        left -= 1
+        if left == 0:
+            dealer, left = (dealer + 1) % ranks, group
+    return shards[rank]
+
+
+def _dcp_remap(local: torch.Tensor, table: torch.Tensor, case: Case) -> torch.Tensor:
+    """One DCP rank's slots, written out per entry: the rank's shard dealt out, an owned
+    position's place in it paged through the rank's block table; anything else -1."""
+    page, rows = case.page_size, table.tolist()
+    flat = local.reshape(local.shape[0], -1).tolist()
+    most = max((i for entries in flat for i in entries), default=-1) + 1
+    shard = dcp_shard(most, case.dcp_size, case.dcp_rank, case.dcp_interleave)
+    at = {p: j for j, p in enumerate(shard)}
+    out = []
+    for r, entries in enumerate(flat):
+        for i in entries:
+            j = at.get(i, -1)
+            ok = j >= 0 and j // page < len(rows[r]) and rows[r][j // page] >= 0
+            out.append(rows[r][j // page] * page + j % page if ok else -1)
+    return torch.tensor(out, dtype=local.dtype).reshape(local.shape)

@@ -113,8 +113,8 @@ CONSTANT = {
 
 def exportable(case: Case) -> bool:
     """Whether their format has this case's call: not the cache writers (an in-place write) nor
-    the remap's prefill-workspace form (their definitions know neither)."""
-    return case.op != "cache_write" and not (case.op == "remap" and case.tokens)
+    the remap's prefill-workspace and DCP forms (their definitions know none of them)."""
+    return case.op != "cache_write" and not (case.op == "remap" and (case.tokens or case.form))
 
 
 def family(case: Case) -> str:
