@@ -191,3 +191,27 @@ def test_kernel_tables_and_plots_use_the_winners_timer_events_beside(tmp_path, m
     assert f"| 0.414 | profiler makespan | 0.838 | {tflops:.4g} |" in line, line
     tf_panel = drawn[0][0]
     assert tf_panel.series[0].ys == pytest.approx([100.0 * 64 / 0.25, tflops])
+
+
+def test_helper_ops_stand_beside_the_projects_triton(tmp_path, monkeypatch):
+    from dsv4bench.report import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "line_figure", lambda *a, **k: drawn.append(a[1]) or None)
+    monkeypatch.setattr(plots, "save", lambda fig, path: path)
+    rows = []
+    for b, ms in ((1, 0.004), (64, 0.005)):
+        cid = f"remap-b{b}"
+        rows.append(row(cid, "triton", ms, op="remap", batch_size=b))
+        rows.append(row(cid, "vllm-triton-0.33.0", ms * 1.25, op="remap", batch_size=b))
+        rows.append(row(cid, "torch", ms * 20, op="remap", batch_size=b))  # the oracle: no ratio
+    rows.append(row("w", "vllm-ops-0.33.0", 0.01, op="cache_write", batch_size=8))
+    rows.append(row("w", "triton", None, "unsupported", op="cache_write", batch_size=8))
+    text, _ = winners.markdown(rows, tmp_path)
+    assert "| remap v3.2 h128 | batch 64 | triton | 0.005 |" in text
+    assert "| vllm-triton-0.33.0 1.25 | triton |" in text  # engine time / Triton time
+    assert "| cache_write v3.2 h128 | batch 8 | vllm-ops-0.33.0 | 0.01 |" in text
+    assert "|  |  | triton: unsupported |" in text  # no Triton time: no ratio, no baseline
+    ((panel,),) = drawn
+    assert panel.ylabel == "time / Triton time"
+    assert [(s.label, s.ys) for s in panel.series] == [("vllm-triton-0.33.0", [1.25, 1.25])]
