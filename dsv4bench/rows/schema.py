@@ -175,6 +175,10 @@ class ServingRow(Row):
     timer: str | None = None
     # the same parts' events medians summed, beside value_ms (older rows: None)
     events_ms: float | None = None
+    # the route's workspace beside the KV cache (serving.planning helper_bytes: the dequantized
+    # bf16 rows and remapped indices of its largest one-layer call; 0 where the route reads the
+    # cache as it is); older rows: None
+    workspace_mib: float | None = None
 
     def __post_init__(self, validate: bool = True) -> None:
         if self.status is None:

@@ -78,6 +78,9 @@ Modelling decisions:
     remap parts use the fastest ok row of any backend that ran the case (the torch oracle runs
     them unless a faster kernel exists; `ServingPlan.jobs` schedules them on the spec's backends
     plus `helper_backends`), and the part names the backend it took.
+  - Workspace: every point carries the largest device memory one layer's helper parts of it
+    write beside the cache (planning.helper_bytes: dequantized bf16 rows, remapped int32
+    indices), as `workspace_mib`; 0 on routes that read the FP8 cache as it is.
   - A point is ok only if every part is ok; otherwise value_ms is None and status is the first
     failing part's status ("missing" when no row exists), so a decode-route chunk that crashes
     the kernel makes its TTFT point a crash, never a smaller number.

@@ -8,7 +8,9 @@ the profiler makespan, the graph replay and the events median that every ok kern
 plan measured (the oracle's rows, which skip the profiler pass, are a baseline and do not
 count). A point with a part that has no such time (one of the oracle's own points, a helper
 part only the oracle ran) sums events medians instead. Each serving row names its timer
-(`timer`) and carries its parts' events medians summed beside (`events_ms`)."""
+(`timer`) and carries its parts' events medians summed beside (`events_ms`), the kernel each
+part took where its row names one (`parts[].kernel`: the engine helper a dequant or remap part
+sums) and the route's workspace (`workspace_mib`, serving.planning helper_bytes)."""
 
 from __future__ import annotations
 
@@ -181,6 +183,9 @@ def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]
         )
         if key != timers.EVENTS and p_status == "ok":
             parts[-1]["events_ms"] = timers.events_ms(row)
+        kernel = ((row or {}).get("info") or {}).get("kernel")
+        if kernel:  # which of the backend's kernels the part took (vllm-ops has several)
+            parts[-1]["kernel"] = kernel
     ok = status == "ok"
     if ok and breakdown["indexer"]:  # parts of the indexer's time, never added to the total
         breakdown.update(indexer_stages_ms(parts, by_key, key) or {})
@@ -214,6 +219,7 @@ def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]
         env=env,
         timer=timer[0],
         events_ms=events if ok else None,
+        workspace_mib=round(point.workspace_bytes / 2**20, 3),
     ).to_dict()
 
 

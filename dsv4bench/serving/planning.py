@@ -83,6 +83,8 @@ class CurvePoint:
     c128_index: str | None = None  # C128_INDEX_MODES of a TPOT point
     parts: list[Part] = field(default_factory=list)
     chunks: list[tuple[int, int, str]] = field(default_factory=list)  # (tokens, context, route)
+    # the route's workspace beside the cache: the largest one layer's call allocates (helper_bytes)
+    workspace_bytes: int = 0
 
 
 @dataclass
@@ -312,6 +314,19 @@ class _Builder:
         parts.append(Part(self.remap(t, merged), 1, "remap"))
         return parts
 
+    def helper_bytes(self, parts: Iterable[Part]) -> int:
+        """Device bytes one layer's helper parts write beside the cache: every dequant part's
+        bf16 rows (d_qk wide) and every remap part's int32 indices (the workspace the
+        sparse-prefill call reads; the C128 decode index build's). Attention parts add none."""
+        total = 0
+        for p in parts:
+            case = self.cases[p.case_id]
+            if p.role == "dequant":
+                total += case.batch_size * case.context_len * case.d_qk * 2
+            elif p.role == "remap":
+                total += case.query_tokens * case.topk * 4
+        return total
+
     def c128_index(self, batch_size: int, context_len: int) -> str | None:
         """The decode index build of a C128 layer, as a remap of batch_size queries x every
         visible compressed entry (global slots from the block table); None: nothing visible."""
@@ -357,12 +372,14 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
             curve_id = f"ttft-{cfg.name}{suffix}-C{c}-{tail}"
             points = []
             for L in spec.prompt_lens:
-                scaled, plan_chunks = [], []
+                scaled, plan_chunks, workspace = [], [], 0
                 for ch in chunks(L, c):
                     r = chunk_route(route, ch.tokens, safe_limit)
                     plan_chunks.append((ch.tokens, ch.context_len, r))
                     for kind, count in kinds.items():
-                        scaled += [(p, count) for p in b.chunk_parts(kind, ch, r, mode)]
+                        layer = b.chunk_parts(kind, ch, r, mode)
+                        workspace = max(workspace, b.helper_bytes(layer))
+                        scaled += [(p, count) for p in layer]
                 points.append(
                     CurvePoint(
                         point_id=f"ttft-{cfg.name}{suffix}-L{L}-C{c}-{tail}",
@@ -375,6 +392,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                         dequant=mode,
                         parts=_merge(scaled),
                         chunks=plan_chunks,
+                        workspace_bytes=workspace,
                     )
                 )
             fixed = {"chunk_size": c, "route": route, "threshold": threshold, "dequant": mode}
@@ -395,6 +413,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                     context_len=s,
                     c128_index=c128,
                     parts=_merge(scaled),
+                    workspace_bytes=max((b.helper_bytes([p]) for p, _ in scaled), default=0),
                 )
             )
         curve_id = f"tpot-{cfg.name}{tpot_suffix}-S{s}"

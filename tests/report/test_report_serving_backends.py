@@ -276,3 +276,37 @@ def test_a_point_with_an_oracle_helper_part_is_marked(tmp_path):
     assert serving_backends.ORACLE_MARK in prefill
     assert serving_backends.ORACLE_MARK not in decode  # no helper part on the decode route
     assert serving_backends.ORACLE_NOTE in md
+
+
+def test_ttft_tables_carry_the_workspace_and_name_the_helper_kernels(tmp_path):
+    spec = sv.spec_from_dict(
+        {
+            "model": "v3.2",
+            "prompt_lens": [4096],
+            "chunk_sizes": [4096],
+            "routes": ["sparse-prefill"],
+            "backends": ["flashmla"],
+        }
+    )
+    p = sv.plan(spec)
+    rows = []
+    for c in p.cases:
+        if c.op == "prefill":
+            rows.append(case_row(c.case_id, "flashmla", 1.0))
+        else:
+            kernel = {"dequant": "vllm cp_gather_and_upconvert_fp8_kv_cache"}.get(c.op, "")
+            backend = "vllm-ops-0.33.0" if kernel else "triton"
+            rows.append(case_row(c.case_id, backend, 0.1, info={"kernel": kernel or "remap"}))
+    points = sv.aggregate(p, rows)
+    for r in points:
+        r["_run"] = "run"
+    rep = Report(points, tmp_path, [tmp_path])
+    serving.serving(rep)
+    md = rep.doc.to_markdown()
+    assert "| breakdown ms | workspace MiB | helper kernels | status | parts |" in md
+    workspace = (4096 * 576 * 2 + 4096 * 2048 * 4) / 2**20  # 36.5 MiB
+    helpers = (
+        "dequant: vllm-ops-0.33.0 (vllm cp_gather_and_upconvert_fp8_kv_cache); "
+        "remap: triton (remap)"
+    )
+    assert f"| {workspace:g} | {helpers} | ok |" in md

@@ -722,3 +722,53 @@ def test_shipped_ttft_scenario_shows_what_sglangs_threshold_costs():
         threshold, safe = points[("threshold:11673", chunk)], points[("safe", chunk)]
         assert threshold["status"] == "crash" and threshold["value_ms"] is None
         assert safe["status"] == "ok" and safe["value_ms"] > 0
+
+
+def test_every_point_carries_its_routes_workspace():
+    """The sparse-prefill route's largest one-layer workspace (V3.2: the chunk's context
+    dequantized to bf16 rows and its tokens x 2048 remapped indices); the decode routes read
+    the cache as it is (0); the C128 decode index build's indices on TPOT."""
+    spec = _spec(model="v3.2", prompt_lens=[8 * K], chunk_sizes=[4096], routes=BOTH)
+    p = sv.plan(dataclasses.replace(spec, batch_sizes=[4], contexts=[8 * K]))
+    by_route = {pt.route: pt for pt in p.points()}
+    prefill = 8 * K * 576 * 2 + 4096 * 2048 * 4  # the second chunk's
+    assert by_route["sparse-prefill"].workspace_bytes == prefill
+    assert by_route["decode-kernel"].workspace_bytes == by_route["decode"].workspace_bytes == 0
+    rows = [case_row(c.case_id, "kern", 1.0) for c in p.cases]
+    rows += [case_row(c.case_id, "torch", 2.0) for c in p.cases if c.op in ("dequant", "remap")]
+    out = {(r["route"], r["status"]): r for r in sv.aggregate(p, rows)}
+    assert out[("sparse-prefill", "ok")]["workspace_mib"] == round(prefill / 2**20, 3)
+    assert out[("decode", "ok")]["workspace_mib"] == 0.0
+    failed = sv.aggregate(p, rows[1:])  # a missing part: the point fails, its workspace stays
+    assert all(r["workspace_mib"] is not None for r in failed)
+    v4 = sv.plan(_spec(batch_sizes=[4], contexts=[8 * K], c128_index="step"))
+    (tpot,) = v4.points()
+    assert tpot.workspace_bytes == 4 * 64 * 4  # 8K // 128 = 64 entries for 4 queries, int32
+
+
+def test_helper_parts_name_the_engine_kernel_they_sum_and_triton_stays_the_alternative():
+    spec = _spec(model="v3.2", prompt_lens=[4096], chunk_sizes=[4096], routes=["sparse-prefill"])
+    p = sv.plan(spec)
+    kernels = {
+        "dequant": ("vllm-ops-0.33.0", "vllm cp_gather_and_upconvert_fp8_kv_cache", "dequant_v32"),
+        "remap": ("vllm-triton-0.33.0", "vllm triton_convert_req_index_to_global_index", "remap"),
+    }
+    rows = []
+    for c in p.cases:
+        if c.op == "prefill":
+            rows.append(case_row(c.case_id, "kern", 1.0))
+            continue
+        engine, kernel, own = kernels[c.op]
+        rows.append(case_row(c.case_id, engine, 0.5, info={"kernel": kernel}))
+        rows.append(case_row(c.case_id, "triton", 0.7, info={"kernel": own}))
+    (row,) = sv.aggregate(p, rows)  # helper_backends as a spec lists: the fastest, the engine's
+    took = {
+        x["role"]: (x["backend"], x["kernel"]) for x in row["parts"] if x["role"] != "attention"
+    }
+    assert took == {op: (engine, kernel) for op, (engine, kernel, _) in kernels.items()}
+    alternative = [r for r in rows if r["backend"] in ("kern", "triton")]
+    (row,) = sv.aggregate(p, alternative)
+    took = {
+        x["role"]: (x["backend"], x["kernel"]) for x in row["parts"] if x["role"] != "attention"
+    }
+    assert took == {op: ("triton", own) for op, (_, _, own) in kernels.items()}

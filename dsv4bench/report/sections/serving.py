@@ -178,6 +178,16 @@ def _point_id(r: dict, i: int, prefix: str) -> str:
     return r.get("case_id") or f"{prefix}{i}"
 
 
+def _helpers(r: dict) -> str:
+    """The helper kernels a point sums (its dequant and remap parts): role, backend, kernel."""
+    took = {
+        (x.get("role"), x.get("backend"), x.get("kernel") or "")
+        for x in r.get("parts") or ()
+        if x.get("role") in ("dequant", "remap") and x.get("backend")
+    }
+    return "; ".join(f"{role}: {b}" + (f" ({k})" if k else "") for role, b, k in sorted(took))
+
+
 def _breakdown(r: dict) -> str:
     b = r.get("breakdown_ms")
     if not isinstance(b, dict):
@@ -279,6 +289,8 @@ def _tpot_tables(rep, title: str, mrows: list[dict], line_of: dict[int, str]) ->
             "timer",
             "events TPOT ms",
             "breakdown ms",
+            "workspace MiB",
+            "helper kernels",
             "status",
             "parts",
         ],
@@ -292,6 +304,8 @@ def _tpot_tables(rep, title: str, mrows: list[dict], line_of: dict[int, str]) ->
                 timers.point_timer(r),
                 fmt_num(timers.point_events_ms(r)),
                 _breakdown(r),
+                fmt_num(r.get("workspace_mib")),
+                _helpers(r),
                 r.get("status"),
                 len(r["parts"]),
             ]
@@ -466,6 +480,8 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
             "timer",
             "events TTFT ms",
             "breakdown ms",
+            "workspace MiB",
+            "helper kernels",
             "status",
             "parts",
         ],
@@ -481,6 +497,8 @@ def _ttft_tables(rep, title: str, mrows: list[dict]) -> None:
                 timers.point_timer(r),
                 fmt_num(timers.point_events_ms(r)),
                 _breakdown(r),
+                fmt_num(r.get("workspace_mib")),
+                _helpers(r),
                 r.get("status"),
                 len(r["parts"]),
             ]
