@@ -277,6 +277,8 @@ def test_a_build_without_the_dcp_function_declines_the_form_alone():
     case = _dcp_case()
     x = make_inputs(case, "cpu")
     backend = vllm_triton.VllmTriton(ops=(None, _fake_remap(0)))
+    assert "no triton_filter_and_convert_dcp_index" in backend.supports(case, "sm90")  # plan's
+    assert backend.supports(_remap_case(), "sm90") is None
     with pytest.raises(Unsupported, match="no triton_filter_and_convert_dcp_index"):
         backend.prepare(case, x, "cpu")
     assert backend.prepare(_remap_case(), make_inputs(_remap_case(), "cpu"), "cpu") is not None

@@ -80,9 +80,20 @@ class VllmTriton(common.HelperBackend):
 
     def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
         if case.form == "dcp":  # in place, no compaction: any width BLOCK_N tiles
-            return None
+            return self._dcp_reason()
         if case.topk > SINGLE_TILE_MAX:
             return f"vLLM compacts rows wider than {SINGLE_TILE_MAX} across tiles, unordered"
+        return None
+
+    def _dcp_reason(self) -> str | None:
+        """A build whose sparse_utils.py lacks the DCP function declines form dcp alone (a
+        build that does not load answers with its own reason)."""
+        try:
+            ops = self.kernel_ops()
+        except Unsupported:
+            return None
+        if len(ops) < 3 or ops[2] is None:
+            return f"vLLM's sparse_utils.py has no {DCP_FUNCTION} (another vLLM API?)"
         return None
 
     def prepare(self, case: Case, inputs: dict, device: str) -> Prepared:
