@@ -106,6 +106,13 @@ KEYS: dict[str, str] = {
         "on the helper backends that take it): the fastest top-k kernel on its own beside the "
         "indexer's own (breakdown_ms.topk_alone; default false)"
     ),
+    "decode_remap": (
+        "true: the decode routes and TPOT also pay the remap of every top-k layer's indices to "
+        "global slots (b x topk per step, timed as a remap on the helper backends), as vLLM "
+        "converts the indexer's request-local top-k each step (index_group.py, "
+        "triton_convert_req_index_to_global_index); V3.2's top-k layers (default false: the "
+        "decode call takes them ready)"
+    ),
     "seed": "Case.seed (default 0)",
     "timing": "Case.timing fields: warmup, iters, flush_l2, timer, timeout_s",
     "tolerance": "Case.tolerance fields: cos_diff, lse_abs",
@@ -140,6 +147,7 @@ class ServingSpec:
     indexer_topk: bool = False  # and each indexer part's top-k alone (op topk)
     dequant: list[str] = field(default_factory=lambda: ["read"])  # DEQUANT_MODES
     c128_index: str = "none"  # C128_INDEX_MODES
+    decode_remap: bool = False  # the decode routes' and TPOT's remap of top-k layers
     seed: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
@@ -228,6 +236,11 @@ class ServingSpec:
             raise ValueError(
                 f"c128_index: expected one of {', '.join(C128_INDEX_MODES)}, "
                 f"got {self.c128_index!r}"
+            )
+        if self.decode_remap and "dense-topk" not in cfg.layer_kinds():
+            raise ValueError(
+                f"decode_remap: modelled for V3.2's top-k layers (dense-topk); {self.model} has "
+                "none"
             )
         for key in ("backends", "helper_backends"):
             for b in getattr(self, key):
@@ -323,7 +336,7 @@ def spec_from_dict(d: dict) -> ServingSpec:
             if not isinstance(d[key], str):
                 raise ValueError(f"{key}: expected a string, got {d[key]!r}")
             kw[key] = d[key]
-    for key in ("indexer", "indexer_topk"):
+    for key in ("indexer", "indexer_topk", "decode_remap"):
         if key in d:
             if not isinstance(d[key], bool):
                 raise ValueError(f"{key}: expected true or false, got {d[key]!r}")

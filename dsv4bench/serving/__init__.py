@@ -72,8 +72,12 @@ Modelling decisions:
       indices (docs/kernel-facts.md, Index remapping). Its cost depends on the index count, not
       on positions, so it is one Case per (tokens, width), with context_len = max(tokens, width).
     The decode routes and TPOT read the FP8 cache directly (no dequant) and take global
-    slots from the indexer's fused top-k transform: no remap part. Remap parts count once per
-    layer: an upper bound for window/c128 layers, whose indices depend on positions only.
+    slots from the indexer's fused top-k transform: no remap part, unless `decode_remap`
+    (V3.2): then each top-k layer's call pays a remap of its queries x topk indices (vLLM
+    converts the indexer's request-local top-k to global slots every step, index_group.py;
+    one conversion per layer: an upper bound where layers share an index group). Remap parts
+    count once per layer: an upper bound for window/c128 layers, whose indices depend on
+    positions only.
   - Backends: attention parts (prefill/decode Cases) use the backend's own row. Dequant and
     remap parts use the fastest ok row of any backend that ran the case (the torch oracle runs
     them unless a faster kernel exists; `ServingPlan.jobs` schedules them on the spec's backends

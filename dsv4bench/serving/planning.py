@@ -299,7 +299,7 @@ class _Builder:
         if ix is not None:  # the indexer runs whichever route the attention takes
             parts.append(ix)
         if route in DECODE_ROUTES:
-            return parts
+            return parts + self.decode_remap(kind, t, ctx)
         w = self.widths(kind, ctx, aligned=False)
         if kind == "dense-topk":
             parts.append(Part(self.dequant(ctx), 1, "dequant"))
@@ -313,6 +313,14 @@ class _Builder:
         merged = -(-(w["topk"] + w["extra_topk"]) // PREFILL_ALIGN) * PREFILL_ALIGN
         parts.append(Part(self.remap(t, merged), 1, "remap"))
         return parts
+
+    def decode_remap(self, kind: str, queries: int, context_len: int) -> list[Part]:
+        """The remap a decode-kernel call of `queries` rows pays for a top-k layer's indices
+        (spec.decode_remap: vLLM converts them to global slots each step); none otherwise."""
+        if not self.spec.decode_remap or kind != "dense-topk":
+            return []
+        width = self.widths(kind, context_len)["topk"]
+        return [Part(self.remap(queries, width), 1, "remap")]
 
     def helper_bytes(self, parts: Iterable[Part]) -> int:
         """Device bytes one layer's helper parts write beside the cache: every dequant part's
@@ -435,6 +443,7 @@ def _tpot_parts(b: _Builder, kinds: dict, bs: int, s: int, c128: str) -> list:
         ix = b.indexer(kind, context_len=s, batch_size=bs)
         if ix is not None:
             scaled.append((ix, count))
+        scaled += [(p, count) for p in b.decode_remap(kind, bs, s)]
     if c128 != "none" and "c128" in kinds:
         cid = b.c128_index(bs, s)
         if cid is not None:  # once a step (shared by the C128 layers) or per layer

@@ -772,3 +772,27 @@ def test_helper_parts_name_the_engine_kernel_they_sum_and_triton_stays_the_alter
         x["role"]: (x["backend"], x["kernel"]) for x in row["parts"] if x["role"] != "attention"
     }
     assert took == {op: ("triton", own) for op, (_, _, own) in kernels.items()}
+
+
+def test_decode_remap_adds_vllms_per_step_remap_to_the_decode_routes_and_tpot():
+    base = dict(model="v3.2", prompt_lens=[8 * K], chunk_sizes=[4096], batch_sizes=[32])
+    base |= dict(contexts=[8 * K], routes=["decode-mixed", "sparse-prefill"])
+    off = sv.plan(_spec(**base))
+    on = sv.plan(_spec(**base, decode_remap=True))
+    assert not [x for x in off.points() if x.route != "sparse-prefill" for x in x.parts
+                if x.role == "remap"]  # fmt: skip
+    by_route = {pt.route: pt for pt in on.points()}
+    (tpot,) = [x for x in by_route["decode"].parts if x.role == "remap"]
+    case = on.case(tpot.case_id)
+    assert (tpot.multiplicity, case.query_tokens, case.topk) == (61, 32, 2048)
+    assert by_route["decode"].workspace_bytes == 32 * 2048 * 4
+    chunks = [on.case(x.case_id) for x in by_route["decode-mixed"].parts if x.role == "remap"]
+    assert sorted((c.query_tokens, c.topk) for c in chunks) == [(4096, 2048)]  # both chunks
+    same = {p.case_id for p in by_route["sparse-prefill"].parts} == {
+        p.case_id for p in next(x for x in off.points() if x.route == "sparse-prefill").parts
+    }
+    assert same  # the sparse-prefill route already paid its remap
+    with pytest.raises(ValueError, match="decode_remap: modelled for V3.2's top-k layers"):
+        _spec(batch_sizes=[1], contexts=[4096], decode_remap=True)
+    with pytest.raises(ValueError, match="decode_remap: expected true or false"):
+        _spec(model="v3.2", batch_sizes=[1], contexts=[4096], decode_remap="yes")
