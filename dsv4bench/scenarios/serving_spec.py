@@ -237,7 +237,11 @@ class ServingSpec:
                 f"c128_index: expected one of {', '.join(C128_INDEX_MODES)}, "
                 f"got {self.c128_index!r}"
             )
-        if self.decode_remap and "dense-topk" not in cfg.layer_kinds():
+        return self._validate_parts()
+
+    def _validate_parts(self) -> ServingSpec:
+        """The rules of what the points sum: decode_remap's layers, the backends' names."""
+        if self.decode_remap and "dense-topk" not in self.config.layer_kinds():
             raise ValueError(
                 f"decode_remap: modelled for V3.2's top-k layers (dense-topk); {self.model} has "
                 "none"
