@@ -5,7 +5,9 @@ Sources (vLLM 0.33.0): vllm/v1/attention/backends/mla/sparse_utils.py
 (`triton_filter_and_convert_dcp_index`, the DCP de-interleave in
 `sparse_mla_index_remap_kernel`), flashmla_sparse.py (`_forward_fp8_kv_mixed_batch`: the
 indexer emits request-global token positions; each rank keeps its own and maps them to its
-cache slots, compact_valid_to_front=False, so the other ranks' entries stay -1 in place).
+cache slots, compact_valid_to_front=False, so the other ranks' entries stay -1 in place;
+sparse_mla_attention.py's SparseMLACommonImpl.forward_mqa, the FlashAttn/FlashInfer sparse
+backends' path: return_valid_counts=True with the default compaction, `compact` below).
 
 The deal: a request's tokens go to the ranks in groups of `interleave` consecutive tokens,
 round-robin (group g to rank g % dcp_size). A rank stores its tokens in order, so token p of
@@ -83,3 +85,11 @@ def local_slots(
     valid &= page >= 0
     slots = torch.where(valid, page * page_size + local % page_size, -1)
     return slots.reshape(idx.shape).to(idx.dtype)
+
+
+def compact(slots: torch.Tensor) -> torch.Tensor:
+    """Each row (last dim) with its valid entries moved to the front in their order and -1
+    after: what vLLM's compact_valid_to_front call gives where one program holds the row (its
+    exclusive prefix sum keeps the order; vLLM promises only the set)."""
+    order = torch.sort((slots < 0).to(torch.int8), dim=-1, stable=True).indices
+    return slots.gather(-1, order)

@@ -15,8 +15,10 @@ TOPK_FORMS = (
     "ragged",
 )  # how a topk case returns its picks (reference/topk.py)
 # a remap case's forms beside the default (global slots; tokens > 0: vLLM's prefill workspace):
-# dcp, one decode-context-parallel rank's slots of request-global top-k (reference/dcp.py)
-REMAP_FORMS = ("dcp",)
+# dcp, one decode-context-parallel rank's slots of request-global top-k in place (reference/dcp.py);
+# dcp-compact, the same compacted to the front of each row (the rank's slots in order, then -1)
+DCP_FORMS = ("dcp", "dcp-compact")
+REMAP_FORMS = DCP_FORMS
 # The ops that read the Case's KV cache (in `layout`): a backend must declare that layout.
 CACHE_OPS = ("decode", "prefill", "dequant", "page_split", "cache_write")
 SPLIT_PAGE = 64  # page_split's target: the tokens per page FlashInfer's sm120 kernels read
@@ -139,7 +141,8 @@ class Case:
       vLLM's prefill form: each request's last `tokens` queries -> rows of the sparse-prefill
       workspace (chunks of 5 x context_len rows; cases/helper_cases.py); form dcp: the
       queries' request-global top-k -> rank dcp_rank's cache slots, -1 where another of
-      dcp_size ranks holds the token (groups of dcp_interleave tokens; reference/dcp.py).
+      dcp_size ranks holds the token (groups of dcp_interleave tokens; reference/dcp.py); form
+      dcp-compact: each row's own slots moved to its front, in order, -1 after.
     cache_write: each request's last s_q tokens (bf16 latent + rope) -> their records in the
       `layout` cache at their slots (cases/helper_cases.py); judged byte for byte.
     page_split: a V4 cache of `context_len * batch_size` tokens in `page_size`-token pages ->
@@ -179,7 +182,9 @@ class Case:
     context_lens: tuple[int, ...] = ()
     ragged: str = ""
     index_pattern: str = "uniform"
-    form: str = ""  # topk: plain | page_table | ragged; remap: "" or dcp. In params() when set
+    form: str = (
+        ""  # topk: plain | page_table | ragged; remap: "" | REMAP_FORMS. In params() when set
+    )
     # remap form dcp: the ranks the cache is dealt over, this call's rank, the tokens per group
     # (vLLM's cp_kv_cache_interleave_size). In params() only when set.
     dcp_size: int = 1

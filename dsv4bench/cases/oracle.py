@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dsv4bench.cases.case import SPLIT_PAGE, Case
+from dsv4bench.cases.case import DCP_FORMS, SPLIT_PAGE, Case
 from dsv4bench.cases.output import Output, prefill_output
 from reference import attention, cache_write, dcp, indices, layouts, prefill_chunks, topk
 
@@ -87,9 +87,10 @@ def remapped(case: Case, x: dict):
             x["prefill_request"],
             x["workspace_starts"],
         )
-    if case.form == "dcp":
+    if case.form in DCP_FORMS:
         ranks = case.dcp_size, case.dcp_rank, case.dcp_interleave
-        return dcp.local_slots(x["local_indices"], x["block_table"], case.page_size, *ranks)
+        slots = dcp.local_slots(x["local_indices"], x["block_table"], case.page_size, *ranks)
+        return dcp.compact(slots) if case.form == "dcp-compact" else slots
     return indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.cases import patterns, values
-from dsv4bench.cases.case import Case
+from dsv4bench.cases.case import DCP_FORMS, Case
 from reference import dcp, layout_table, layouts
 
 
@@ -18,7 +18,7 @@ def pages(n: int, page_size: int) -> int:
 def remap_pages(case: Case) -> int:
     """A remap case's block-table width: the whole context's pages, or (form dcp) a rank's
     (vLLM: cdiv(max_model_len, page_size * dcp_size); context_len plays max_model_len)."""
-    if case.form == "dcp":
+    if case.form in DCP_FORMS:
         return dcp.table_pages(case.context_len, case.page_size, case.dcp_size)
     return pages(case.context_len, case.page_size)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4bench.cases.case import REMAP_FORMS, ROUTES
+from dsv4bench.cases.case import DCP_FORMS, REMAP_FORMS, ROUTES
 from reference.layout_table import LAYOUTS
 
 
@@ -35,13 +35,14 @@ def dcp_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     if v["op"] == "remap" and form and form not in REMAP_FORMS:
         return [("form", f"a remap's form is one of {', '.join(REMAP_FORMS)}, got {form!r}")]
     got = {key: v.get(key, unset) for key, unset in DCP_UNSET.items()}
-    if form != "dcp" or v["op"] != "remap":
+    if form not in DCP_FORMS or v["op"] != "remap":
         for key, unset in DCP_UNSET.items():
             if got[key] != unset:
-                return [(key, f"only remap's form dcp has {key}; this case has form {form!r}")]
+                why = f"only remap's forms {' and '.join(DCP_FORMS)} have {key}"
+                return [(key, f"{why}; this case has form {form!r}")]
         return None
     if v["tokens"]:
-        return [("tokens", "form dcp is the decode path's remap: expected tokens 0")]
+        return [("tokens", f"form {form} is the decode path's remap: expected tokens 0")]
     for key, least in DCP_UNSET.items():
         if not isinstance(got[key], int) or isinstance(got[key], bool) or got[key] < least:
             return [(key, f"expected an integer >= {least}, got {got[key]!r}")]

@@ -40,7 +40,7 @@ VLLM_TRITON = {
         **V32,
     ),
 }
-# the DCP form (triton_filter_and_convert_dcp_index): ranks of 2 and 4, token and page-part
+# the DCP forms (triton_filter_and_convert_dcp_index): ranks of 2 and 4, token and page-part
 # groups, and dcp_size 1 (its delegation to the plain converter)
 DCP = dict(op="remap", form="dcp", topk=64, batch_size=3, s_q=2, context_len=200, page_size=16)
 VLLM_TRITON |= {
@@ -48,6 +48,12 @@ VLLM_TRITON |= {
         DCP, dcp_size=size, dcp_rank=rank, dcp_interleave=group, **V32
     )
     for size, rank, group in ((2, 1, 1), (4, 2, 4), (4, 0, 16), (1, 0, 1))
+}
+VLLM_TRITON |= {  # compacted to the front, with counts (SparseMLACommonImpl's call)
+    f"remap-dcp-compact{size}-rank{rank}": dict(
+        DCP, form="dcp-compact", dcp_size=size, dcp_rank=rank, **V32
+    )
+    for size, rank in ((2, 0), (4, 3))
 }
 # the V4.1 conformance case: an interleaved cache read as block-split
 CONFORMANCE = {"conformance-v41-read-as-blocks": (dict(DEQUANT, layout="v41", **V4), "v41")}

@@ -55,7 +55,7 @@ def test_vllms_remap_matches_the_oracle_in_its_three_forms():
     from tests.backends.engine_helpers_run import VLLM_TRITON
 
     results = _run("vllm-triton", _build(vllm_triton.PLACE))
-    assert set(results) == set(VLLM_TRITON) and len([k for k in results if "dcp" in k]) == 4
+    assert set(results) == set(VLLM_TRITON) and len([k for k in results if "dcp" in k]) == 6
     assert all(r["status"] == "ok" and r["mismatched"] == 0 for r in results.values()), results
 
 
@@ -293,8 +293,39 @@ def test_the_other_remaps_decline_the_dcp_form_and_the_f64_one_agrees_with_the_o
     assert "no DCP form" in sglang_ops.SglangOps(lib="/none").case_reason(case)
     wide = dataclasses.replace(case, topk=8192, context_len=8192)  # no compaction: any width
     assert vllm_triton.VllmTriton(lib="/none").case_reason(wide) is None
+    for form in ("dcp", "dcp-compact"):
+        case = dataclasses.replace(case, form=form)
+        x = make_inputs(case, "cpu")
+        want = oracle_call(case, x)().out
+        prepared = ReferenceF64().prepare(case, x, "cpu")
+        assert torch.equal(prepared.finish(prepared.run()).out, want)
+        assert bool((want == -1).any()) and bool((want >= 0).any())
+    assert "not one DCP rank's (form dcp-compact)" in TritonKernels().supports(case, "sm90")
+
+
+def test_the_compact_dcp_form_calls_it_as_the_common_sparse_impl_does_and_checks_counts():
+    from reference import dcp
+
+    def fake(counts_shift: int):
+        def call(req, table, rows, **kw):
+            ranks = kw["dcp_size"], kw["dcp_rank"], kw["cp_kv_cache_interleave_size"]
+            slots = dcp.local_slots(rows[:, None], table[req.long()], kw["BLOCK_SIZE"], *ranks)
+            out = dcp.compact(slots[:, 0]).to(torch.int32)
+            counts = (out >= 0).sum(-1).to(torch.int32) + counts_shift
+            call.kw = kw
+            return out, counts
+
+        return call
+
+    case = _dcp_case(form="dcp-compact")
     x = make_inputs(case, "cpu")
-    want = oracle_call(case, x)().out
-    prepared = ReferenceF64().prepare(case, x, "cpu")
-    assert torch.equal(prepared.finish(prepared.run()).out, want)
-    assert bool((want == -1).any()) and bool((want >= 0).any())
+    good = fake(0)
+    prepared = vllm_triton.VllmTriton(ops=(None, None, good)).prepare(case, x, "cpu")
+    assert torch.equal(prepared.finish(prepared.run()).out, oracle_call(case, x)().out)
+    assert good.kw["return_valid_counts"] is True and "compact_valid_to_front" not in good.kw
+    assert prepared.info["form"] == "dcp-compact"
+    bad = vllm_triton.VllmTriton(ops=(None, None, fake(1))).prepare(case, x, "cpu")
+    with pytest.raises(vllm_triton.CountsDisagree, match="4 of 4 rows' valid counts"):
+        bad.finish(bad.run())
+    wide = dataclasses.replace(case, topk=8192, context_len=8192)  # compaction across tiles
+    assert "across tiles" in vllm_triton.VllmTriton(lib="/none").case_reason(wide)

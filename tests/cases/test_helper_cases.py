@@ -148,9 +148,10 @@ def test_scenario_rules_for_the_dcp_form():
     bad = {
         f"{remap}, form: dcp, dcp_size: 2, dcp_rank: 2": "expected dcp_rank < dcp_size (2), got 2",
         f"{remap}, form: dcp, dcp_size: 2, dcp_interleave: 3": "a divisor of page_size (16), got 3",
-        f"{remap}, dcp_size: 2": "only remap's form dcp has dcp_size; this case has form ''",
+        f"{remap}, dcp_size: 2": "only remap's forms dcp and dcp-compact have dcp_size",
+        f"{remap}, form: dcp-compact, dcp_size: 2, dcp_rank: 5": "expected dcp_rank < dcp_size",
         f"{remap}, form: dcp, tokens: 8": "form dcp is the decode path's remap: expected tokens 0",
-        f"{remap}, form: plain": "a remap's form is one of dcp, got 'plain'",
+        f"{remap}, form: plain": "a remap's form is one of dcp, dcp-compact, got 'plain'",
         "op: dequant, model: v3.2, context_len: 64, form: dcp": "only topk and remap have a form",
     }
     for line, message in bad.items():

@@ -85,3 +85,16 @@ def test_a_configuration_the_engine_refuses_is_refused(ranks, rank, group, messa
     idx, table = torch.zeros(1, 1, 4, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match=message):
         dcp.local_slots(idx, table, 4, ranks, rank, group)
+
+
+def test_compact_moves_each_rows_slots_to_its_front_in_order():
+    g = torch.Generator().manual_seed(7)
+    slots = torch.randint(-1, 50, (3, 2, 16), generator=g)
+    slots[slots % 3 == 0] = -1
+    want = [
+        [v for v in row if v >= 0] + [-1] * sum(v < 0 for v in row)
+        for row in slots.reshape(-1, 16).tolist()
+    ]
+    got = dcp.compact(slots.int())
+    assert got.reshape(-1, 16).tolist() == want and got.dtype == torch.int32
+    assert not torch.equal(got, slots.int())  # interior gaps closed

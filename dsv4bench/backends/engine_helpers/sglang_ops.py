@@ -86,7 +86,7 @@ class SglangOps(common.HelperBackend):
     def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
         if case.op == "remap" and case.tokens:
             return "sglang maps prefill top-k to global slots: it has no prefill workspace form"
-        if case.op == "remap" and case.form == "dcp":
+        if case.op == "remap" and case.form:
             return "sglang's transform_index_page_table has no DCP form (one rank's slots)"
         if case.op == "page_split" and case.layout != "v4":
             return f"sglang's page split re-pages V4 caches, not layout {case.layout}"

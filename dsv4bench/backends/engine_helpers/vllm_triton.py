@@ -81,9 +81,9 @@ class VllmTriton(common.HelperBackend):
     def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
         if case.form == "dcp":  # in place, no compaction: any width BLOCK_N tiles
             return self._dcp_reason()
-        if case.topk > SINGLE_TILE_MAX:
+        if case.topk > SINGLE_TILE_MAX:  # the plain, prefill and dcp-compact calls compact
             return f"vLLM compacts rows wider than {SINGLE_TILE_MAX} across tiles, unordered"
-        return None
+        return self._dcp_reason() if case.form else None
 
     def _dcp_reason(self) -> str | None:
         """A build whose sparse_utils.py lacks the DCP function declines form dcp alone (a
@@ -101,7 +101,7 @@ class VllmTriton(common.HelperBackend):
         if reason:
             raise Unsupported(reason)
         ops = self.kernel_ops()
-        if case.form == "dcp":
+        if case.form:  # dcp, dcp-compact
             return prepare_dcp(case, inputs, ops[2] if len(ops) > 2 else None)
         fn = ops[1]
         x = inputs
@@ -146,11 +146,14 @@ class VllmTriton(common.HelperBackend):
 
 
 def prepare_dcp(case: Case, x: dict, fn) -> Prepared:
-    """Form dcp: `triton_filter_and_convert_dcp_index` as FlashMLASparse's mixed batch calls
-    it under DCP (compact_valid_to_front=False, no counts: the other ranks' entries stay -1 in
-    place; BLOCK_STRIDE_ROWS the page: a cache of this layer's pages alone). It allocates its
-    output itself (torch.empty_like), so no guard bytes surround it; poison() fills the last
-    output and lets it go, so the next call's allocation most likely gets those bytes."""
+    """`triton_filter_and_convert_dcp_index` as vLLM 0.33.0 calls it under DCP. Form dcp:
+    FlashMLASparse's mixed batch (compact_valid_to_front=False, no counts: the other ranks'
+    entries stay -1 in place); form dcp-compact: SparseMLACommonImpl.forward_mqa, the
+    FlashAttn/FlashInfer sparse backends' (return_valid_counts=True, compaction by default;
+    the counts checked against the slots each row holds). BLOCK_STRIDE_ROWS is the page (a
+    cache of this layer's pages alone). It allocates its outputs itself (torch.empty_like), so
+    no guard bytes surround them; poison() fills the last output and lets it go, so the next
+    call's allocation most likely gets those bytes."""
     if fn is None:
         raise Unsupported(f"vLLM's sparse_utils.py has no {DCP_FUNCTION} (another vLLM API?)")
     local = x["local_indices"]
@@ -167,23 +170,35 @@ def prepare_dcp(case: Case, x: dict, fn) -> Prepared:
         BLOCK_STRIDE_ROWS=case.page_size,
         NUM_TOPK_TOKENS=case.topk,
         BLOCK_N=block_n(case.topk),
-        compact_valid_to_front=False,
     )
+    compact = case.form == "dcp-compact"
+    if compact:  # SparseMLACommonImpl's call: counts, the default compaction
+        kw["return_valid_counts"] = True
+    else:  # FlashMLASparse's
+        kw["compact_valid_to_front"] = False
     last: list[torch.Tensor] = []
 
     def run():
-        out = fn(req, table, rows, **kw)
-        last[:] = [out]
-        return out
+        got = fn(req, table, rows, **kw)
+        last[:] = [got[0] if compact else got]
+        return got
 
     def poison():
         if last:
             last.pop().fill_(POISON)
 
-    def finish(out) -> Output:
+    def finish(got) -> Output:
+        out = got[0] if compact else got
+        if compact:
+            held = (out >= 0).sum(-1).to(torch.int32)
+            if not torch.equal(held, got[1]):
+                bad = int((held != got[1]).sum())
+                raise CountsDisagree(
+                    f"{bad} of {len(held)} rows' valid counts differ from their slots"
+                )
         return Output(out.clone().view(shape))
 
-    info = {"kernel": f"vllm {DCP_FUNCTION}", "block_n": kw["BLOCK_N"], "form": "dcp"}
+    info = {"kernel": f"vllm {DCP_FUNCTION}", "block_n": kw["BLOCK_N"], "form": case.form}
     info["output"] = "the function's own allocation: no guard bytes"
     run()  # Triton compiles on the first call, outside the timed one
     return Prepared(run, finish, poison, info, buffers=(req, table, rows))

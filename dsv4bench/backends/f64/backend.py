@@ -53,7 +53,7 @@ class ReferenceF64(Backend):
         x = inputs
         if case.op == "remap" and case.tokens:
             return Prepared(run=lambda: Output(_workspace_remap(x, case)))
-        if case.op == "remap" and case.form == "dcp":
+        if case.op == "remap" and case.form:
             return Prepared(
                 run=lambda: Output(_dcp_remap(x["local_indices"], x["block_table"], case))
             )
@@ -180,7 +180,8 @@ def dcp_shard(n: int, ranks: int, rank: int, group: int) -> list[int]:
 
 def _dcp_remap(local: torch.Tensor, table: torch.Tensor, case: Case) -> torch.Tensor:
     """One DCP rank's slots, written out per entry: the rank's shard dealt out, an owned
-    position's place in it paged through the rank's block table; anything else -1."""
+    position's place in it paged through the rank's block table; anything else -1 (form
+    dcp-compact: then each row's slots moved to its front)."""
     page, rows = case.page_size, table.tolist()
     flat = local.reshape(local.shape[0], -1).tolist()
     most = max((i for entries in flat for i in entries), default=-1) + 1
@@ -192,4 +193,12 @@ def _dcp_remap(local: torch.Tensor, table: torch.Tensor, case: Case) -> torch.Te
             j = at.get(i, -1)
             ok = j >= 0 and j // page < len(rows[r]) and rows[r][j // page] >= 0
             out.append(rows[r][j // page] * page + j % page if ok else -1)
+    if case.form == "dcp-compact":  # each row's own slots first, in order, then -1
+        k = local.shape[-1]
+        out = [v for s in range(0, len(out), k) for v in _front(out[s : s + k])]
     return torch.tensor(out, dtype=local.dtype).reshape(local.shape)
+
+
+def _front(row: list[int]) -> list[int]:
+    kept = [v for v in row if v >= 0]
+    return kept + [-1] * (len(row) - len(kept))

@@ -48,8 +48,8 @@ def _case_reason(case: Case) -> str | None:
         return f"page_size must be >= 1, got {case.page_size}"
     if case.op == "remap" and case.tokens:
         return "the triton remap maps top-k to global slots, not vLLM's prefill workspace rows"
-    if case.op == "remap" and case.form == "dcp":
-        return "the triton remap maps top-k to global slots, not one DCP rank's (form dcp)"
+    if case.op == "remap" and case.form:
+        return f"the triton remap maps top-k to global slots, not one DCP rank's (form {case.form})"
     return None
 
 
