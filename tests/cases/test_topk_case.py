@@ -37,9 +37,9 @@ def test_expansion_defaults_to_plain_and_takes_the_indexer_defaults() -> None:
 def test_other_ops_keep_their_ids_and_take_no_form() -> None:
     (ix,) = _load("- model: v3.2\n", op="indexer")
     assert "form" not in ix.params()
-    with pytest.raises(ScenarioError, match="only topk has a form"):
+    with pytest.raises(ScenarioError, match="only topk and remap have a form"):
         _load("- model: v3.2\n  form: plain\n", op="indexer")
-    with pytest.raises(ScenarioError, match="unknown top-k form"):
+    with pytest.raises(ScenarioError, match=r"unknown form \(top-k or remap\)"):
         _load("- model: v3.2\n  form: sorted\n")
 
 
