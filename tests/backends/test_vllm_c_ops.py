@@ -285,7 +285,7 @@ def test_chunked_gather_and_upconvert_as_flashmla_sparse_calls_it(fake_ops):
     assert verdict == ("ok", "") and (info["chunks"], info["requests"]) == (2, 8)
     p = vllm_c.VllmOps(ops=fake_ops).prepare(case, x, "cpu")
     acc = metrics.accuracy(oracle_call(case, x)(), p.finish(p.run()))
-    assert (acc["cos_diff"], acc["max_abs"]) == (0.0, 0.0)  # exact: the scenario asks cos_diff 0
+    assert (acc["cos_diff"], acc["max_abs"], acc["mismatched"]) == (0.0, 0.0, 0)
 
 
 def test_a_gather_that_misses_a_row_or_writes_past_its_chunk_is_caught(fake_ops):
@@ -304,3 +304,15 @@ def test_the_nvfp4_gather_names_why_it_has_no_rows():
                     page_size=256, batch_size=1, context_len=256)  # fmt: skip
     why = ops.supports(fp4, "sm90")
     assert "352 B" in why and "requires SM100" in why
+
+
+def test_a_dequant_that_gathers_every_slot_declines_the_chunked_form():
+    from dsv4bench.backends import registry
+
+    chunked = make_case(op="dequant", **RAGGED, **V32)
+    whole = make_case(op="dequant", batch_size=1, context_len=64, page_size=16, **V32)
+    for name, arch in (("triton", "sm90"), ("reference-f64", "cpu")):
+        backend = registry.get(name)
+        assert "not vLLM's chunked prefill form" in backend.supports(chunked, arch)
+        assert "chunked" not in (backend.supports(whole, arch) or "")
+    assert registry.get("torch").supports(chunked, "cpu") is None

@@ -125,6 +125,7 @@ class VllmOps(common.HelperBackend):
     archs = ("sm90", "sm100")
     ops = ("cache_write", "dequant", "topk")
     layouts = ("v32", INDEXER, "v41-fp4")
+    chunked_gather = True
     options = {"lib": None, "kernel": "per-row"}
     capabilities = {
         "lse out": "no: cache and top-k helpers",
