@@ -157,3 +157,19 @@ def test_scenario_rules_for_the_helper_ops():
 def test_input_bytes_and_moved_bytes_count_the_rows():
     case = _write_case()
     assert metrics.attention_bytes(case) == 6 * (2 * 576 + 656)
+
+
+def test_the_sm90_prefill_forms_cross_chunk_bounds_as_their_comments_say():
+    from pathlib import Path
+
+    from dsv4bench.backends import registry
+    from dsv4bench.scenarios import load
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load(root / "scenarios/sm90/dsa_helpers.yaml", known_backends=registry.catalog())
+    forms = [c for c in sc.cases if c.op in ("remap", "dequant") and c.tokens]
+    assert {(c.op, c.layout) for c in forms} == {
+        ("remap", "v32"), ("dequant", "v32"), ("dequant", "indexer-fp8")
+    }  # fmt: skip
+    for c in forms:
+        assert helper_cases.chunks(c) == [(0, 5), (5, 11), (11, 12)]
