@@ -173,3 +173,13 @@ def test_the_sm90_prefill_forms_cross_chunk_bounds_as_their_comments_say():
     }  # fmt: skip
     for c in forms:
         assert helper_cases.chunks(c) == [(0, 5), (5, 11), (11, 12)]
+
+
+def test_a_gathers_moved_bytes_count_each_requests_tokens():
+    lens = (64, 60, 30)
+    ragged = dict(op="dequant", tokens=16, context_len=64, page_size=16, batch_size=3,
+                  context_lens=lens)  # fmt: skip
+    v32 = make_case(layout="v32", d_qk=576, d_v=512, **ragged)
+    assert metrics.attention_bytes(v32) == 154 * (656 + 2 * 576)
+    keys = make_case(layout="indexer-fp8", d_qk=128, d_v=128, **ragged)
+    assert metrics.attention_bytes(keys) == 154 * 2 * 132
