@@ -8,14 +8,14 @@ early on it). The bytes of one token are the layout's own writer's (reference/la
 layouts_v41.py, layouts_blocks.py) with the scale convention the case names, so a writer and
 the readers can never disagree on a record. Where a token's record lies in a page is
 `record_views`: one view per part of the record (the token-major layouts: one; V4's
-data/scale halves and V4.1's block-split arrangement: two).
+data/scale halves, V4.1's block-split arrangement and the indexer's keys: two).
 """
 
 from __future__ import annotations
 
 import torch
 
-from reference import layouts_blocks
+from reference import layouts_blocks, layouts_indexer
 from reference.layout_table import layout as layout_entry
 from reference.layouts import _cache_bytes, _check_kv, _check_slots, _v4_token_views
 
@@ -33,6 +33,8 @@ def record_views(cache: torch.Tensor, layout: str) -> list[torch.Tensor]:
         )
     if layout in layouts_blocks.SPLITS:
         return layouts_blocks.record_views(cache, layout)
+    if layout == layouts_indexer.LAYOUT:
+        return layouts_indexer.record_views(cache)
     if layout == "v4":
         return list(_v4_token_views(_cache_bytes(cache)))
     return [_cache_bytes(cache)[:, :, 0]]

@@ -97,14 +97,32 @@ def _exact_fp32():
 # ---- the paged FP8 key cache ----------------------------------------------------------------
 
 
-def quantize_key_cache(k: torch.Tensor, block_size: int = BLOCK_SIZE) -> torch.Tensor:
+SCALE_FORMATS = ("raw", "ue8m0")
+
+
+def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
+    """2 ** ceil(log2 s) for positive finite fp32 s, exactly (frexp: s = m * 2^e, m in [0.5, 1))."""
+    m, e = torch.frexp(s)
+    return torch.ldexp(torch.ones_like(s), torch.where(m == 0.5, e - 1, e))
+
+
+def quantize_key_cache(
+    k: torch.Tensor, block_size: int = BLOCK_SIZE, scale_fmt: str = "raw"
+) -> torch.Tensor:
     """Keys (n, D) -> the paged FP8 cache (num_blocks, block_size, 1, D + 4) uint8, tokens in
-    order (token t in block t // block_size); padding tokens are zeros (scale 1e-4 / 448)."""
+    order (token t in block t // block_size); padding tokens are zeros (scale 1e-4 / 448).
+    scale_fmt "raw": s = max(amax, 1e-4) / 448 (DeepGEMM's kv_cache_cast_to_fp8); "ue8m0": s
+    rounded up to a power of two (vLLM's indexer_k_quant_and_cache with scale_fmt "ue8m0", the
+    fp32 scale still stored as fp32)."""
+    if scale_fmt not in SCALE_FORMATS:
+        raise ValueError(f"scale_fmt must be one of {SCALE_FORMATS}, got {scale_fmt!r}")
     n, d = k.shape
     num_blocks = max(1, -(-n // block_size))
     x = torch.zeros(num_blocks * block_size, d, dtype=torch.float32, device=k.device)
     x[:n] = k.float()
     sf = x.abs().amax(dim=1, keepdim=True).clamp(min=AMAX_FLOOR) / FP8_MAX
+    if scale_fmt == "ue8m0":
+        sf = _pow2_ceil(sf)
     fp8 = (x * (1.0 / sf)).to(torch.float8_e4m3fn)
     out = torch.empty(
         num_blocks, block_size * (d + SCALE_BYTES), dtype=torch.uint8, device=k.device

@@ -191,6 +191,22 @@ LAYOUTS: dict[str, CacheLayout] = {
         gather="gather_v32_nope",
         module="reference.layouts_v41",
     ),
+    "indexer-fp8": CacheLayout(
+        "indexer-fp8",
+        "the lightning indexer's paged FP8 keys (DeepGEMM's, vLLM's indexer cache): a page's "
+        "128-byte e4m3 keys, then their fp32 scales (one per key)",
+        token_bytes=132,
+        d_qk=128,
+        d_v=128,
+        d_nope=128,
+        tile=128,
+        scale_format="fp32",
+        conventions=("ue8m0", "raw"),  # ue8m0: vLLM's scale_fmt on sm90; raw: DeepGEMM's
+        write="quantize_indexer",
+        read="dequantize_indexer",
+        gather="gather_indexer",
+        module="reference.layouts_indexer",
+    ),
     "bf16": CacheLayout(
         "bf16",
         "plain bf16 rows (the sparse-prefill workspace)",

@@ -89,6 +89,10 @@ class Backend:
     # Its answers are the oracle's own: its rows are reference rows (a timing baseline), and
     # an accuracy of the oracle against itself would check nothing.
     is_oracle: bool = False
+    # Its dequant takes vLLM's chunked prefill form (a dequant case with tokens > 0: each
+    # chunk's requests gathered into that chunk's workspace); without, it gathers every slot
+    # in order and the base supports() declines the form.
+    chunked_gather: bool = False
 
     options: dict[str, Any] = {}  # option name -> default (a constructor keyword, an attribute)
     # What no probe case finds, as short text (report/capabilities.py DECLARED: "lse out",
@@ -119,6 +123,11 @@ class Backend:
             return f"{self.name} runs on {', '.join(self.archs)}, not {arch}"
         if case.op not in self.ops:
             return f"{self.name} has no {case.op} kernel (has: {', '.join(self.ops)})"
+        if case.op == "dequant" and case.tokens and not self.chunked_gather:
+            return (
+                f"{self.name}'s dequant gathers every slot in order, not vLLM's chunked prefill "
+                "form (dequant with tokens > 0)"
+            )
         return self.layout_reason(case)
 
     def layout_reason(self, case: Case) -> str | None:

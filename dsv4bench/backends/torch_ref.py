@@ -13,6 +13,7 @@ class TorchReference(Backend):
     archs = ARCHS
     ops = ("decode", "prefill", "dequant", "remap", "indexer", "page_split", "topk", "cache_write")
     layouts = None  # any layout with a writer and reader in reference/layout_table.py
+    chunked_gather = True
     is_oracle = True
     # what no probe case finds (report/capabilities.py; the others follow supports())
     capabilities = {

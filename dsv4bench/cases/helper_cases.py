@@ -15,6 +15,13 @@ remap with tokens > 0: vLLM's prefill form over its sparse-prefill workspace. Ea
   chunk's first request:
     local_indices (t, topk) int32 request-local; req_of_token, prefill_request (t,) int32;
     block_table (b, pages) int32; workspace_starts (b,) int32; seq_lens (b,) int32.
+dequant with tokens > 0: vLLM's chunked prefill gather (FlashMLASparse: one
+  cp_gather_and_upconvert_fp8_kv_cache per chunk; the indexer's cp_gather_indexer_k_quant_cache
+  likewise): every request's whole context (request_lens; ragged requests crossing the chunk
+  bounds) gathered chunk by chunk into a workspace, the chunks as the remap's:
+    k_cache; block_table (b, pages) int32; seq_lens, workspace_starts (b,) int32 (each
+    request's first row in its chunk's workspace); chunk_bounds (chunks, 2) int32 [first,
+    end) requests. The answer is every chunk's workspace rows, chunk after chunk.
 """
 
 from __future__ import annotations
@@ -114,4 +121,33 @@ def workspace_remap_shapes(case: Case) -> dict[str, tuple[tuple[int, ...], torch
         "block_table": ((b, pages(case.context_len, case.page_size)), torch.int32),
         "workspace_starts": ((b,), torch.int32),
         "seq_lens": ((b,), torch.int32),
+    }
+
+
+def chunked_gather_inputs(case: Case, device, g) -> dict:
+    lens = list(case.request_lens)
+    per_req = pages(case.context_len, case.page_size)
+    table = block_table(len(lens), per_req, device, g)
+    k_cache, _ = cache(case, len(lens) * per_req * case.page_size, device, g)
+    bounds = chunks(case)
+    return {
+        "k_cache": k_cache,
+        "block_table": table,
+        "seq_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+        "workspace_starts": torch.tensor(
+            prefill_chunks.workspace_starts(lens, bounds), dtype=torch.int32, device=device
+        ),
+        "chunk_bounds": torch.tensor(bounds, dtype=torch.int32, device=device).view(-1, 2),
+    }
+
+
+def chunked_gather_shapes(case: Case) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    b, per_req = case.batch_size, pages(case.context_len, case.page_size)
+    token_bytes = layout_entry(case.layout).bytes_per_token(case.d_qk)
+    return {
+        "k_cache": ((max(1, b * per_req), case.page_size, 1, token_bytes), torch.uint8),
+        "block_table": ((b, per_req), torch.int32),
+        "seq_lens": ((b,), torch.int32),
+        "workspace_starts": ((b,), torch.int32),
+        "chunk_bounds": ((len(chunks(case)), 2), torch.int32),
     }

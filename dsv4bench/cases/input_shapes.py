@@ -46,8 +46,8 @@ def input_shapes(case: Case) -> dict[str, Shape]:
         "topk": _topk,
         "cache_write": _helper_shapes,
     }
-    if case.op == "remap" and case.tokens:
-        make["remap"] = _helper_shapes
+    if case.op in ("remap", "dequant") and case.tokens:
+        make[case.op] = _helper_shapes
     x = make[case.op](case)
     if case.edge == "empty-chunk":  # edges.apply: the row tensors lose every row
         x = {k: (Shape((0, *s.dims[1:]), s.dtype) if k in ROW_KEYS else s) for k, s in x.items()}
@@ -59,11 +59,11 @@ def input_shapes(case: Case) -> dict[str, Shape]:
 def _helper_shapes(case: Case) -> dict[str, Shape]:
     from dsv4bench.cases import helper_cases
 
-    found = (
-        helper_cases.cache_write_shapes(case)
-        if case.op == "cache_write"
-        else helper_cases.workspace_remap_shapes(case)
-    )
+    found = {
+        "cache_write": helper_cases.cache_write_shapes,
+        "dequant": helper_cases.chunked_gather_shapes,
+        "remap": helper_cases.workspace_remap_shapes,
+    }[case.op](case)
     return {k: Shape(dims, dtype) for k, (dims, dtype) in found.items()}
 
 

@@ -9,8 +9,9 @@ Keys by op (every index tensor int32, -1 = invalid, valid entries first in each 
   prefill on route "sparse-prefill":
     q (tokens, h, d_qk) bf16; kv (s_kv, 1, d_qk) bf16 workspace = [main cache; extra cache]
     dequantized; indices (tokens, 1, width) over kv, width padded to 128; topk_length (tokens,).
-  dequant: k_cache.   remap: local_indices (b, s_q, topk), block_table (b, pages); with tokens
-    > 0 the prefill form (cases/helper_cases.py). cache_write: kv, slot_mapping, block_table,
+  dequant: k_cache; with tokens > 0 vLLM's chunked gather (cases/helper_cases.py).
+  remap: local_indices (b, s_q, topk), block_table (b, pages); with tokens > 0 the prefill
+    form (cases/helper_cases.py). cache_write: kv, slot_mapping, block_table,
     k_cache (cases/helper_cases.py).
   indexer (dsv4bench/cases/indexer_case.py): q e4m3, weights fp32 (rows, heads); paged: kv_cache
     (blocks, page_size, 1, D + 4) uint8, block_table, context_lens (b,) or (b, s_q) for C4;
@@ -216,6 +217,10 @@ def _prefill(case: Case, device, g) -> dict:
 
 
 def _dequant(case: Case, device, g) -> dict:
+    if case.op == "dequant" and case.tokens:  # vLLM's chunked prefill gather
+        from dsv4bench.cases import helper_cases
+
+        return helper_cases.chunked_gather_inputs(case, device, g)
     cache, _ = _cache(case, case.batch_size * case.context_len, device, g)
     return {"k_cache": cache}
 

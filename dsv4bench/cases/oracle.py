@@ -57,11 +57,7 @@ def oracle_call(
 
         return prefill
     if case.op == "dequant":
-        return lambda: Output(
-            layouts.to_workspace(
-                x["k_cache"], scale_rounding=scale_rounding, layout=case.layout
-            ).squeeze(1)
-        )
+        return lambda: Output(dequant_answer(case, x, scale_rounding))
     if case.op == "cache_write":
         return lambda: Output(written_bytes(case, x))
     if case.op == "remap":
@@ -92,6 +88,37 @@ def remapped(case: Case, x: dict):
         slots = dcp.local_slots(x["local_indices"], x["block_table"], case.page_size, *ranks)
         return dcp.compact(slots) if case.form == "dcp-compact" else slots
     return indices.to_global_slots(x["local_indices"], x["block_table"], case.page_size)
+
+
+def dequant_answer(case: Case, x: dict, scale_rounding: str | None = None):
+    """bf16 rows (d_qk) of every slot in order, or with tokens > 0 of every chunk's workspace
+    (vLLM's chunked prefill gather, chunk after chunk). The indexer's cache is gathered, not
+    upconverted: each token's record bytes (its e4m3 key then its fp32 scale), judged exactly."""
+    import torch
+
+    from reference import layouts_indexer
+
+    cache = x["k_cache"]
+    indexer_keys = case.layout == layouts_indexer.LAYOUT
+    if not case.tokens:
+        if indexer_keys:
+            return cache_write.token_records(cache, case.layout).clone()
+        workspace = layouts.to_workspace(cache, scale_rounding=scale_rounding, layout=case.layout)
+        return workspace.squeeze(1)
+    lens, starts = x["seq_lens"].tolist(), x["workspace_starts"].tolist()
+    parts = []
+    for first, end in x["chunk_bounds"].tolist():
+        table = x["block_table"][first:end]
+        if indexer_keys:
+            parts.append(layouts_indexer.gather_requests(cache, table, lens[first:end]))
+            continue
+        rows = sum(lens[first:end])
+        parts.append(
+            prefill_chunks.gather_workspace(
+                cache, table, lens[first:end], starts[first:end], rows, layout=case.layout
+            )
+        )
+    return torch.cat(parts)
 
 
 def written_bytes(case: Case, x: dict):

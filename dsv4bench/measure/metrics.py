@@ -252,9 +252,10 @@ def attention_bytes(case: Case, *, unique: bool = False) -> int:
     unique=True: a lower bound, each request reads its distinct tokens once; a request touches
     at least topk (capped by its cache) main and extra_topk (capped) extra tokens.
     """
-    if case.op == "dequant":
-        tokens = case.context_len * case.batch_size
-        return tokens * (LAYOUTS[case.layout].bytes_per_token(case.d_qk) + BF16 * case.d_qk)
+    if case.op == "dequant":  # each request's tokens read, written bf16 (indexer keys: as is)
+        token = LAYOUTS[case.layout].bytes_per_token(case.d_qk)
+        written = token if case.layout == "indexer-fp8" else BF16 * case.d_qk
+        return sum(case.request_lens) * (token + written)
     if case.op == "page_split":  # every token's bytes read once and written once
         tokens = case.context_len * case.batch_size
         return 2 * tokens * LAYOUTS[case.layout].bytes_per_token(case.d_qk)

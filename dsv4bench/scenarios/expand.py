@@ -434,11 +434,13 @@ class ScenarioLoader(Parser):
     def check_op_keys(self, op: str, merged: dict[str, tuple[Any, Origin]]) -> None:
         """Only prefill has tokens and a route; prefill has one chunk (batch_size, s_q 1)."""
         if op != "prefill":
-            # indexer, topk: a ragged chunk; remap: vLLM's prefill workspace form
-            keys = ("route",) if op in ("indexer", "topk", "remap") else ("tokens", "route")
+            # indexer, topk: a ragged chunk; remap, dequant: vLLM's prefill workspace forms
+            tokened = ("indexer", "topk", "remap", "dequant")
+            keys = ("route",) if op in tokened else ("tokens", "route")
             for key in keys:
                 if key in merged:
-                    also = " (and remap: vLLM's prefill workspace form)" if key == "tokens" else ""
+                    forms = " (and remap, dequant: vLLM's prefill workspace forms)"
+                    also = forms if key == "tokens" else ""
                     message = f"only prefill has {key}{also}; this is a {op} case"
                     raise self.fail(merged[key][1], message)
             return

@@ -427,8 +427,8 @@ def case_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
         if problems:
             return problems
     else:
-        if v["tokens"] != 0 and v["op"] != "remap":
-            why = "only prefill has tokens (and remap: vLLM's prefill workspace form)"
+        if v["tokens"] != 0 and v["op"] not in ("remap", "dequant"):
+            why = "only prefill has tokens (and remap, dequant: vLLM's prefill workspace forms)"
             return [("tokens", f"{why}; this is a {v['op']} case")]
         if v["route"] != ROUTES[0]:
             return [("route", f"only prefill has a route; this is a {v['op']} case")]

@@ -67,11 +67,11 @@ def workload_problems(v: dict[str, Any]) -> list[tuple[str, str]] | None:
     """Rules of the workload axes: a ragged batch's lengths, and where an index pattern acts."""
     lens = v.get("context_lens") or ()
     if lens:
-        helper = v["op"] == "cache_write" or (v["op"] == "remap" and v["tokens"])
+        helper = v["op"] == "cache_write" or (v["op"] in ("remap", "dequant") and v["tokens"])
         if (v["op"] not in ("decode", "prefill") and not helper) or v["route"] != ROUTES[0]:
             why = (
                 "a decode batch, a sparse-prefill chunk per request, a cache_write or a "
-                "remap with tokens (the prefill workspace form)"
+                "remap or dequant with tokens (the prefill workspace forms)"
             )
             return [("context_lens", f"ragged lengths need {why}, this is {v['op']} {v['route']}")]
         for i, n in enumerate(lens):

@@ -16,6 +16,7 @@ from dsv4bench.backends.engine_helpers import guard, vllm_c
 from dsv4bench.cases.inputs import make_inputs
 from dsv4bench.cases.oracle import oracle_call
 from dsv4bench.measure import judge, metrics
+from reference import layouts_indexer
 from reference.cache_write import encode
 from reference.layouts import gather_tokens
 from tests.factories import make_case
@@ -30,6 +31,12 @@ BINARY = {
     "src_cache, Tensor! dst, Tensor block_table, Tensor workspace_starts, int batch_size, "
     "Tensor? seq_starts, Tensor? host_cache=None, Tensor? host_row_ids=None, Tensor? "
     "device_row_ids=None) -> ()",
+    "indexer_k_quant_and_cache": "indexer_k_quant_and_cache(Tensor k, Tensor! kv_cache, Tensor "
+    "slot_mapping, int quant_block_size, str kv_cache_dtype) -> ()",
+    "cp_gather_indexer_k_quant_cache": "cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor! "
+    "dst_k, Tensor! dst_scale, Tensor block_table, Tensor cu_seq_lens) -> ()",
+    "cp_gather_and_upconvert_nvfp4_kv_cache": "cp_gather_and_upconvert_nvfp4_kv_cache(Tensor "
+    "src_cache, Tensor! dst, Tensor block_table, Tensor workspace_starts, int batch_size) -> ()",
     "top_k_per_row_decode": "top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, "
     "Tensor! indices, int numRows, int stride0, int stride1, int topK) -> ()",
     "top_k_per_row_prefill": "top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor "
@@ -50,10 +57,46 @@ def _concat(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scal
 
 
 def _gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts, *rest):
+    # csrc cache_kernels.cu: request r's rows run from workspace_starts[r] to the next
+    # request's start, the last one's to dst.size(0); its positions from 0 (no seq_starts)
+    assert seq_starts is None and batch_size == len(workspace_starts) == len(block_table)
+    assert block_table.dtype == workspace_starts.dtype == torch.int32
     pages, page_size, width = src_cache.shape
     cache = src_cache.view(pages, page_size, 1, width)
-    slots = torch.arange(dst.shape[0])
-    dst.copy_(gather_tokens(cache, slots, layout="v32").to(torch.bfloat16))
+    ends = workspace_starts.tolist()[1:] + [dst.shape[0] - FAKE["short_last"]]
+    for r, (start, end) in enumerate(zip(workspace_starts.tolist(), ends, strict=True)):
+        pos = torch.arange(end - start)
+        slots = block_table[r].long()[pos // page_size] * page_size + pos % page_size
+        dst[start:end] = gather_tokens(cache, slots, layout="v32").to(torch.bfloat16)
+    if FAKE["stray_byte"]:  # one row past the chunk's workspace
+        torch.as_strided(dst, (1,), (1,), dst.storage_offset() + dst.numel()).fill_(1.0)
+
+
+def _indexer_write(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtype):
+    assert quant_block_size == k.shape[1] == 128 and k.dtype == torch.bfloat16
+    assert kv_cache.dim() == 3 and kv_cache_dtype in ("ue8m0", "")
+    keep = slot_mapping >= 0
+    page_size = kv_cache.shape[1]
+    records = encode(k[keep], "indexer-fp8", kv_cache_dtype or "raw")
+    data, scales = layouts_indexer.record_views(kv_cache.view(*kv_cache.shape[:2], 1, -1))
+    page, offset = slot_mapping[keep] // page_size, slot_mapping[keep] % page_size
+    data[page, offset] = records[:, :128]
+    scales[page, offset] = records[:, 128:]
+
+
+def _indexer_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
+    # csrc: batch_size = block_table.size(0); token t of request b at cu_seq_lens[b] + i
+    assert dst_k.dtype == torch.float8_e4m3fn and dst_scale.shape == (len(dst_k), 4)
+    assert cu_seq_lens.dtype == block_table.dtype == torch.int32
+    assert len(cu_seq_lens) == len(block_table) + 1
+    cache = kv_cache.view(*kv_cache.shape[:2], 1, -1)
+    page_size, cu = kv_cache.shape[1], cu_seq_lens.tolist()
+    for b in range(len(block_table)):
+        for i in range(cu[b + 1] - cu[b]):
+            slot = int(block_table[b, i // page_size]) * page_size + i % page_size
+            record = layouts_indexer.records(cache, torch.tensor([slot]))[0]
+            dst_k.view(torch.uint8)[cu[b] + i] = record[:128]
+            dst_scale[cu[b] + i] = record[128:]
 
 
 def _decode_topk(logits, next_n, seq_lens, indices, num_rows, stride0, stride1, k):
@@ -69,10 +112,17 @@ def _prefill_topk(logits, starts, ends, indices, num_rows, stride0, stride1, k):
     raise AssertionError("not called by a decode case")
 
 
-FAKE = {"stray_byte": False}
+def _nvfp4(src_cache, dst, block_table, workspace_starts, batch_size):
+    raise AssertionError("never called: no oracle layout")
+
+
+FAKE = {"stray_byte": False, "short_last": 0}
 IMPLS = {
     "concat_and_cache_mla": _concat,
     "cp_gather_and_upconvert_fp8_kv_cache": _gather,
+    "indexer_k_quant_and_cache": _indexer_write,
+    "cp_gather_indexer_k_quant_cache": _indexer_gather,
+    "cp_gather_and_upconvert_nvfp4_kv_cache": _nvfp4,
     "top_k_per_row_decode": _decode_topk,
     "top_k_per_row_prefill": _prefill_topk,
 }
@@ -92,9 +142,9 @@ def fake_ops():
         ns, name = qualified.split(".")
         return getattr(getattr(torch.ops, f"dsvfake{n}{ns}"), name)
 
-    FAKE["stray_byte"] = False
+    FAKE.update(stray_byte=False, short_last=0)
     yield Provider("fake vllm _C"), table
-    FAKE["stray_byte"] = False
+    FAKE.update(stray_byte=False, short_last=0)
 
 
 def _verdict(backend, case):
@@ -197,3 +247,72 @@ def test_the_topk_instances_time_only_the_topk():
         assert "has no dequant kernel (has: topk)" in backend.supports(dequant, "sm90")
     per_row = vllm_c.VllmOps(ops=(Provider("x"), None))
     assert per_row.ops == ("cache_write", "dequant", "topk")
+
+
+INDEXER = dict(model="v3.2", d_qk=128, d_v=128, num_heads=1, layout="indexer-fp8")
+# ragged contexts over a workspace of 5 x 32 = 160 rows: chunks [0, 5) (150 rows), [5, 8)
+RAGGED = dict(tokens=8, context_len=32, page_size=16, batch_size=8,
+              context_lens=(32, 30, 32, 24, 32, 17, 32, 9))  # fmt: skip
+
+
+def test_the_indexer_writer_is_called_as_vllm_calls_it(fake_ops):
+    ops = vllm_c.VllmOps(ops=fake_ops)
+    for convention in ("ue8m0", "raw"):
+        case = make_case(op="cache_write", batch_size=2, s_q=5, context_len=40, page_size=16,
+                         scale_convention=convention, **INDEXER)  # fmt: skip
+        (verdict, info) = _verdict(ops, case)
+        assert verdict == ("ok", "")
+        assert f"indexer_k_quant_and_cache ({convention})" in info["kernel"]
+
+
+def test_the_indexer_gather_whole_and_chunked(fake_ops):
+    ops = vllm_c.VllmOps(ops=fake_ops)
+    whole = make_case(op="dequant", batch_size=2, context_len=48, page_size=16, **INDEXER)
+    assert _verdict(ops, whole)[0] == ("ok", "")
+    chunked = make_case(op="dequant", **RAGGED, **INDEXER)
+    (verdict, info) = _verdict(ops, chunked)
+    assert verdict == ("ok", "") and info["chunks"] == 2
+    x = make_inputs(chunked, "cpu")
+    assert oracle_call(chunked, x)().out.shape == (sum(RAGGED["context_lens"]), 132)
+
+
+def test_chunked_gather_and_upconvert_as_flashmla_sparse_calls_it(fake_ops):
+    case = make_case(op="dequant", **RAGGED, **V32)
+    x = make_inputs(case, "cpu")
+    assert x["chunk_bounds"].tolist() == [[0, 5], [5, 8]]
+    assert x["workspace_starts"].tolist() == [0, 32, 62, 94, 118, 0, 17, 49]
+    (verdict, info) = _verdict(vllm_c.VllmOps(ops=fake_ops), case)
+    assert verdict == ("ok", "") and (info["chunks"], info["requests"]) == (2, 8)
+    p = vllm_c.VllmOps(ops=fake_ops).prepare(case, x, "cpu")
+    acc = metrics.accuracy(oracle_call(case, x)(), p.finish(p.run()))
+    assert (acc["cos_diff"], acc["max_abs"], acc["mismatched"]) == (0.0, 0.0, 0)
+
+
+def test_a_gather_that_misses_a_row_or_writes_past_its_chunk_is_caught(fake_ops):
+    case = make_case(op="dequant", **RAGGED, **V32)
+    FAKE["short_last"] = 1  # each chunk's last request one row short: its row stays NaN
+    (status, why), _ = _verdict(vllm_c.VllmOps(ops=fake_ops), case)
+    assert status == "incorrect" and "non-finite" in why
+    FAKE.update(short_last=0, stray_byte=True)
+    with pytest.raises(guard.OutOfBounds, match="outside its workspace"):
+        _verdict(vllm_c.VllmOps(ops=fake_ops), case)
+
+
+def test_the_nvfp4_gather_names_why_it_has_no_rows():
+    ops = vllm_c.VllmOps(ops=(Provider("x"), None))
+    fp4 = make_case(op="dequant", layout="v41-fp4", d_qk=512, d_v=512, model="v4-flash",
+                    page_size=256, batch_size=1, context_len=256)  # fmt: skip
+    why = ops.supports(fp4, "sm90")
+    assert "352 B" in why and "requires SM100" in why
+
+
+def test_a_dequant_that_gathers_every_slot_declines_the_chunked_form():
+    from dsv4bench.backends import registry
+
+    chunked = make_case(op="dequant", **RAGGED, **V32)
+    whole = make_case(op="dequant", batch_size=1, context_len=64, page_size=16, **V32)
+    for name, arch in (("triton", "sm90"), ("reference-f64", "cpu")):
+        backend = registry.get(name)
+        assert "not vLLM's chunked prefill form" in backend.supports(chunked, arch)
+        assert "chunked" not in (backend.supports(whole, arch) or "")
+    assert registry.get("torch").supports(chunked, "cpu") is None

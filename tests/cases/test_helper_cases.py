@@ -1,9 +1,10 @@
 """The helper ops' cases (cases/helper_cases.py): cache_write judged byte for byte, and vLLM's
-prefill-workspace remap over ragged requests that cross chunk bounds."""
+prefill-workspace remap and chunked gather over ragged requests that cross chunk bounds."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dsv4bench.cases import helper_cases
 from dsv4bench.cases.inputs import make_inputs
@@ -12,7 +13,8 @@ from dsv4bench.cases.output import Output
 from dsv4bench.measure import judge, metrics
 from dsv4bench.scenarios.read import ScenarioError
 from reference import prefill_chunks
-from reference.cache_write import cache_write
+from reference.cache_write import cache_write, token_records
+from reference.layouts import gather_tokens
 from tests.factories import V32, load_scenario, make_case
 
 KNOWN = {"torch", "reference-f64"}
@@ -97,6 +99,28 @@ def test_ragged_requests_cross_the_workspace_chunks():
     assert bool(((out >= start) & (out < start + length) | ~valid).all())
 
 
+@pytest.mark.parametrize("layout", ["v32", "indexer-fp8"])
+def test_the_chunked_gather_is_every_requests_context_in_order(layout):
+    # brute force: one token at a time, request after request (the chunks' workspaces end to
+    # end); the indexer's keys as their record bytes, the rest upconverted to bf16
+    lens = [64, 60, 64, 64, 50, 64, 30]  # two chunks of 5 x 64 rows, as the remap's
+    d_qk = 576 if layout == "v32" else 128
+    case = make_case(op="dequant", layout=layout, d_qk=d_qk, d_v=min(512, d_qk), tokens=16,
+                     context_len=64, page_size=16, batch_size=7,
+                     context_lens=tuple(lens))  # fmt: skip
+    x = make_inputs(case, "cpu")
+    assert x["chunk_bounds"].tolist() == [[0, 5], [5, 7]]
+    rows = []
+    for r, n in enumerate(lens):
+        for i in range(n):
+            slot = torch.tensor([int(x["block_table"][r, i // 16]) * 16 + i % 16])
+            if layout == "v32":
+                rows.append(gather_tokens(x["k_cache"], slot, layout=layout).bfloat16())
+            else:
+                rows.append(token_records(x["k_cache"], layout)[slot])
+    assert torch.equal(oracle_call(case, x)().out, torch.cat(rows))
+
+
 def test_scenario_rules_for_the_helper_ops():
     ok = load_scenario(
         """
@@ -158,3 +182,29 @@ def test_scenario_rules_for_the_dcp_form():
         with pytest.raises(ScenarioError) as info:
             load_scenario(f"{head}  - {{{line}}}\n", KNOWN)
         assert message in str(info.value) and "\n" not in str(info.value).strip(), info.value
+
+
+def test_the_sm90_prefill_forms_cross_chunk_bounds_as_their_comments_say():
+    from pathlib import Path
+
+    from dsv4bench.backends import registry
+    from dsv4bench.scenarios import load
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load(root / "scenarios/sm90/dsa_helpers.yaml", known_backends=registry.catalog())
+    forms = [c for c in sc.cases if c.op in ("remap", "dequant") and c.tokens]
+    assert {(c.op, c.layout) for c in forms} == {
+        ("remap", "v32"), ("dequant", "v32"), ("dequant", "indexer-fp8")
+    }  # fmt: skip
+    for c in forms:
+        assert helper_cases.chunks(c) == [(0, 5), (5, 11), (11, 12)]
+
+
+def test_a_gathers_moved_bytes_count_each_requests_tokens():
+    lens = (64, 60, 30)
+    ragged = dict(op="dequant", tokens=16, context_len=64, page_size=16, batch_size=3,
+                  context_lens=lens)  # fmt: skip
+    v32 = make_case(layout="v32", d_qk=576, d_v=512, **ragged)
+    assert metrics.attention_bytes(v32) == 154 * (656 + 2 * 576)
+    keys = make_case(layout="indexer-fp8", d_qk=128, d_v=128, **ragged)
+    assert metrics.attention_bytes(keys) == 154 * 2 * 132

@@ -51,6 +51,12 @@ cases:
   # one DCP rank's remap: the rank's block table (cdiv(300, 16 x 4) pages)
   - {op: remap, model: v3.2, topk: 64, batch_size: 3, s_q: 2, context_len: 300, page_size: 16,
      form: dcp, dcp_size: 4, dcp_rank: 3, dcp_interleave: 8}
+  # vLLM's chunked prefill gather (two chunks of 5 x 100 rows), and the indexer's key cache
+  - {op: dequant, tokens: 8, batch_size: 7, context_len: 100,
+     model: [v3.2, &indexer {name: v32-indexer, d_qk: 128, d_v: 128, num_heads: 1, topk: 2048,
+                             layout: indexer-fp8}],
+     context_lens: {lengths: [100, 90, 100, 100, 80, 100, 30]}}
+  - {op: [dequant, cache_write], model: *indexer, batch_size: 2, s_q: 3, context_len: 130}
 """
 
 

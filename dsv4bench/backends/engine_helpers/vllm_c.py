@@ -6,7 +6,12 @@ called as vllm/_custom_ops.py and vllm/model_executor/layers/indexer_topk.py cal
                "fp8_ds_mla", scale, False): V3.2's 656-byte records (0.33.0 on H100: the
                pow2 convention byte for byte, not raw amax / 448)
   dequant      _C_cache_ops.cp_gather_and_upconvert_fp8_kv_cache(src, dst, block_table,
-               workspace_starts, batch_size, None): one request of every slot in order
+               workspace_starts, batch_size, None): one request of every slot in order, or
+               (tokens > 0) per chunk of vLLM's chunked prefill (vllm_c_indexer.py)
+  indexer-fp8  the indexer's key cache: cache_write indexer_k_quant_and_cache, dequant
+               cp_gather_indexer_k_quant_cache (vllm_c_indexer.py)
+  v41-fp4      declared to answer why not: cp_gather_and_upconvert_nvfp4_kv_cache reads
+               nvfp4_ds_mla's 352-byte records, a layout the oracle does not hold (SM100 only)
   topk         (plain form) option `kernel`: "per-row" _C.top_k_per_row_decode (decode rows,
                next_n 1 with each row's length) / _C.top_k_per_row_prefill (a chunk: row
                starts and ends); "persistent" _C.persistent_topk and "cooperative"
@@ -24,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.backends.base import Prepared, Provider, Unsupported
-from dsv4bench.backends.engine_helpers import common, guard
+from dsv4bench.backends.engine_helpers import common, guard, vllm_c_indexer
 from dsv4bench.cases import indexer_case
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
@@ -41,6 +46,14 @@ SCHEMAS = {
     "Tensor src_cache, Tensor! dst, Tensor block_table, Tensor workspace_starts, "
     "int batch_size, Tensor? seq_starts, Tensor? host_cache=None, Tensor? host_row_ids=None, "
     "Tensor? device_row_ids=None) -> ()",
+    "_C_cache_ops.indexer_k_quant_and_cache": "indexer_k_quant_and_cache(Tensor k, "
+    "Tensor! kv_cache, Tensor slot_mapping, int quant_block_size, str kv_cache_dtype) -> ()",
+    "_C_cache_ops.cp_gather_indexer_k_quant_cache": "cp_gather_indexer_k_quant_cache("
+    "Tensor kv_cache, Tensor! dst_k, Tensor! dst_scale, Tensor block_table, "
+    "Tensor cu_seq_lens) -> ()",
+    "_C_cache_ops.cp_gather_and_upconvert_nvfp4_kv_cache": "cp_gather_and_upconvert_nvfp4_kv_"
+    "cache(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor workspace_starts, "
+    "int batch_size) -> ()",
     "_C.top_k_per_row_prefill": "top_k_per_row_prefill(Tensor logits, Tensor rowStarts, "
     "Tensor rowEnds, Tensor! indices, int numRows, int stride0, int stride1, int topK) -> ()",
     "_C.top_k_per_row_decode": "top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, "
@@ -51,6 +64,7 @@ SCHEMAS = {
     "Tensor workspace, int k, int max_seq_len) -> ()",
 }
 KERNELS = ("per-row", "persistent", "cooperative")
+INDEXER = "indexer-fp8"
 COOPERATIVE_MAX_ROWS = 64  # csrc/cooperative_topk.cu refuses more rows (vLLM 0.33.0)
 TOPK_WORKSPACE = 1024 * 1024  # indexer_topk.RADIX_TOPK_WORKSPACE_SIZE
 REASON_CHARS = 400
@@ -104,10 +118,14 @@ def checked(table, name: str):
 class VllmOps(common.HelperBackend):
     place = PLACE
     name = "vllm-ops"
-    description = "vLLM's _C ops: the fp8_ds_mla writer, gather+upconvert, the indexer top-k"
+    description = (
+        "vLLM's _C ops: the fp8_ds_mla and indexer-key writers, gather+upconvert (chunked "
+        "prefill too), the indexer-key gather, the indexer top-k"
+    )
     archs = ("sm90", "sm100")
     ops = ("cache_write", "dequant", "topk")
-    layouts = ("v32",)
+    layouts = ("v32", INDEXER, "v41-fp4")
+    chunked_gather = True
     options = {"lib": None, "kernel": "per-row"}
     capabilities = {
         "lse out": "no: cache and top-k helpers",
@@ -126,6 +144,11 @@ class VllmOps(common.HelperBackend):
         self._find_with(lib, ops, load)
 
     def case_reason(self, case: Case, arch: str = "cpu") -> str | None:
+        if case.layout == "v41-fp4" and case.op in ("cache_write", "dequant"):
+            return vllm_c_indexer.NVFP4_REASON
+        writes_keys = case.layout == INDEXER and case.op == "cache_write"
+        if writes_keys and case.scale_convention not in vllm_c_indexer.SCALE_FMT:
+            return f"vLLM's indexer writer has no scale convention {case.scale_convention}"
         if case.op == "topk" and case.form != "plain":
             return f"vLLM's top-k ops return column indices (form plain), not form {case.form}"
         if case.op == "topk" and self.kernel != "per-row" and case.topk not in (512, 1024, 2048):
@@ -143,11 +166,17 @@ class VllmOps(common.HelperBackend):
         if reason:
             raise Unsupported(reason)
         table = self.kernel_ops()[1]
+        if case.op == "cache_write" and case.layout == INDEXER:
+            op = checked(table, "_C_cache_ops.indexer_k_quant_and_cache")
+            return vllm_c_indexer.indexer_write(case, inputs, op)
         if case.op == "cache_write":
             return _cache_write(case, inputs, checked(table, "_C_cache_ops.concat_and_cache_mla"))
+        if case.op == "dequant" and case.layout == INDEXER:
+            op = checked(table, "_C_cache_ops.cp_gather_indexer_k_quant_cache")
+            return vllm_c_indexer.indexer_gather(case, inputs, op)
         if case.op == "dequant":
             op = checked(table, "_C_cache_ops.cp_gather_and_upconvert_fp8_kv_cache")
-            return _dequant(case, inputs, op)
+            return vllm_c_indexer.upconvert_chunks(case, inputs, op)
         return _topk(case, inputs, table, self.kernel)
 
 
@@ -169,25 +198,6 @@ def _cache_write(case: Case, x: dict, op) -> Prepared:
     poison = lambda: cache.inner_bytes().copy_(original)  # noqa: E731 - the cache as it came
     info = {"kernel": "vllm concat_and_cache_mla (fp8_ds_mla)"}
     return Prepared(run, finish, poison, info, buffers=(kv_c, k_pe, slots))
-
-
-def _dequant(case: Case, x: dict, op) -> Prepared:
-    src = x["k_cache"]
-    pages, page_size = src.shape[:2]
-    src3 = src.view(torch.uint8).view(pages, page_size, -1)
-    slots = pages * page_size
-    dst = guard.Guarded.empty((slots, case.d_qk), torch.bfloat16, src.device, "its workspace")
-    table = torch.arange(pages, dtype=torch.int32, device=src.device)[None]
-    starts = torch.zeros(1, dtype=torch.int32, device=src.device)
-    run = lambda: op(src3, dst.tensor, table, starts, 1, None)  # noqa: E731
-
-    def finish(_) -> Output:
-        dst.check()
-        return Output(dst.tensor.clone())
-
-    poison = lambda: dst.tensor.fill_(float("nan"))  # noqa: E731
-    info = {"kernel": "vllm cp_gather_and_upconvert_fp8_kv_cache", "requests": 1}
-    return Prepared(run, finish, poison, info, buffers=(src3, table, starts))
 
 
 def _topk(case: Case, x: dict, table, kernel: str) -> Prepared:
