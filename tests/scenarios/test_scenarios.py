@@ -153,7 +153,7 @@ def test_sm90_set_stays_small():
     # torch.topk as engines call it (torch-topk, 34 plain-form jobs of milliseconds) in issue 48;
     # the engines' DSA-path helpers (sm90/dsa_helpers.yaml, 154 jobs of milliseconds) in issue 46,
     # its DCP remaps, indexer cache ops, chunked gathers and vLLM's V4 writers after
-    assert jobs <= 900
+    assert jobs <= 960
 
 
 def test_prefill_limit_search_matches_the_sglang_question():
