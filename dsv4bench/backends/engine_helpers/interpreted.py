@@ -12,6 +12,8 @@ are then the ones its arithmetic asks for, so a CPU test judges the kernel, not 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +53,19 @@ def e4m3_rounding(active: bool):
         yield
     finally:
         interp._convert_float = convert
+
+
+def on_device(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """`call` as it is on a GPU (nothing added to the timed call); on the CPU, `call` inside
+    `interpreted`."""
+    if device.type != "cpu":
+        return call
+
+    def run():
+        with interpreted(True):
+            return call()
+
+    return run
 
 
 @contextlib.contextmanager

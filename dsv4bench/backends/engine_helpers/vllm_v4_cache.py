@@ -26,7 +26,7 @@ import torch
 
 from dsv4bench.backends.base import Prepared, Provider, Unsupported
 from dsv4bench.backends.engine_helpers import common, guard, vllm_cache_files
-from dsv4bench.backends.engine_helpers.interpreted import interpreted
+from dsv4bench.backends.engine_helpers.interpreted import on_device
 from dsv4bench.cases.case import Case
 from dsv4bench.cases.output import Output
 
@@ -149,10 +149,7 @@ def _cache_write(case: Case, x: dict, module, model: str) -> Prepared:
     kw = {"block_size": page_size}
     if model == "v41":
         kw["bytes_per_token"] = RECORD_BYTES[case.layout]
-
-    def run():
-        with interpreted(kv.device.type == "cpu"):
-            module.quantize_and_insert_k_cache(kv, blocks, slots, **kw)
+    run = on_device(lambda: module.quantize_and_insert_k_cache(kv, blocks, slots, **kw), kv.device)
 
     def finish(_) -> Output:
         cache.check()
@@ -186,11 +183,12 @@ def _dequant(case: Case, x: dict, module, model: str, gather: str) -> Prepared:
     table = torch.arange(pages, dtype=torch.int32, device=device).view(requests, per_request)
     seq_lens = torch.full((requests,), tokens, dtype=torch.int32, device=device)
 
-    def run():
-        with interpreted(device.type == "cpu"):
-            module.dequantize_and_gather_k_cache(
-                out.tensor, k_cache, seq_lens, None, table, page_size, 0
-            )
+    def call():
+        module.dequantize_and_gather_k_cache(
+            out.tensor, k_cache, seq_lens, None, table, page_size, 0
+        )
+
+    run = on_device(call, device)
 
     def finish(_) -> Output:
         out.check()
