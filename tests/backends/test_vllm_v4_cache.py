@@ -6,6 +6,7 @@ files load with; the interpreter's e4m3 rounding made the GPU's."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -275,35 +276,54 @@ def test_the_files_load_with_their_stubs_and_a_newer_import_is_the_reason(tmp_pa
 # ---- the interpreter's e4m3 rounding ---------------------------------------------------------
 
 
-def _interpreted_e4m3(values: torch.Tensor, fixed: bool) -> torch.Tensor:
+@functools.cache
+def _kernels():
+    """Two tiny kernels, interpreted without TRITON_INTERPRET (InterpretedFunction)."""
     import triton
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
-
-    from dsv4bench.backends.triton.jit import interpreting
 
     @triton.jit
     def to_e4m3(x_ptr, out_ptr, N: tl.constexpr):
         d = tl.arange(0, N)
         tl.store(out_ptr + d, tl.load(x_ptr + d).to(tl.float8e4nv).to(tl.uint8, bitcast=True))
 
+    @triton.jit
+    def count_to(n_ptr, out_ptr):
+        n = tl.load(n_ptr)
+        total = 0
+        for _ in range(0, n, 2):  # a loop bound loaded from memory, as vLLM's gathers have
+            total += 1
+        tl.store(out_ptr, total)
+
+    return InterpretedFunction(to_e4m3.fn), InterpretedFunction(count_to.fn)
+
+
+def _interpreted_e4m3(values: torch.Tensor, fixed: bool) -> torch.Tensor:
+    from dsv4bench.backends.triton.jit import interpreting
+
     out = torch.zeros(values.numel(), dtype=torch.uint8)
-    context = interpreted.interpreted(True) if fixed else interpreting(True)
-    with context:
-        InterpretedFunction(to_e4m3.fn)[(1,)](values, out, N=values.numel())
+    with interpreted.interpreted(True) if fixed else interpreting(True):
+        _kernels()[0][(1,)](values, out, N=values.numel())
     return out
 
 
 def test_the_interpreters_e4m3_rounding_is_made_the_gpus():
-    # -125 rounds to -128 (a carry into the exponent), 9 and 11 are ties (to even: 8 and 12),
-    # 460 saturates at 448, 0.3 is an ordinary rounding
-    values = torch.tensor([-125.0, 9.0, 11.0, 460.0, 0.3, -0.0, 1.0, 2.0**-9], dtype=torch.float32)
+    # -125 and -127.5 round to -128 (a carry into the exponent), 9 and 11 are ties (to even: 8
+    # and 12), 460 saturates at 448, 0.3 is an ordinary rounding
+    values = torch.tensor([-125.0, -127.5, 9.0, 11.0, 460.0, 0.3, -0.0, 2.0**-9])
     want = values.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(_interpreted_e4m3(values, fixed=True), want)
-    assert not torch.equal(_interpreted_e4m3(values, fixed=False), want)  # Triton 3.6's own
+    own = _interpreted_e4m3(values, fixed=False)  # Triton 3.6's own rounding
+    assert own[0] == own[1] == 0xE8 and want[0] == want[1] == 0xF0  # -64, not -128
     bf16 = values.to(torch.bfloat16)
     got = interpreted.to_e4m3_bits(bf16.view(torch.int16).numpy().view("uint16"), "bf16")
-    assert torch.equal(
-        torch.from_numpy(got),
-        bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8),
-    )
+    expected = bf16.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(torch.from_numpy(got), expected)
+
+
+def test_a_loop_over_a_loaded_bound_runs_interpreted():
+    out = torch.zeros(1, dtype=torch.int32)
+    with interpreted.interpreted(True):
+        _kernels()[1][(1,)](torch.tensor([5], dtype=torch.int32), out)
+    assert int(out) == 3
