@@ -327,3 +327,20 @@ def test_a_loop_over_a_loaded_bound_runs_interpreted():
     with interpreted.interpreted(True):
         _kernels()[1][(1,)](torch.tensor([5], dtype=torch.int32), out)
     assert int(out) == 3
+
+
+def test_the_vllm_triton_build_lands_the_files_where_the_loaders_read_them(tmp_path):
+    import zipfile
+
+    from dsv4bench.backends.engine_helpers import vllm_files
+    from dsv4bench.kernels import catalog, fetch
+
+    (spec,) = [b for b in catalog.VLLM_OPS.builds if b.library == "vllm-triton"]
+    wheel = tmp_path / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for member in (*spec.members, "vllm/models/deepseek_v4/other.py"):
+            z.writestr(member, f"# {member}\n")
+    files = fetch.extract(wheel, spec, tmp_path / "build")
+    landed = {f.path for f in files}
+    assert landed == {vllm_files.SPARSE_UTILS, *vllm_cache_files.FILES.values()}
+    assert all((tmp_path / "build" / p).is_file() for p in landed)
