@@ -38,14 +38,22 @@ def _build() -> Path | None:
     return folder if folder is not None and place.missing_reason(None) is None else None
 
 
-@pytest.fixture(scope="module")
-def interpreted_results():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+def _run(device: str) -> dict:
+    """vllm_v4_cache_run in a process of its own: interpreted on the CPU, compiled on a GPU."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     done = subprocess.run(
-        [sys.executable, "-m", "tests.backends.vllm_v4_cache_run", str(_build())],
+        [sys.executable, "-m", "tests.backends.vllm_v4_cache_run", str(_build()), device],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=True,
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreted_results():
+    return _run("cpu")
 
 
 NEEDS_BUILD = pytest.mark.skipif(
@@ -53,37 +61,53 @@ NEEDS_BUILD = pytest.mark.skipif(
     reason="needs a vllm-triton build holding vLLM's deepseek_v4/v41 cache_utils.py: "
     "dsv4bench kernels fetch 'vllm[ops]'",
 )
+RAN = {
+    "v4": ("cache_write-v4", "dequant-v4", "dequant-v4-one-request"),
+    "v41": (
+        "cache_write-v4", "cache_write-v41", "dequant-v4", "dequant-v4-one-request",
+        "dequant-v41", "dequant-v41-fp4",
+    ),
+    "v41-one-pass": ("dequant-v4", "dequant-v4-one-request"),
+}  # fmt: skip
+
+
+def _assert_byte_exact_and_the_rest_declined(results: dict) -> None:
+    for instance, labels in RAN.items():
+        rows = results[instance]
+        for label in labels:
+            assert rows[label]["status"] == "ok" and rows[label]["mismatched"] == 0, (label, rows)
+        declined = {k: r for k, r in rows.items() if k not in labels}
+        assert all(r["status"] == "unsupported" and r["why"] for r in declined.values())
+    assert results["v41"]["dequant-v4"]["gather"] == "per-block"
+    assert results["v41-one-pass"]["dequant-v4"]["gather"] == "one-pass"
+    assert results["v4"]["dequant-v4-one-request"]["requests"] == 1
+    assert results["v4"]["dequant-v4"]["requests"] == 2
+
+
+def _assert_the_vllm_convention(results: dict) -> None:
+    found = results["conventions"]
+    assert found["vllm"]["status"] == "ok" and found["vllm"]["mismatched"] == 0
+    assert found["flashmla"]["mismatched"] > 0 and found["sglang"]["mismatched"] > 0
 
 
 @pytest.mark.slow
 @NEEDS_BUILD
 def test_vllms_v4_writers_and_gathers_match_the_oracle_byte_for_byte(interpreted_results):
-    ran = {
-        "v4": ("cache_write-v4", "dequant-v4", "dequant-v4-one-request"),
-        "v41": (
-            "cache_write-v4", "cache_write-v41", "dequant-v4", "dequant-v4-one-request",
-            "dequant-v41", "dequant-v41-fp4",
-        ),
-        "v41-one-pass": ("dequant-v4", "dequant-v4-one-request"),
-    }  # fmt: skip
-    for instance, labels in ran.items():
-        rows = interpreted_results[instance]
-        for label in labels:
-            assert rows[label]["status"] == "ok" and rows[label]["mismatched"] == 0, (label, rows)
-        declined = {k: r for k, r in rows.items() if k not in labels}
-        assert all(r["status"] == "unsupported" and r["why"] for r in declined.values())
-    assert interpreted_results["v41"]["dequant-v4"]["gather"] == "per-block"
-    assert interpreted_results["v41-one-pass"]["dequant-v4"]["gather"] == "one-pass"
-    assert interpreted_results["v4"]["dequant-v4-one-request"]["requests"] == 1
-    assert interpreted_results["v4"]["dequant-v4"]["requests"] == 2
+    _assert_byte_exact_and_the_rest_declined(interpreted_results)
 
 
 @pytest.mark.slow
 @NEEDS_BUILD
 def test_vllms_v4_writer_uses_the_vllm_scale_convention(interpreted_results):
-    found = interpreted_results["conventions"]
-    assert found["vllm"]["status"] == "ok" and found["vllm"]["mismatched"] == 0
-    assert found["flashmla"]["mismatched"] > 0 and found["sglang"]["mismatched"] > 0
+    _assert_the_vllm_convention(interpreted_results)
+
+
+@pytest.mark.gpu
+@NEEDS_BUILD
+def test_on_a_gpu_vllms_v4_cache_ops_are_byte_exact_and_the_writer_is_the_vllm_convention():
+    results = _run("cuda")
+    _assert_byte_exact_and_the_rest_declined(results)
+    _assert_the_vllm_convention(results)
 
 
 # ---- the arguments as vLLM passes them (fakes) ---------------------------------------------

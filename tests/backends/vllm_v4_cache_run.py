@@ -1,7 +1,8 @@
 """Run vLLM's V4/V4.1 Triton cache writers and gathers (backends/engine_helpers/vllm_v4_cache.py)
 on tiny cases through Triton's interpreter and print each verdict against the oracle as JSON:
 `python -m tests.backends.vllm_v4_cache_run BUILD`. TRITON_INTERPRET=1 must be in the
-environment before Triton is imported, so the tests run this in a process of its own.
+environment before Triton is imported, so the tests run this in a process of its own; on a GPU
+the gpu-marked test calls results(BUILD, "cuda") in its own process.
 
 Besides the cases, `conventions`: the V4 writer's bytes on rows whose tiles the scale
 conventions treat differently (a tile of amax 0.01: `flashmla` floors the scale at 1e-4; an
@@ -46,8 +47,8 @@ INSTANCES = {
 }
 
 
-def judged(backend, case, x) -> dict:
-    prepared = backend.prepare(case, x, "cpu")
+def judged(backend, case, x, device: str) -> dict:
+    prepared = backend.prepare(case, x, device)
     prepared.poison()
     got = prepared.finish(prepared.run())
     acc = metrics.accuracy(oracle_call(case, x)(), got)
@@ -55,38 +56,42 @@ def judged(backend, case, x) -> dict:
     return {"status": status, "why": why, "mismatched": acc["mismatched"], **prepared.info}
 
 
-def verdict(backend, fields: dict) -> dict:
+def verdict(backend, fields: dict, device: str) -> dict:
     case = make_case(**fields)
     reason = backend.supports(case, "sm90")
     if reason:
         return {"status": "unsupported", "why": reason}
     try:
-        return judged(backend, case, make_inputs(case, "cpu"))
+        return judged(backend, case, make_inputs(case, device), device)
     except Unsupported as e:
         return {"status": "unsupported", "why": str(e)}
 
 
-def conventions(backend) -> dict:
+def conventions(backend, device: str) -> dict:
     """Bytes the V4 writer's cache differs in from the oracle's under each V4 convention."""
     case = make_case(**CASES["cache_write-v4"])
-    x = make_inputs(case, "cpu")
+    x = make_inputs(case, device)
     kv = x["kv"].clone()
     kv[0, :64] *= 0.01 / float(kv[0, :64].abs().max())  # a tile of amax 0.01
     kv[1, 64:128] = 0  # an all-zero tile
     x = {**x, "kv": kv}
     out = {}
     for convention in layout("v4").conventions:
-        out[convention] = judged(backend, replace(case, scale_convention=convention), x)
+        out[convention] = judged(backend, replace(case, scale_convention=convention), x, device)
     return out
 
 
-def main(build: str) -> None:
-    results = {}
+def results(build: str, device: str = "cpu") -> dict:
+    out = {}
     for name, options in INSTANCES.items():
         backend = VllmV4Cache(lib=build, **options)
-        results[name] = {label: verdict(backend, f) for label, f in CASES.items()}
-    results["conventions"] = conventions(VllmV4Cache(lib=build))
-    print(json.dumps(results, default=str))
+        out[name] = {label: verdict(backend, f, device) for label, f in CASES.items()}
+    out["conventions"] = conventions(VllmV4Cache(lib=build), device)
+    return out
+
+
+def main(build: str, device: str = "cpu") -> None:
+    print(json.dumps(results(build, device), default=str))
 
 
 if __name__ == "__main__":
