@@ -67,6 +67,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
     from dsv4bench.backends.engine_helpers.sglang_ops import SglangOps
     from dsv4bench.backends.engine_helpers.vllm_c import VllmOps
     from dsv4bench.backends.engine_helpers.vllm_triton import VllmTriton
+    from dsv4bench.backends.engine_helpers.vllm_v4_cache import VllmV4Cache
     from dsv4bench.backends.f64.backend import ReferenceF64
     from dsv4bench.backends.flashinfer.backend import FlashInfer
     from dsv4bench.backends.q8kv8.backend import Q8KV8
@@ -94,6 +95,7 @@ def shipped() -> dict[str, Callable[[], Backend]]:
         "vllm-triton": VllmTriton,
         "sglang-ops": SglangOps,
         "vllm-ops": VllmOps,
+        "vllm-v4-cache": VllmV4Cache,
     }
     return {**table, **build_instances(table)}  # one instance per known build
 

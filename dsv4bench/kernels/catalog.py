@@ -217,16 +217,24 @@ SGLANG = PackageSpec(
 # wheel as VLLM's builds but listed for the releases that ship them: `vllm[ops]` is the vllm
 # wheel to pip (a dist without that extra is downloaded as it is). vllm-ops: the `_C` library
 # (concat_and_cache_mla, cp_gather_and_upconvert_fp8_kv_cache, the indexer cache ops, the
-# top-k ops); vllm-triton: the Triton index remap (sparse_utils.py).
+# top-k ops); vllm-triton: the Triton index remap (sparse_utils.py, landing at mla/) and the
+# DeepSeek V4 / V4.1 FP8 cache writers and gathers (cache_utils.py, outside the strip: they land
+# at their wheel paths, vllm/models/...).
 VLLM_OPS_SO = "vllm/_C_stable_libtorch.abi3.so"
 VLLM_MLA = "vllm/v1/attention/backends/"
+VLLM_V4_CACHE = "vllm/models/deepseek_v4/common/ops/cache_utils.py"
+VLLM_V41_CACHE = "vllm/models/deepseek_v41/common/ops/cache_utils.py"
 VLLM_OPS = PackageSpec(
     dist="vllm[ops]",
     source="vllm",
     versions=("0.33.0",),
     builds=(
         BuildSpec("vllm-ops", (VLLM_OPS_SO,), "vllm/"),
-        BuildSpec("vllm-triton", (VLLM_MLA + "mla/sparse_utils.py",), VLLM_MLA),
+        BuildSpec(
+            "vllm-triton",
+            (VLLM_MLA + "mla/sparse_utils.py", VLLM_V4_CACHE, VLLM_V41_CACHE),
+            VLLM_MLA,
+        ),
     ),
 )
 

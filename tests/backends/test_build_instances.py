@@ -21,7 +21,7 @@ def test_every_pinnable_build_is_an_instance():
     pinnable = backends.pinnable_libraries()
     assert pinnable == {
         "flashmla", "fa3", "deepgemm", "flashinfer", "q8kv8", "tilelang", "sglang-topk",
-        "sglang-triton", "vllm-triton", "sglang-ops", "vllm-ops",
+        "sglang-triton", "vllm-triton", "sglang-ops", "vllm-ops", "vllm-v4-cache",
     }  # fmt: skip
     pinned = [(n, lib) for n, lib in known_builds() if lib in pinnable]
     assert {
