@@ -167,7 +167,7 @@ def write(
         f"{threshold:g} "
         "(median and p10 both beyond it, and the p10 above every p10 of the window), status and "
         "accuracy in full (dsv4bench/history/trend.py).</p>",
-        f'<p id="rule">{escape(rule)}</p>' if rule else "",
+        *([f'<p id="rule">{escape(rule)}</p>'] if rule else []),
         "<h2>Entries</h2>",
         _entries_table(history, verdicts),
         "<h2>Regressions</h2>",
