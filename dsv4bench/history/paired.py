@@ -4,9 +4,10 @@ time relative to the run itself.
 
 A shared CPU slows a whole run, or stretches of it, by 10 % to 2x (other processes take a
 core; torch's two threads then wait for each other), far past a 10 % change of one kernel. So
-each case's time is divided by the same case's time on the run's other backends, measured
-minutes apart in the same run (the geometric mean of their p10s): what the machine adds to
-both cancels. A case's change is its relative p10 now over its relative p10 in the base run,
+each case's time (its fastest call: neighbours only ever add time) is divided by the same
+case's time on the run's other backends, measured just before or after it in the same run (the
+geometric mean of theirs): what the machine adds to both cancels. A case's change is its
+relative time now over its relative time in the base run,
 and a backend regresses when the median of its cases' changes is beyond the threshold, over at
 least MIN_CASES cases: a slowdown of most of a backend's cases, not of one case (one case's
 relative time still moves 1.3x to 2x between two unplanted runs; docs/history.md has the
@@ -31,14 +32,20 @@ def _timed(p: Point) -> bool:
     return p.status == "ok" and bool(p.p10_ms) and p.n >= MIN_SAMPLES
 
 
-def relative_times(entry: Entry) -> dict[tuple[str, str], float]:
-    """(case, backend) -> its p10 over the geometric mean of the same case's p10 on the
-    entry's other backends; a case timed on one backend alone has none."""
+def has_fastest(entry: Entry) -> bool:
+    """Every timed point keeps its fastest call (schema 2); schema 1 entries hold p10s alone."""
+    return all(p.min_ms for p in entry.points if _timed(p))
+
+
+def relative_times(entry: Entry, fastest: bool = True) -> dict[tuple[str, str], float]:
+    """(case, backend) -> its time over the geometric mean of the same case's times on the
+    entry's other backends; a case timed on one backend alone has none. Time: the fastest
+    call (what neighbours added least to), or the p10 where `fastest` is False."""
     by_case: dict[str, dict[str, float]] = {}
     for p in entry.points:
         if _timed(p) and p.key.endswith(f" · {p.backend}"):
             case = p.key[: -len(f" · {p.backend}")]
-            by_case.setdefault(case, {})[p.backend] = p.p10_ms
+            by_case.setdefault(case, {})[p.backend] = p.min_ms if fastest else p.p10_ms
     out = {}
     for case, times in by_case.items():
         for backend, t in times.items():
@@ -57,7 +64,8 @@ def base_of(history: list[Entry], entry: Entry) -> Entry | None:
 def judge_pair(base: Entry, new: Entry, threshold: float) -> list[Verdict]:
     """One verdict a backend (kind time on a regression), then one a case (never a
     regression alone: slower, faster or ok), with the change of its relative time."""
-    before, now = relative_times(base), relative_times(new)
+    fastest = has_fastest(base) and has_fastest(new)  # both sides by the same statistic
+    before, now = relative_times(base, fastest), relative_times(new, fastest)
     changes: dict[str, dict[str, float]] = {}
     for key in sorted(before.keys() & now.keys()):
         case, backend = key
@@ -117,9 +125,9 @@ def page_rule(history: list[Entry], gated: list[Entry], threshold: float) -> str
         for e in gated
     )
     return (
-        f"Paired gate (dsv4bench/history/paired.py): {pairs}. A case's time is divided by the "
-        "same case's time on the run's other backends (p10s), and a backend regresses when the "
-        f"median change of that relative time over its cases is beyond {threshold:g} (at least "
-        f"{MIN_CASES} cases). The gated entry's rows below give each case's change (its ratio); "
-        "one case alone is not judged."
+        f"Paired gate (dsv4bench/history/paired.py): {pairs}. A case's time (its fastest call) "
+        "is divided by the same case's time on the run's other backends, and a backend regresses "
+        f"when the median change of that relative time over its cases is beyond {threshold:g} "
+        f"(at least {MIN_CASES} cases). The gated entry's rows below give each case's change "
+        "(its ratio); one case alone is not judged."
     )

@@ -21,7 +21,7 @@ from dsv4bench.report.compare_rules import accuracy_bad, sample_count, spread
 from dsv4bench.report.load import family, is_probe, load_rows
 from dsv4bench.rows.results import rows_file
 
-ENTRY_SCHEMA = 1
+ENTRY_SCHEMA = 2  # 2: a point keeps its fastest sample (min_ms)
 ENTRIES = "entries"  # entries live in HISTORY/entries/ (runs/ is git-ignored)
 
 
@@ -43,6 +43,7 @@ class Point:
     n: int = 0
     cos_diff: float | None = None
     accuracy_bad: str | None = None  # why the run's own judge refused the answer
+    min_ms: float | None = None  # the fastest timed call (schema 2; the paired gate's time)
 
 
 @dataclass
@@ -96,7 +97,13 @@ def case_point(row: dict) -> Point:
         n=sample_count(timing) if timing else 0,
         cos_diff=accuracy.get("cos_diff"),
         accuracy_bad=accuracy_bad(row),
+        min_ms=_fastest(timing) if row.get("status") == "ok" else None,
     )
+
+
+def _fastest(timing: dict) -> float | None:
+    samples = [s for s in timing.get("samples_ms") or [] if isinstance(s, (int, float))]
+    return min(samples) if samples else timing.get("min_ms")
 
 
 def serving_point(row: dict) -> Point:

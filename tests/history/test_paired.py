@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from dsv4bench.history import paired, store
+from dsv4bench.report.load import load_rows
 from tests.history.conftest import BASELINE, slowed_run
 from tests.in_process import main_in_process
 
@@ -88,3 +89,29 @@ def test_a_bad_paired_threshold_is_one_line_and_exit_2(tmp_path, run_cli):
     history = pair_history(tmp_path, 1.0)
     code, _, err = run_cli("history", "gate", "--history", history, "--paired-threshold", "-1")
     assert code == 2 and "--paired-threshold -1.0: expected a finite positive fraction" in err
+
+
+def test_the_fastest_call_is_kept_and_judged_only_where_both_entries_have_it():
+    row = next(r for r in load_rows(BASELINE) if r.get("timing"))
+    key = f"{row['case_id']} · {row['backend']}"
+    (point,) = [p for p in store.entry_of(BASELINE).points if p.key == key]
+    assert point.min_ms == min(row["timing"]["samples_ms"]) and point.min_ms < point.p10_ms
+
+    def entry(i: int, fastest: float | None) -> store.Entry:
+        points = [
+            store.Point(f"c{c} · {b}", "f", b, "ok", 2.0, 1.0, 3.0, 10, min_ms=fastest)
+            for c in range(paired.MIN_CASES)
+            for b in ("a", "b")
+        ]
+        if fastest:  # backend a's fastest call half of b's: a relative time of 0.5
+            for p in points[::2]:
+                p.min_ms = fastest / 2
+        return store.Entry(f"e{i}", f"2026-12-0{i}", "x", "cpu", "h", {}, ["s"], points=points)
+
+    old, new = entry(1, None), entry(2, 0.8)  # a schema 1 entry (p10s alone), then schema 2
+    assert not paired.has_fastest(old) and paired.has_fastest(new)
+    (a,) = [v for v in paired.judge_pair(old, new, 0.05) if v.key.endswith("cases · a")]
+    assert a.ratio == 1.0 and a.kind == "ok"  # p10 on both sides, not p10 against min
+    (a,) = [v for v in paired.judge_pair(entry(1, 1.0), new, 0.05) if v.key.endswith("cases · a")]
+    assert a.ratio == 1.0
+    assert paired.relative_times(new)[("c0", "a")] == 0.5  # a's 0.4 over b's 0.8
