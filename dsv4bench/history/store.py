@@ -161,7 +161,9 @@ def _run_date(run_dir: Path) -> str:
 
 def _entry_id(entry: Entry) -> str:
     """date, device, commit and a digest of what the entry holds: one name a run."""
-    body = json.dumps([asdict(p) for p in entry.points], sort_keys=True)
+    # min_ms (schema 2) left out: a run added before it was kept is "already there" after
+    kept = [{k: v for k, v in asdict(p).items() if k != "min_ms"} for p in entry.points]
+    body = json.dumps(kept, sort_keys=True)
     digest = hashlib.sha256(f"{entry.date}{entry.commit}{body}".encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", entry.device).strip("-").lower()
     day = entry.date[:10]
