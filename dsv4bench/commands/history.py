@@ -48,6 +48,20 @@ def add_parser(sub) -> None:
             default=5,
             help="comparable entries a point is judged against (default: 5)",
         )
+        g.add_argument(
+            "--paired",
+            action="store_true",
+            help="judge each gated entry against the comparable entry just before it, one "
+            "verdict a backend on a time relative to the run's other backends (CI's two smoke "
+            "runs on one machine; dsv4bench/history/paired.py)",
+        )
+        g.add_argument(
+            "--paired-threshold",
+            type=float,
+            default=0.05,
+            metavar="FRACTION",
+            help="--paired: a backend's median change beyond this fraction regresses (0.05)",
+        )
         which = g.add_mutually_exclusive_group()
         which.add_argument("--entry", action="append", help="an entry id to gate (repeatable)")
         which.add_argument("--label", help="gate every entry of this label (e.g. ci)")
@@ -70,6 +84,10 @@ def _history(args):
     if not math.isfinite(args.time_threshold) or args.time_threshold <= 0:
         raise UsageError(
             f"--time-threshold {args.time_threshold}: expected a finite positive fraction"
+        )
+    if not math.isfinite(args.paired_threshold) or args.paired_threshold <= 0:
+        raise UsageError(
+            f"--paired-threshold {args.paired_threshold}: expected a finite positive fraction"
         )
     if args.window < 1:
         raise UsageError(f"--window {args.window}: expected at least 1 entry")
@@ -121,16 +139,22 @@ def _gated(args, history: list) -> list:
 
 def cmd_gate(args) -> int:
     """Judge the chosen entries (default: the latest) each against its own window."""
+    from dsv4bench.history import paired
     from dsv4bench.history.page import gate_line
     from dsv4bench.history.trend import judge_entry
 
     history = _history(args)
     code = 0
     for entry in _gated(args, history):
-        verdicts = judge_entry(history, entry, args.time_threshold, args.window)
+        if args.paired:
+            verdicts = paired.judge_entry(history, entry, args.paired_threshold)
+        else:
+            verdicts = judge_entry(history, entry, args.time_threshold, args.window)
         regressed, line = gate_line(entry, verdicts)
         code |= regressed
         print(f"history gate: {line}")
+        if args.paired:
+            print(f"  {paired.pair_line(history, entry, verdicts)}")
         new = sum(v.kind == "new" for v in verdicts)
         if new:
             print(f"  {new} points with no comparable history (listed, not failed)")
@@ -140,12 +164,17 @@ def cmd_gate(args) -> int:
 
 
 def cmd_page(args) -> int:
-    from dsv4bench.history import page
+    from dsv4bench.history import page, paired
     from dsv4bench.history.trend import judge_all
 
     history = _history(args)
     verdicts = judge_all(history, args.time_threshold, args.window)
     gated = _gated(args, history)
+    rule = None
+    if args.paired:  # the gated entries by the paired rule, the others by the window's
+        for entry in gated:
+            verdicts[entry.id] = paired.judge_entry(history, entry, args.paired_threshold)
+        rule = paired.page_rule(history, gated, args.paired_threshold)
     index = page.write(
         history,
         verdicts,
@@ -154,6 +183,7 @@ def cmd_page(args) -> int:
         args.window,
         gated,
         draw=not args.no_figures,
+        rule=rule,
     )
     print(f"trend page: {index}")
     return 0

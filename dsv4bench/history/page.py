@@ -149,9 +149,11 @@ def write(
     window: int,
     gated: list[Entry] | None = None,
     draw: bool = True,
+    rule: str | None = None,
 ) -> Path:
     """index.html and the figures into `out`; returns index.html's path. `draw` False: the
-    HTML alone (the figures' names as drawn), what CI compares with a committed page."""
+    HTML alone (the figures' names as drawn), what CI compares with a committed page. `rule`:
+    a paragraph on how the gated entries were judged, where not by the window (paired.py)."""
     out.mkdir(parents=True, exist_ok=True)
     if draw:
         for old in out.glob("trend-*.png"):
@@ -165,6 +167,7 @@ def write(
         f"{threshold:g} "
         "(median and p10 both beyond it, and the p10 above every p10 of the window), status and "
         "accuracy in full (dsv4bench/history/trend.py).</p>",
+        *([f'<p id="rule">{escape(rule)}</p>'] if rule else []),
         "<h2>Entries</h2>",
         _entries_table(history, verdicts),
         "<h2>Regressions</h2>",

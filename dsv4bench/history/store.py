@@ -21,7 +21,7 @@ from dsv4bench.report.compare_rules import accuracy_bad, sample_count, spread
 from dsv4bench.report.load import family, is_probe, load_rows
 from dsv4bench.rows.results import rows_file
 
-ENTRY_SCHEMA = 1
+ENTRY_SCHEMA = 2  # 2: a point keeps its fastest sample (min_ms)
 ENTRIES = "entries"  # entries live in HISTORY/entries/ (runs/ is git-ignored)
 
 
@@ -43,6 +43,7 @@ class Point:
     n: int = 0
     cos_diff: float | None = None
     accuracy_bad: str | None = None  # why the run's own judge refused the answer
+    min_ms: float | None = None  # the fastest timed call (schema 2; the paired gate's time)
 
 
 @dataclass
@@ -96,7 +97,13 @@ def case_point(row: dict) -> Point:
         n=sample_count(timing) if timing else 0,
         cos_diff=accuracy.get("cos_diff"),
         accuracy_bad=accuracy_bad(row),
+        min_ms=_fastest(timing) if row.get("status") == "ok" else None,
     )
+
+
+def _fastest(timing: dict) -> float | None:
+    samples = [s for s in timing.get("samples_ms") or [] if isinstance(s, (int, float))]
+    return min(samples) if samples else timing.get("min_ms")
 
 
 def serving_point(row: dict) -> Point:
@@ -154,7 +161,9 @@ def _run_date(run_dir: Path) -> str:
 
 def _entry_id(entry: Entry) -> str:
     """date, device, commit and a digest of what the entry holds: one name a run."""
-    body = json.dumps([asdict(p) for p in entry.points], sort_keys=True)
+    # min_ms (schema 2) left out: a run added before it was kept is "already there" after
+    kept = [{k: v for k, v in asdict(p).items() if k != "min_ms"} for p in entry.points]
+    body = json.dumps(kept, sort_keys=True)
     digest = hashlib.sha256(f"{entry.date}{entry.commit}{body}".encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", entry.device).strip("-").lower()
     day = entry.date[:10]

@@ -4,6 +4,7 @@ slower (noise), then the same rows with a planted 10 % slowdown, and its trend p
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,17 @@ BASELINE = ROOT / "results" / "cpu" / "smoke"
 TIMES = ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "q1_ms", "q3_ms")
 
 
-def slowed_run(folder: Path, factor: float, source: Path = BASELINE) -> Path:
-    """A copy of a run whose every timing is `factor` times the source's."""
+def slowed_run(
+    folder: Path, factor: float, source: Path = BASELINE, only: Callable[[dict], bool] = None
+) -> Path:
+    """A copy of a run whose every timing (of the rows `only` picks) is `factor` times the
+    source's."""
     folder.mkdir(parents=True)
     with (source / "results.jsonl").open() as f, (folder / "results.jsonl").open("w") as out:
         for line in f:
             row = json.loads(line)
             timing = row.get("timing")
-            if timing:
+            if timing and (only is None or only(row)):
                 for k in TIMES:
                     if isinstance(timing.get(k), (int, float)):
                         timing[k] *= factor

@@ -5,7 +5,8 @@ regression banner. The screenshot is kept: results/ci/history-browser/ (git-igno
 
 Where Chromium is absent the test is skipped, naming it; CI installs it and sets
 DSV4BENCH_REQUIRE_CHROMIUM=1, and there a missing browser fails the test instead.
-DSV4BENCH_TREND_PAGE=DIR checks that folder's page too (CI: the smoke run's page).
+DSV4BENCH_TREND_PAGE=DIR checks that folder's page too (CI: the smoke run's page), and with
+DSV4BENCH_TREND_PAGE_FLAGS=1 that it shows a regression (CI: its planted slowdown's page).
 """
 
 from __future__ import annotations
@@ -105,7 +106,12 @@ def test_a_given_trend_page_renders():
     folder = os.environ.get("DSV4BENCH_TREND_PAGE")
     if not folder:
         pytest.skip("DSV4BENCH_TREND_PAGE is not set (CI sets it to the smoke run's trend page)")
-    found = rendered(Path(folder).resolve())
+    page = Path(folder).resolve()
+    found = rendered(page)
     assert int(found["images"]) > 0 and found["decoded"] == found["images"], found
     assert int(found["tables"]) >= 2, found
+    if os.environ.get("DSV4BENCH_TREND_PAGE_FLAGS"):  # CI's planted slowdown: shown in red
+        assert found["gate-color"] == "rgb(214, 39, 40)", found
+        assert int(found["flagged"]) > 0, found
+        assert red_pixels(screenshot(page, page.name)) > 5000
     screenshot(Path(folder).resolve(), "ci-trend")
