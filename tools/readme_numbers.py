@@ -115,10 +115,11 @@ def baseline_jobs() -> str:
 
 
 def baseline_wall_s() -> str:
-    """`real` of bench.log's `time`, in seconds."""
+    """The command's wall time in seconds: the sum of bench.log's `wall_s=` lines (one per
+    invocation of a run resumed across GPU calls)."""
     text = (ROOT / BASELINE / "bench.log").read_text()
-    m = re.search(r"^real\s+(\d+)m([\d.]+)s", text, re.M)
-    return str(round(int(m.group(1)) * 60 + float(m.group(2)))) if m else "?"
+    pieces = [int(s) for s in re.findall(r"^rc=\d+ wall_s=(\d+)$", text, re.M)]
+    return str(sum(pieces)) if pieces else "?"
 
 
 def baseline_ok_by_backend() -> str:
