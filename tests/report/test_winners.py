@@ -99,7 +99,9 @@ def test_committed_h100_rows_rank_by_makespan():
     rows = load_rows(Path(__file__).resolve().parents[2] / "results/sm90/baseline-h100")
     shapes = [s for s in winners.shapes(rows) if len(s.times) > 1]
     by_makespan = [s for s in shapes if s.basis == "profiler makespan"]
-    assert len(by_makespan) > len(shapes) / 2  # the baseline's kernels were profiled
+    attention = [s for s in shapes if s.params["op"] in ("decode", "prefill")]
+    # the baseline's attention kernels were profiled (the top-k alone ranks by graph replay)
+    assert len(by_makespan) > len(attention) / 2
     # where the timed call's events and the kernels' makespan disagree, the makespan ranks
     disagree = [s for s in by_makespan if min(s.events, key=s.events.get) != s.winner[0]]
     assert disagree
