@@ -90,8 +90,8 @@ KEYS: dict[str, str] = {
         "entry {name: BASE, as: NAME, OPTION: VALUE} defines an instance, as in kernel scenarios"
     ),
     "helper_backends": (
-        'backends that run the dequant and remap parts (default ["torch"]); '
-        "the fastest ok row counts"
+        "backends that run the dequant and remap parts, and the cache writer where they write "
+        'the layout (default ["torch"]); the fastest ok row counts'
     ),
     "page_size": "cache page size (default: the model's, 256 for V4, 64 for V3.2)",
     "layout": "cache layout (default and only choice: the model's FP8 layout, v4 or v32)",
