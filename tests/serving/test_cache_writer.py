@@ -157,3 +157,13 @@ def test_a_cpu_run_sums_the_writer_its_backend_names(tmp_path, run_cli):
         (part,) = [x for x in r["parts"] if x["role"] == "cache_write"]
         assert part["backend"] == "named-writer" and part["kernel"].startswith("test writer")
         assert part["multiplicity"] == (2 * 61 if r["metric"] == "ttft" else 61)
+
+
+def test_a_ragged_step_writes_one_token_per_request_in_each_layer():
+    from dsv4bench.cases.lengths import explicit
+
+    p = sv.plan(_spec(ragged=[explicit([300, 5000, 1200])], cache_write=True))
+    (point,) = p.points()
+    (part,) = _writers(point)
+    case = p.case(part.case_id)
+    assert (case.batch_size, case.query_tokens, part.multiplicity) == (3, 3, 61)
