@@ -40,6 +40,14 @@ TOPK_PADDINGS = ("clamp", "full")
 ALIGN = 64
 PREFILL_ALIGN = 128  # merged index width of the sparse prefill (inputs pad to it)
 ROLES = ("attention", "dequant", "remap", "indexer")
+# The role of a cache-writer part (spec key cache_write); in breakdown_ms only where a point
+# has one, so rows without the writer keep their keys.
+WRITER = "cache_write"
+# The scale convention the engines' own writers write (a writer case is judged in it, whatever
+# the attention cases read): vLLM 0.33.0's concat_and_cache_mla "fp8_ds_mla" is pow2 byte for
+# byte on H100 (results/sm90/studies/dsa-helpers/README.md); vLLM's V4 quantize_and_insert_k_cache
+# is the oracle's "vllm" (docs/dsa-helpers.md). Other layouts: their default.
+WRITER_CONVENTION = {"v32": "pow2", "v4": "vllm"}
 LABEL_INDEXER = (
     "sparse-attention part of TTFT/TPOT (kernels, dequant, index remap) plus the lightning "
     "indexer (FP8 logits + top-k), without GEMMs, MoE and communication"
@@ -82,8 +90,8 @@ KEYS: dict[str, str] = {
         "entry {name: BASE, as: NAME, OPTION: VALUE} defines an instance, as in kernel scenarios"
     ),
     "helper_backends": (
-        'backends that run the dequant and remap parts (default ["torch"]); '
-        "the fastest ok row counts"
+        "backends that run the dequant and remap parts, and the cache writer where they write "
+        'the layout (default ["torch"]); the fastest ok row counts'
     ),
     "page_size": "cache page size (default: the model's, 256 for V4, 64 for V3.2)",
     "layout": "cache layout (default and only choice: the model's FP8 layout, v4 or v32)",
@@ -112,6 +120,13 @@ KEYS: dict[str, str] = {
         "converts the indexer's request-local top-k each step (index_group.py, "
         "triton_convert_req_index_to_global_index); V3.2's top-k layers (default false: the "
         "decode call takes them ready)"
+    ),
+    "cache_write": (
+        "true: every TTFT chunk and TPOT step also pays the KV-cache writer, once per layer, "
+        "for the tokens it writes (a chunk's tokens; one per request of a decode step), timed "
+        "as a cache_write case on the helper backends that write the model's layout (vLLM's "
+        "concat_and_cache_mla fp8_ds_mla for V3.2) in the engine's scale convention; where "
+        "none does, no writer part and the rows say so (default false)"
     ),
     "seed": "Case.seed (default 0)",
     "timing": "Case.timing fields: warmup, iters, flush_l2, timer, timeout_s",
@@ -148,6 +163,7 @@ class ServingSpec:
     dequant: list[str] = field(default_factory=lambda: ["read"])  # DEQUANT_MODES
     c128_index: str = "none"  # C128_INDEX_MODES
     decode_remap: bool = False  # the decode routes' and TPOT's remap of top-k layers
+    cache_write: bool = False  # every chunk's and step's cache writer (role WRITER)
     seed: int = 0
     timing: Timing = field(default_factory=Timing)
     tolerance: Tolerance = field(default_factory=Tolerance)
@@ -340,7 +356,7 @@ def spec_from_dict(d: dict) -> ServingSpec:
             if not isinstance(d[key], str):
                 raise ValueError(f"{key}: expected a string, got {d[key]!r}")
             kw[key] = d[key]
-    for key in ("indexer", "indexer_topk", "decode_remap"):
+    for key in ("indexer", "indexer_topk", "decode_remap", "cache_write"):
         if key in d:
             if not isinstance(d[key], bool):
                 raise ValueError(f"{key}: expected true or false, got {d[key]!r}")

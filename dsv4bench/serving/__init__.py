@@ -36,6 +36,14 @@ same layer kinds as above, summed over layers. With c128_index "step" (vLLM) or 
 the C128 layers' decode index build (B queries x every visible compressed entry, timed as a
 remap), once per step or once per C128 layer.
 
+With cache_write (both metrics): every chunk and decode step also writes its tokens' cache
+records in every layer (one cache_write Case of `requests` x `tokens` each: a chunk's tokens for
+one request, one token for each of B requests; its context its own tokens, as the writer's cost
+depends on the records only), on the helper backends whose declarations take the model's layout
+(serving/writers.py), in the scale convention the engine's writer writes (WRITER_CONVENTION);
+with none, no writer part and each row's message says so. Only the main cache's records: V4's
+compressed caches and the indexer's keys are written by other kernels, not summed.
+
 Modelling decisions:
   - Visible entries: a query at position pos sees min(pos+1, window) window tokens and
     (pos+1) // ratio compressed entries (docs/kernel-facts.md, Models and layer kinds); a

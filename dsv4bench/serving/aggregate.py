@@ -9,15 +9,17 @@ plan measured (the oracle's rows, which skip the profiler pass, are a baseline a
 count). A point with a part that has no such time (one of the oracle's own points, a helper
 part only the oracle ran) sums events medians instead. Each serving row names its timer
 (`timer`) and carries its parts' events medians summed beside (`events_ms`), the kernel each
-part took where its row names one (`parts[].kernel`: the engine helper a dequant or remap part
-sums) and the route's workspace (`workspace_mib`, serving.planning helper_bytes)."""
+part took where its row names one (`parts[].kernel`: the engine helper a dequant, remap or
+cache_write part sums), what a point does not sum that its spec asked for (`message`: no
+helper backend writes the cache) and the route's workspace (`workspace_mib`, serving.planning
+helper_bytes)."""
 
 from __future__ import annotations
 
 from dsv4bench.cases import topk_case
 from dsv4bench.measure import split
 from dsv4bench.rows import ORACLE_BACKENDS, ServingRow, is_oracle_row, timers
-from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES
+from dsv4bench.scenarios.serving_spec import LABEL, LABEL_INDEXER, ROLES, WRITER
 from dsv4bench.serving.planning import Part, ServingPlan
 
 ENVELOPE = "envelope"  # the backend name of the fastest-per-part rows
@@ -149,7 +151,8 @@ def _point_row(plan, curve, point, backend, by_key, by_case, timer: tuple[str, s
 def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]) -> dict:
     key = timer[0]
     parts, total, events, status, message, env = [], 0.0, 0.0, "ok", "", None
-    breakdown = dict.fromkeys(ROLES, 0.0)
+    writes = any(p.role == WRITER for p in point.parts)
+    breakdown = dict.fromkeys((*ROLES, WRITER) if writes else ROLES, 0.0)
     for part in point.parts:
         used, row = _pick(part, backend, by_key, by_case, key)
         median = timers.value(row, key) if row is not None else None
@@ -213,7 +216,7 @@ def _summed(plan, curve, point, backend, by_key, by_case, timer: tuple[str, str]
         value_ms=total if ok else None,
         breakdown_ms=breakdown if ok else None,
         status=status,
-        message=message,
+        message="; ".join(m for m in (message, point.not_summed) if m),
         parts=parts,
         label=LABEL_INDEXER if spec.indexer else LABEL,
         env=env,

@@ -16,11 +16,14 @@ from dsv4bench.scenarios.serving_spec import (
     LABEL,
     PREFILL_ALIGN,
     TAG,
+    WRITER,
+    WRITER_CONVENTION,
     ServingSpec,
     chunk_route,
     dequantizes,
     parse_route,
 )
+from dsv4bench.serving import writers
 from reference.layout_table import LAYOUTS
 
 # ---- shapes ---------------------------------------------------------------------------------
@@ -66,7 +69,8 @@ class Part(NamedTuple):
 
     case_id: str
     multiplicity: int
-    role: str = "attention"  # attention (backend's own row) | dequant | remap (fastest row)
+    # attention (backend's own row) | dequant | remap | indexer | cache_write (fastest row)
+    role: str = "attention"
 
 
 @dataclass
@@ -85,6 +89,7 @@ class CurvePoint:
     chunks: list[tuple[int, int, str]] = field(default_factory=list)  # (tokens, context, route)
     # the route's workspace beside the cache: the largest one layer's call allocates (helper_bytes)
     workspace_bytes: int = 0
+    not_summed: str = ""  # a part the spec asks for that no helper backend has, and why
 
 
 @dataclass
@@ -104,6 +109,7 @@ class ServingPlan:
     cases: list[Case]  # distinct, each measured once
     curves: list[Curve]
     safe_limit: int | None = None
+    writer_backends: tuple[str, ...] = ()  # the helper backends that write the cache's records
 
     def points(self) -> list[CurvePoint]:
         return [p for c in self.curves for p in c.points]
@@ -115,7 +121,10 @@ class ServingPlan:
         return {c.case_id: c for c in self.cases}
 
     def backends_for(self, case: Case) -> tuple[str, ...]:
-        """Attention cases run on the spec's backends, dequant/remap on helper_backends."""
+        """Attention cases run on the spec's backends, dequant/remap on helper_backends, the
+        cache writer on those of them that write the layout (writers.py)."""
+        if case.op == "cache_write":
+            return self.writer_backends
         if case.op in ("dequant", "remap", "indexer", "topk"):
             return tuple(dict.fromkeys(self.spec.helper_backends))
         return tuple(dict.fromkeys(self.spec.backends))
@@ -167,6 +176,13 @@ class _Builder:
             tolerance=spec.tolerance,
         )
         self.cases: dict[str, Case] = {}
+        self.writers: tuple[str, ...] = ()
+        self.no_writer = ""  # why no writer part (spec.cache_write, yet no backend writes)
+        if spec.cache_write:
+            probe = self.writer_case(1, 1)
+            self.writers = writers.writer_backends(spec.helper_backends, probe)
+            if not self.writers:
+                self.no_writer = writers.no_writer(spec.helper_backends, probe)
 
     def _add(self, role: str, **fields) -> str:
         case = Case(**{**self.base, **fields, "tags": (TAG, f"{TAG}-{role}")})
@@ -253,6 +269,24 @@ class _Builder:
             topk=width,
             context_len=max(tokens, width),
         )
+
+    def writer_case(self, requests: int, tokens: int) -> Case:
+        """The cache writer of `requests` requests writing `tokens` new tokens each, in the
+        engine writer's scale convention. Its cost depends on the records written, not on
+        their positions: one Case per (requests, tokens), each request's context its tokens."""
+        convention = WRITER_CONVENTION.get(self.cfg.cache_layout, self.base["scale_convention"])
+        fields = dict(op="cache_write", batch_size=requests, s_q=tokens, context_len=tokens)
+        fields |= dict(scale_convention=convention, tags=(TAG, f"{TAG}-{WRITER}"))
+        return Case(**{**self.base, **fields})
+
+    def writer(self, requests: int, tokens: int) -> list[Part]:
+        """The writer part of one layer (spec.cache_write, where a helper backend writes the
+        layout); none otherwise."""
+        if not self.writers:
+            return []
+        case = self.writer_case(requests, tokens)
+        self.cases.setdefault(case.case_id, case)
+        return [Part(case.case_id, 1, WRITER)]
 
     def indexer(self, kind: str, *, context_len: int, tokens: int = 0, batch_size: int = 1):
         """The indexer part of one layer of `kind` (None: that kind has no indexer, or the
@@ -367,6 +401,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
     b = _Builder(spec)
     cfg = b.cfg
     kinds = cfg.layer_kinds()
+    layers = sum(kinds.values())  # every layer writes its cache (spec.cache_write)
     suffix = "" if spec.heads == cfg.num_heads else f"-h{spec.heads}"
     suffix += "" if spec.topk_padding == "clamp" else f"-pad{spec.topk_padding}"
     curves: list[Curve] = []
@@ -388,6 +423,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                         layer = b.chunk_parts(kind, ch, r, mode)
                         workspace = max(workspace, b.helper_bytes(layer))
                         scaled += [(p, count) for p in layer]
+                    scaled += [(p, layers) for p in b.writer(1, ch.tokens)]
                 points.append(
                     CurvePoint(
                         point_id=f"ttft-{cfg.name}{suffix}-L{L}-C{c}-{tail}",
@@ -401,6 +437,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                         parts=_merge(scaled),
                         chunks=plan_chunks,
                         workspace_bytes=workspace,
+                        not_summed=b.no_writer,
                     )
                 )
             fixed = {"chunk_size": c, "route": route, "threshold": threshold, "dequant": mode}
@@ -422,6 +459,7 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
                     c128_index=c128,
                     parts=_merge(scaled),
                     workspace_bytes=max((b.helper_bytes([p]) for p, _ in scaled), default=0),
+                    not_summed=b.no_writer,
                 )
             )
         curve_id = f"tpot-{cfg.name}{tpot_suffix}-S{s}"
@@ -429,12 +467,13 @@ def plan(spec: ServingSpec, *, safe_limit: int | None = None) -> ServingPlan:
 
     for i, lens in enumerate(spec.ragged):
         curves.append(_ragged_curve(b, kinds, lens, f"tpot-{cfg.name}{suffix}-ragged{i}"))
-    return ServingPlan(spec, list(b.cases.values()), curves, safe_limit)
+    return ServingPlan(spec, list(b.cases.values()), curves, safe_limit, b.writers)
 
 
 def _tpot_parts(b: _Builder, kinds: dict, bs: int, s: int, c128: str) -> list:
     """(part, layers) of one decode step of bs requests at context s: attention per layer
-    kind, the indexer where a kind has one, the C128 index build (c128_index)."""
+    kind, the indexer where a kind has one, the C128 index build (c128_index), the cache
+    writer of one token per request in every layer (cache_write)."""
     scaled = [
         (Part(b.attention(kind, op="decode", context_len=s, batch_size=bs), 1), count)
         for kind, count in kinds.items()
@@ -448,12 +487,13 @@ def _tpot_parts(b: _Builder, kinds: dict, bs: int, s: int, c128: str) -> list:
         cid = b.c128_index(bs, s)
         if cid is not None:  # once a step (shared by the C128 layers) or per layer
             scaled.append((Part(cid, 1, "remap"), 1 if c128 == "step" else kinds["c128"]))
-    return scaled
+    return scaled + [(p, sum(kinds.values())) for p in b.writer(bs, 1)]
 
 
 def _ragged_curve(b: _Builder, kinds: dict, lens, curve_id: str) -> Curve:
     """One decode step over a ragged batch: every layer kind's attention over the requests'
-    own contexts, index widths sized by the longest (as engines size their buffers)."""
+    own contexts, index widths sized by the longest (as engines size their buffers), and the
+    cache writer of one token per request (cache_write)."""
     n, longest = len(lens.lengths), max(lens.lengths)
     parts = [
         (
@@ -472,6 +512,7 @@ def _ragged_curve(b: _Builder, kinds: dict, lens, curve_id: str) -> Curve:
         )
         for kind, count in kinds.items()
     ]
+    parts += [(p, sum(kinds.values())) for p in b.writer(n, 1)]
     point = CurvePoint(
         point_id=f"{curve_id}-B{n}-S{longest}",
         metric="tpot",
@@ -479,6 +520,7 @@ def _ragged_curve(b: _Builder, kinds: dict, lens, curve_id: str) -> Curve:
         batch_size=n,
         context_len=longest,
         parts=_merge(parts),
+        not_summed=b.no_writer,
     )
     fixed = {"ragged": lens.label, "context_lens": list(lens.lengths)}
     return Curve(curve_id, "tpot", b.cfg.name, "batch_size", fixed, [point])

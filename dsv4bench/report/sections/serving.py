@@ -179,11 +179,12 @@ def _point_id(r: dict, i: int, prefix: str) -> str:
 
 
 def _helpers(r: dict) -> str:
-    """The helper kernels a point sums (its dequant and remap parts): role, backend, kernel."""
+    """The helper kernels a point sums (its dequant, remap and cache_write parts): role,
+    backend, kernel."""
     took = {
         (x.get("role"), x.get("backend"), x.get("kernel") or "")
         for x in r.get("parts") or ()
-        if x.get("role") in ("dequant", "remap") and x.get("backend")
+        if x.get("role") in ("dequant", "remap", "cache_write") and x.get("backend")
     }
     return "; ".join(f"{role}: {b}" + (f" ({k})" if k else "") for role, b, k in sorted(took))
 
