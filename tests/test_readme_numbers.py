@@ -19,6 +19,12 @@ def _tool():
     return module
 
 
+def _figures(name: str):
+    """The module of tools/figures/ named `name`, where its figures look their rows up."""
+    _tool()  # puts tools/ on sys.path
+    return importlib.import_module(f"figures.{name}")
+
+
 def test_every_marked_figure_matches_the_committed_rows():
     r = subprocess.run([sys.executable, str(TOOL), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -92,9 +98,9 @@ def _row(case: str, backend: str, graph_ms: float, median_ms: float) -> dict:
 def test_the_torch_topk_ratios_pair_rows_of_one_run_by_one_timer(monkeypatch):
     """x torch.topk divides by the `torch-topk` row of the same case in the same run (never the
     oracle's `torch` row, never another run's), both sides by the first timer both hold."""
-    tool = _tool()
+    tool, topk = _tool(), _figures("topk")
     runs = {
-        tool.TOPK_TT: [
+        topk.TOPK_TT: [
             _row("a", "torch-topk", 2.0, 1.0),
             _row("a", "torch", 3.0, 9.0),
             _row("a", "sglang-topk", 1.0, 5.0),
@@ -102,9 +108,9 @@ def test_the_torch_topk_ratios_pair_rows_of_one_run_by_one_timer(monkeypatch):
             _row("b", "sglang-topk", 7.0, 7.0),
         ],
         # the older run: a torch-topk row here must never pair with the run above
-        tool.TOPK: [_row("b", "torch-topk", 0.5, 0.5), _row("b", "flashinfer", 1.0, 1.0)],
+        topk.TOPK: [_row("b", "torch-topk", 0.5, 0.5), _row("b", "flashinfer", 1.0, 1.0)],
     }
-    monkeypatch.setattr(tool, "rows", lambda path: runs.get(path, []))
+    monkeypatch.setattr(_figures("common"), "rows", lambda path: runs.get(path, []))
     assert tool.FIGURES["topk_oracle_tt_span"]() == "1.50-1.50"
     assert tool.FIGURES["topk_sglang_tt_span"]() == "0.50-0.50"
     assert tool.FIGURES["topk_sglang_tt_rows"]() == "1 of 1"
@@ -125,5 +131,5 @@ def test_the_161k_figure_counts_the_last_row_of_each_search(monkeypatch):
         limit("a", {"131072": "ok", "164864": "ok", "262144": "ok"}),
         limit("b", {"131072": "ok", "164864": "crash"}),
     ]
-    monkeypatch.setattr(tool, "rows", lambda path: rows)
+    monkeypatch.setattr(_figures("baseline"), "rows", lambda path: rows)
     assert tool.FIGURES["limit_161k"]() == "1 of 2"
