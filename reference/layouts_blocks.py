@@ -48,6 +48,12 @@ def _empty(layout: str, num_pages: int, page_size: int, device) -> torch.Tensor:
 def record_views(cache: torch.Tensor, layout: str) -> list[torch.Tensor]:
     """[data (num_pages, P, D), scales (num_pages, P, S)]: views of every token's two parts."""
     _, data, scale = SPLITS[layout]
+    return split_views(cache, layout, data, scale)
+
+
+def split_views(cache: torch.Tensor, layout: str, data: int, scale: int) -> list[torch.Tensor]:
+    """[data (num_pages, P, data), scales (num_pages, P, scale)] of a page holding its P data
+    rows first, then its P scale rows, through the page stride stride(0)."""
     cache_bytes = _cache_bytes(cache)
     num_pages, page_size = cache_bytes.shape[:2]
     stride, base = cache_bytes.stride(0), cache_bytes.storage_offset()

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from reference import indexer
-from reference.layouts import _cache_bytes, _check_layout, _check_slots
+from reference import indexer, layouts_blocks
+from reference.layouts import _check_layout, _check_slots
 
 LAYOUT = "indexer-fp8"
 HEAD_DIM = 128
@@ -35,19 +35,8 @@ def quantize_indexer(kv: torch.Tensor, page_size: int, convention: str = "ue8m0"
 
 def record_views(cache: torch.Tensor) -> list[torch.Tensor]:
     """[data (num_pages, P, 128), scales (num_pages, P, 4)]: every token's two parts, through the
-    page stride stride(0)."""
-    cache_bytes = _cache_bytes(cache)
-    num_pages, page_size = cache_bytes.shape[:2]
-    stride, base = cache_bytes.stride(0), cache_bytes.storage_offset()
-    if num_pages > 1 and stride < page_size * (HEAD_DIM + SCALE):
-        raise ValueError(f"{LAYOUT} page stride {stride} < page_size * {HEAD_DIM + SCALE}")
-    shape = (num_pages, page_size)
-    return [
-        torch.as_strided(cache_bytes, (*shape, HEAD_DIM), (stride, HEAD_DIM, 1), base),
-        torch.as_strided(
-            cache_bytes, (*shape, SCALE), (stride, SCALE, 1), base + page_size * HEAD_DIM
-        ),
-    ]
+    page stride stride(0) (the block-split arrangement of layouts_blocks)."""
+    return layouts_blocks.split_views(cache, LAYOUT, HEAD_DIM, SCALE)
 
 
 def records(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
